@@ -1,0 +1,105 @@
+// Number formats of the DSA indexer (see spin/numerics.h for the definitions).
+#include "spin/numerics.h"
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <limits>
+
+namespace spin {
+namespace {
+
+float e4m3_decode_formula(uint8_t code) {
+  const int sign = code >> 7;
+  const int exponent = (code >> 3) & 0xF;
+  const int mantissa = code & 0x7;
+  float magnitude;
+  if (exponent == 0xF && mantissa == 0x7) {
+    magnitude = std::numeric_limits<float>::quiet_NaN();
+  } else if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m · 2^-9
+  } else {
+    magnitude = std::ldexp(1.0f + static_cast<float>(mantissa) / 8.0f, exponent - 7);
+  }
+  return sign ? -magnitude : magnitude;
+}
+
+const std::array<float, 256>& e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = e4m3_decode_formula(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+float e4m3_to_float(uint8_t code) { return e4m3_table()[code]; }
+
+uint8_t e4m3_from_float(float x) {
+  const uint8_t sign = (std::bit_cast<uint32_t>(x) >> 24) & 0x80;
+  if (std::isnan(x)) return sign | 0x7F;
+  const float a = std::fabs(x);
+  if (a >= kE4m3Max) return sign | 0x7E;  // saturate (448 = 0x7E; 480 would be the NaN code)
+  // Below 2^-6 the quantum is the subnormal step 2^-9; above, 2^(e-3) for exponent e.
+  // Scaling by a power of two is exact, so nearbyint (ties to even) gives the RNE mantissa, and a
+  // mantissa that rounds up to 16 carries into the exponent field by plain addition.
+  int exponent;
+  std::frexp(a, &exponent);  // a = f · 2^exponent, f in [0.5, 1)
+  const int e = exponent - 1;  // a in [2^e, 2^(e+1))
+  if (e < -6) {
+    const int m = static_cast<int>(std::nearbyint(std::ldexp(a, 9)));
+    return static_cast<uint8_t>(sign | m);
+  }
+  const int q = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - e)));  // in [8, 16]
+  return static_cast<uint8_t>(sign | (((e + 7) << 3) + q - 8));
+}
+
+uint16_t e4m3_to_bf16_bits(uint8_t code) { return bf16_from_float(e4m3_to_float(code)); }
+
+uint16_t bf16_from_float(float x) {
+  uint32_t bits = std::bit_cast<uint32_t>(x);
+  if (std::isnan(x)) return static_cast<uint16_t>((bits >> 16) | 0x40);  // keep it a quiet NaN
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float bf16_to_float(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+
+float ue8m0_scale(float amax) {
+  const float a = std::fmax(amax, kQuantAmaxFloor);
+  const float s = a * (1.0f / kE4m3Max);  // fl32(amax · fl32(1/448)), as act_quant computes it
+  const uint32_t bits = std::bit_cast<uint32_t>(s);
+  uint32_t exponent = (bits >> 23) & 0xFF;
+  if (bits & 0x7FFFFF) exponent += 1;  // ceil(log2 s): round up unless s is a power of two
+  return std::bit_cast<float>(exponent << 23);
+}
+
+void hadamard128(float* v) {
+  for (int len = 1; len < kIndexerHeadDim; len <<= 1) {
+    for (int i = 0; i < kIndexerHeadDim; i += 2 * len) {
+      for (int j = i; j < i + len; ++j) {
+        const float a = v[j];
+        const float b = v[j + len];
+        v[j] = a + b;
+        v[j + len] = a - b;
+      }
+    }
+  }
+  const float norm = 1.0f / std::sqrt(static_cast<float>(kIndexerHeadDim));
+  for (int d = 0; d < kIndexerHeadDim; ++d) v[d] *= norm;
+}
+
+float quantize_e4m3_block128(const float* x, uint8_t* out) {
+  float amax = 0.0f;
+  for (int d = 0; d < kIndexerHeadDim; ++d) amax = std::fmax(amax, std::fabs(x[d]));
+  const float scale = ue8m0_scale(amax);
+  for (int d = 0; d < kIndexerHeadDim; ++d) {
+    const float v = std::fmin(std::fmax(x[d] / scale, -kE4m3Max), kE4m3Max);
+    out[d] = e4m3_from_float(v);
+  }
+  return scale;
+}
+
+}  // namespace spin

@@ -1,1 +1,184 @@
-// placeholder
+// Indexer front end: argument validation (once, in a fixed order), tiling and dispatch.
+// The math lives in the implementations; see spin/indexer.h for what is computed.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/errors.h"
+#include "kernels/indexer_internal.h"
+#include "spin/cache.h"
+
+namespace spin {
+
+const char* indexer_impl_name(IndexerImpl impl) {
+  switch (impl) {
+    case IndexerImpl::kAuto: return "auto";
+    case IndexerImpl::kAvx512Bf16: return "avx512bf16";
+    case IndexerImpl::kPortable: return "portable";
+    case IndexerImpl::kReference: return "reference";
+  }
+  return "unknown";
+}
+
+int64_t indexer_visible_entries(int64_t context_len, int32_t next_n, int32_t row, int32_t compress_ratio) {
+  const int64_t tokens = context_len - next_n + row + 1;
+  return tokens <= 0 ? 0 : tokens / compress_ratio;
+}
+
+namespace {
+
+int64_t entries_in_cache(const IndexerParams& p, int32_t b) {
+  return indexer_visible_entries(p.context_lens[b], p.next_n, p.next_n - 1, p.compress_ratio);
+}
+
+}  // namespace
+
+Status validate_indexer_params(const IndexerParams& p) {
+  // Sizes first, then pointers, then contents — so the first error is the most basic one.
+  if (p.page_size < 1) return invalid_argument("page_size must be ≥ 1, got {}", p.page_size);
+  if (p.num_pages < 0) return invalid_argument("num_pages must be ≥ 0, got {}", p.num_pages);
+  if (p.batch < 0) return invalid_argument("batch must be ≥ 0, got {}", p.batch);
+  if (p.next_n < 1 || p.next_n > kMaxNextN) {
+    return invalid_argument("next_n (rows per request) must be in [1, {}], got {}", kMaxNextN, p.next_n);
+  }
+  if (p.compress_ratio < 1) return invalid_argument("compress_ratio must be ≥ 1, got {}", p.compress_ratio);
+  if (p.num_heads < 1 || p.num_heads > kMaxIndexerHeads) {
+    return invalid_argument("num_heads must be in [1, {}], got {}", kMaxIndexerHeads, p.num_heads);
+  }
+  if (p.block_pages < 1) return invalid_argument("block_pages must be ≥ 1, got {}", p.block_pages);
+  if (p.block_table_stride < 0) {
+    return invalid_argument("block_table_stride must be ≥ 0, got {}", p.block_table_stride);
+  }
+  if (p.batch == 0) return ok_status();
+  if (p.context_lens == nullptr) return invalid_argument("context_lens is null");
+  if (p.q == nullptr || p.weights == nullptr) return invalid_argument("q or weights is null");
+  if (p.logits == nullptr) return invalid_argument("logits is null");
+  if (p.block_offsets != nullptr && p.block_offsets[p.batch] > 0 && p.block_ids == nullptr) {
+    return invalid_argument("block_offsets selects {} blocks but block_ids is null", p.block_offsets[p.batch]);
+  }
+  if (p.logits_cols < 0 || p.logits_stride < p.logits_cols) {
+    return invalid_argument("need 0 ≤ logits_cols ≤ logits_stride, got cols={} stride={}", p.logits_cols,
+                            p.logits_stride);
+  }
+  for (int32_t b = 0; b < p.batch; ++b) {
+    if (p.context_lens[b] < 0) {
+      return invalid_argument("context_lens[{}] = {} is negative", b, p.context_lens[b]);
+    }
+    const int64_t entries = entries_in_cache(p, b);
+    if (entries > p.logits_cols) {
+      return invalid_argument("request {} has {} visible entries but logits_cols is {}", b, entries,
+                              p.logits_cols);
+    }
+    const int64_t pages = (entries + p.page_size - 1) / p.page_size;
+    if (pages > p.block_table_stride) {
+      return out_of_range("request {} needs {} pages for {} entries but block_table_stride is {}", b,
+                          pages, entries, p.block_table_stride);
+    }
+    if (pages > 0 && p.block_table == nullptr) return invalid_argument("block_table is null");
+    for (int64_t lp = 0; lp < pages; ++lp) {
+      const int32_t phys = p.block_table[int64_t{b} * p.block_table_stride + lp];
+      if (phys < 0 || phys >= p.num_pages) {
+        return out_of_range("block_table[{}][{}] = {} is outside the cache's pages [0, {})", b, lp, phys,
+                            p.num_pages);
+      }
+    }
+    if (pages > 0 && p.key_cache == nullptr) return invalid_argument("key_cache is null");
+    if (p.block_offsets != nullptr) {
+      const int32_t begin = p.block_offsets[b];
+      const int32_t end = p.block_offsets[b + 1];
+      if (begin < 0 || end < begin) {
+        return invalid_argument("block_offsets[{}..{}] = [{}, {}) is not a valid range", b, b + 1, begin, end);
+      }
+      const int64_t block_entries = int64_t{p.block_pages} * p.page_size;
+      const int64_t n_blocks = (entries + block_entries - 1) / block_entries;
+      for (int32_t i = begin; i < end; ++i) {
+        const int32_t id = p.block_ids[i];
+        if (id < 0 || id >= n_blocks) {
+          return out_of_range("request {} selects block {}, but its {} entries form blocks [0, {})", b, id,
+                              entries, n_blocks);
+        }
+        if (i > begin && id <= p.block_ids[i - 1]) {
+          return invalid_argument("request {}: block ids must be sorted ascending and unique ({} after {})",
+                                  b, id, p.block_ids[i - 1]);
+        }
+      }
+    }
+  }
+  const int64_t n_weights = int64_t{p.batch} * p.next_n * p.num_heads;
+  for (int64_t i = 0; i < n_weights; ++i) {
+    if (std::isnan(p.weights[i]) || std::isinf(p.weights[i])) {
+      return invalid_argument("weights[{}] (request {}, row {}, head {}) is {}; weights must be finite", i,
+                              i / (int64_t{p.next_n} * p.num_heads), (i / p.num_heads) % p.next_n,
+                              i % p.num_heads, p.weights[i]);
+    }
+  }
+  return ok_status();
+}
+
+namespace detail {
+
+std::vector<IndexerTile> plan_indexer_tiles(const IndexerParams& p) {
+  std::vector<IndexerTile> tiles;
+  auto add_page = [&](int32_t b, int64_t logical_page, int64_t entries) {
+    const int64_t begin = logical_page * p.page_size;
+    const int64_t end = std::min(begin + p.page_size, entries);
+    const int32_t phys = p.block_table[int64_t{b} * p.block_table_stride + logical_page];
+    for (int64_t e = begin; e < end; e += kTileEntries) {
+      tiles.push_back({b, phys, e, static_cast<int32_t>(std::min<int64_t>(kTileEntries, end - e))});
+    }
+  };
+  for (int32_t b = 0; b < p.batch; ++b) {
+    const int64_t entries = entries_in_cache(p, b);
+    const int64_t pages = (entries + p.page_size - 1) / p.page_size;
+    if (p.block_offsets == nullptr) {
+      for (int64_t lp = 0; lp < pages; ++lp) add_page(b, lp, entries);
+      continue;
+    }
+    for (int32_t i = p.block_offsets[b]; i < p.block_offsets[b + 1]; ++i) {
+      const int64_t first = int64_t{p.block_ids[i]} * p.block_pages;
+      for (int64_t lp = first; lp < std::min(first + p.block_pages, pages); ++lp) add_page(b, lp, entries);
+    }
+  }
+  return tiles;
+}
+
+void fill_logits_neg_inf(const IndexerParams& p, int num_threads) {
+  const int64_t rows = int64_t{p.batch} * p.next_n;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t r = 0; r < rows; ++r) {
+    std::fill_n(p.logits + r * p.logits_stride, p.logits_cols, neg_inf);
+  }
+}
+
+}  // namespace detail
+
+IndexerImpl indexer_best_impl() {
+  return detail::cpu_has_avx512bf16() ? IndexerImpl::kAvx512Bf16 : IndexerImpl::kPortable;
+}
+
+Status indexer_scores(const IndexerParams& params, const IndexerOptions& options) {
+  SPIN_RETURN_IF_ERROR(validate_indexer_params(params));
+  if (options.num_threads < 0) return invalid_argument("num_threads must be ≥ 0, got {}", options.num_threads);
+  IndexerImpl impl = options.impl == IndexerImpl::kAuto ? indexer_best_impl() : options.impl;
+  if (impl == IndexerImpl::kAvx512Bf16 && !detail::cpu_has_avx512bf16()) {
+    return invalid_argument("impl avx512bf16 requested but this CPU lacks AVX-512 BF16; use auto or portable");
+  }
+  const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
+  if (impl == IndexerImpl::kReference) {
+    detail::indexer_run_reference(params);
+    return ok_status();
+  }
+  detail::fill_logits_neg_inf(params, threads);
+  const std::vector<detail::IndexerTile> tiles = detail::plan_indexer_tiles(params);
+  if (impl == IndexerImpl::kAvx512Bf16) {
+    detail::indexer_run_avx512bf16(params, tiles, threads);
+  } else {
+    detail::indexer_run_portable(params, tiles, threads);
+  }
+  return ok_status();
+}
+
+}  // namespace spin

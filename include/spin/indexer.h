@@ -1,0 +1,81 @@
+// spin/indexer.h — lightning-indexer scoring over the paged key cache (DSA, DESIGN.md §1, §3).
+//
+// For request b, row r (one of next_n query rows) and visible entry s:
+//
+//   I[r,s] = k_scale[s] · Σ_h w[r,h] · ReLU( Σ_d q[r,h,d] · k[s,d] )     q, k: e4m3; w, I: fp32
+//
+// Row r of next_n sees entries [0, visible_entries(ctx_len, next_n, r)) where, with the token
+// position t = ctx_len - next_n + r and compress_ratio c (1 on V3.2, 4 on V4 CSA layers),
+// visible = floor((t + 1) / c), clamped at 0 (V3.2: t+1 tokens; V4: row s visible iff s < (t+1)/4).
+//
+// Either every visible entry is scored, or only the entries of a sorted list of logical blocks
+// (a block = block_pages consecutive logical pages). Every output column in [0, logits_cols)
+// that is not scored — masked out, not visible, or beyond the context — is written as -inf, so
+// the buffer never holds garbage (unlike DeepGEMM with clean_logits=False).
+//
+// IndexerParams is a flat, C-style struct (pointers, int32/int64 sizes and strides, no STL) so the
+// same struct can later be handed to a CUDA launcher unchanged.
+#pragma once
+
+#include <cstdint>
+
+#include "spin/status.h"
+
+namespace spin {
+
+inline constexpr int32_t kMaxNextN = 4;     // MTP verification rows per request
+inline constexpr int32_t kMaxIndexerHeads = 128;
+
+struct IndexerParams {
+  // --- Key cache of one indexer layer (layout: spin/cache.h) -----------------------------------
+  const uint8_t* key_cache = nullptr;  // [num_pages, page_size · 132] bytes
+  int32_t page_size = 64;
+  int32_t num_pages = 0;
+  const int32_t* block_table = nullptr;  // [batch, block_table_stride]: logical → physical page
+  int32_t block_table_stride = 0;
+  // --- Requests ---------------------------------------------------------------------------------
+  int32_t batch = 0;
+  const int64_t* context_lens = nullptr;  // [batch]: tokens cached, including this step's rows
+  int32_t next_n = 1;                     // rows per request, 1..4
+  int32_t compress_ratio = 1;             // tokens per cache entry (1: V3.2, 4: V4 CSA)
+  // --- Queries ----------------------------------------------------------------------------------
+  int32_t num_heads = 64;
+  const uint8_t* q = nullptr;        // [batch, next_n, num_heads, 128] e4m3, scale-free
+  const float* weights = nullptr;    // [batch, next_n, num_heads] with every scale folded in
+  // --- Optional block mask (CSR over requests); null block_offsets = score every visible entry --
+  const int32_t* block_ids = nullptr;      // sorted, unique logical block ids of each request
+  const int32_t* block_offsets = nullptr;  // [batch + 1]: request b owns ids [offsets[b], offsets[b+1])
+  int32_t block_pages = 1;                 // pages per block
+  // --- Output -----------------------------------------------------------------------------------
+  float* logits = nullptr;        // [batch · next_n, logits_stride] fp32
+  int64_t logits_stride = 0;
+  int64_t logits_cols = 0;        // columns written per row (≥ the longest visible row)
+};
+
+enum class IndexerImpl {
+  kAuto = 0,     // the fastest this CPU supports
+  kAvx512Bf16,   // AVX-512 BF16 dot products (vdpbf16ps), fp32 accumulation
+  kPortable,     // plain C++ fp32, auto-vectorised; any x86-64 / any ISA
+  kReference,    // scalar, double accumulation: the ground truth
+};
+const char* indexer_impl_name(IndexerImpl impl);
+
+struct IndexerOptions {
+  IndexerImpl impl = IndexerImpl::kAuto;
+  int num_threads = 0;  // 0 = OpenMP default; results are bitwise identical for any value
+};
+
+// Entries visible to row `row` of a step (see the banner).
+int64_t indexer_visible_entries(int64_t context_len, int32_t next_n, int32_t row, int32_t compress_ratio);
+
+// Checks every field once, in a fixed order; the message names the field and what is supported.
+Status validate_indexer_params(const IndexerParams& params);
+
+// Validates, then scores with the chosen implementation. kAvx512Bf16 on a CPU without it fails
+// with kInvalidArgument; kAuto never fails for that reason.
+Status indexer_scores(const IndexerParams& params, const IndexerOptions& options = {});
+
+// The implementation kAuto picks on this machine.
+IndexerImpl indexer_best_impl();
+
+}  // namespace spin

@@ -1,0 +1,141 @@
+// spin/trace.h — recorded indexer inputs of one request: the trace file, schema version 1.
+//
+// A trace is a safetensors file (DESIGN.md §6), so a PyTorch/vLLM user can write it with the
+// `safetensors` package (examples/record_trace.py shows how, with numpy only):
+//
+//   metadata (all values are strings, as safetensors requires):
+//     format=spin-trace  version=1  model=<free text>  num_layers  next_n  num_heads
+//     page_size  topk  compress_ratio          (other keys are kept in TraceMeta::extra)
+//   per indexer layer l in 0..num_layers-1:
+//     layer.{l}.k            U8  [entries, 128]          e4m3 key codes
+//     layer.{l}.k_scale      F32 [entries]               per-entry key scale, finite and > 0
+//     layer.{l}.q            U8  [steps, next_n, heads, 128]   e4m3 query codes
+//     layer.{l}.w            F32 [steps, next_n, heads]  head weights, every scale folded in
+//     layer.{l}.k_draft      U8  [steps, next_n-1, 128]  optional (MTP): draft keys a row saw
+//     layer.{l}.k_draft_scale F32 [steps, next_n-1]      present iff k_draft is
+//   shared:
+//     ctx_len   I64 [steps]  tokens in the cache at the step, including its own next_n rows
+//     accepted  I32 [steps]  MTP only (required when next_n > 1): draft tokens accepted, 0..next_n-1
+//
+// Visibility. Row j (0..next_n-1) of step s is token t = ctx_len[s] - next_n + j and sees entries
+// [0, visible) with visible = floor((t + 1) / compress_ratio): with compress_ratio 1 (V3.2) a token
+// is an entry and this is DESIGN.md §3's [0, ctx_len - next_n + j + 1); with 4 (V4 CSA) it is the
+// V4 rule "row s is visible iff s < floor((t+1)/4)". ctx_len therefore counts tokens.
+//
+// Decisions (DESIGN.md is silent or loose on these):
+// - ctx_len must be strictly increasing: every decode step appends at least one token.
+// - ctx_len[s] >= next_n (row 0 sees the step's own token), and the last step's last row may see
+//   at most the layer's entries: floor(ctx_len[last] / compress_ratio) <= entries.
+// - steps >= 1; e4m3 NaN codes (0x7F, 0xFF) in k, q or k_draft are rejected, as are non-finite w
+//   and scales that are not finite and > 0. Extra tensors not starting with "layer." are ignored;
+//   an unknown "layer.*" tensor is an error (it is most likely a misspelling).
+// - Layers are numbered 0..num_layers-1 (indexer layers in model order, not model layer ids).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "spin/status.h"
+
+namespace spin {
+
+inline constexpr int kTraceVersion = 1;
+inline constexpr const char* kTraceFormat = "spin-trace";
+inline constexpr int kTraceHeadDim = 128;  // indexer head dim, = kIndexerHeadDim
+
+struct TraceMeta {
+  std::string model;          // free text, e.g. "deepseek-v3.2" or "synthetic:doc-qa-10k"
+  int32_t num_layers = 0;     // indexer layers in the trace
+  int32_t next_n = 1;         // rows per step: 1 + draft tokens
+  int32_t num_heads = 64;     // indexer heads
+  int32_t page_size = 64;     // entries per cache page
+  int32_t topk = 2048;        // indexer top-k of the model
+  int32_t compress_ratio = 1; // tokens per entry: 1 (V3.2), 4 (V4 CSA)
+  std::map<std::string, std::string> extra;  // other metadata keys, kept as they are
+};
+
+// One indexer layer of an in-memory trace. Shapes as in the schema above; k_draft and
+// k_draft_scale are empty when the trace has no draft keys.
+struct TraceLayer {
+  std::vector<uint8_t> k;              // [entries, 128]
+  std::vector<float> k_scale;          // [entries]
+  std::vector<uint8_t> q;              // [steps, next_n, heads, 128]
+  std::vector<float> w;                // [steps, next_n, heads]
+  std::vector<uint8_t> k_draft;        // [steps, next_n-1, 128] or empty
+  std::vector<float> k_draft_scale;    // [steps, next_n-1] or empty
+};
+
+// An owning trace, for generators and writers.
+struct Trace {
+  TraceMeta meta;
+  std::vector<int64_t> ctx_len;   // [steps]
+  std::vector<int32_t> accepted;  // [steps], or empty when next_n == 1
+  std::vector<TraceLayer> layers; // [num_layers]
+
+  int64_t steps() const { return static_cast<int64_t>(ctx_len.size()); }
+};
+
+// Checks every rule of the schema (sizes, values); the same checks the reader applies.
+Status validate_trace(const Trace& trace);
+
+// Validates, then writes atomically (temporary file in the same directory, fsync, rename):
+// an invalid trace or an I/O failure leaves nothing behind and an existing `path` untouched.
+Status write_trace(const Trace& trace, const std::string& path);
+
+// A validated trace file, memory-mapped (or borrowed) and read in place. Every view below is
+// valid while the reader lives. Accessors take valid indices (layer < num_layers, step < steps,
+// row < next_n); out of range they return empty spans / 0.
+class TraceReader {
+ public:
+  static Result<TraceReader> open(const std::string& path);
+  // Validates `size` bytes at `data`; the caller keeps them alive and unchanged while the reader
+  // (and any view from it) lives. For fuzzing and in-memory pipelines.
+  static Result<TraceReader> from_memory(const void* data, size_t size);
+
+  TraceReader(TraceReader&&) noexcept;
+  TraceReader& operator=(TraceReader&&) noexcept;
+  ~TraceReader();
+
+  const TraceMeta& meta() const;
+  int32_t num_layers() const { return meta().num_layers; }
+  int64_t steps() const;
+  int64_t entries(int layer) const;
+  uint64_t file_size() const;
+  const std::string& path() const;  // "<memory>" for from_memory
+
+  std::span<const int64_t> ctx_len() const;   // [steps]
+  std::span<const int32_t> accepted() const;  // [steps], empty when absent
+  bool has_draft_keys() const;
+  // Entries row `row` of step `step` sees (see "Visibility" above).
+  int64_t visible_entries(int64_t step, int row) const;
+
+  std::span<const uint8_t> k(int layer) const;        // [entries, 128]
+  std::span<const float> k_scale(int layer) const;    // [entries]
+  std::span<const uint8_t> q(int layer, int64_t step) const;  // [next_n, heads, 128]
+  std::span<const uint8_t> q(int layer, int64_t step, int row) const;  // [heads, 128]
+  std::span<const float> w(int layer, int64_t step) const;    // [next_n, heads]
+  std::span<const float> w(int layer, int64_t step, int row) const;    // [heads]
+  std::span<const uint8_t> k_draft(int layer, int64_t step) const;     // [next_n-1, 128]
+  std::span<const float> k_draft_scale(int layer, int64_t step) const; // [next_n-1]
+
+  // Copies the whole trace into memory.
+  Trace to_trace() const;
+
+ private:
+  struct Impl;
+  explicit TraceReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads and validates a trace file into memory (open + to_trace).
+Result<Trace> read_trace(const std::string& path);
+
+// A human-readable multi-line summary (for `spin trace info`): model, layers, steps, next_n,
+// heads, entries, ctx_len range, page_size, topk, compress_ratio, draft keys, size on disk.
+std::string describe(const TraceReader& reader);
+
+}  // namespace spin

@@ -1,0 +1,43 @@
+// Internal interface between the indexer front end (validation, tiling, dispatch: indexer.cpp)
+// and its implementations (indexer_reference.cpp, indexer_portable.cpp, indexer_avx512.cpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "spin/indexer.h"
+
+namespace spin::detail {
+
+// Largest number of entries processed as one key tile. A tile never crosses a page (pages are
+// scattered in memory), and 32 entries of converted bf16 keys (8 KiB) stay in L1 beside the packed
+// queries of one row (16 KiB at 64 heads). Set by `spin bench indexer` on Zen 4 (16/32/64 tried).
+inline constexpr int32_t kTileEntries = 32;
+
+// Entries [first_entry, first_entry + count) of one request, all inside one physical page.
+struct IndexerTile {
+  int32_t request;
+  int32_t physical_page;
+  int64_t first_entry;  // request-local entry position
+  int32_t count;
+};
+
+// Splits the visible (and, when masked, selected) entries of every request into tiles.
+std::vector<IndexerTile> plan_indexer_tiles(const IndexerParams& params);
+
+// Writes -inf to every output column [0, logits_cols) of every row.
+void fill_logits_neg_inf(const IndexerParams& params, int num_threads);
+
+// Each implementation scores the planned tiles (outputs already -inf filled).
+void indexer_run_portable(const IndexerParams& params, const std::vector<IndexerTile>& tiles,
+                          int num_threads);
+void indexer_run_avx512bf16(const IndexerParams& params, const std::vector<IndexerTile>& tiles,
+                            int num_threads);
+bool cpu_has_avx512bf16();
+
+// Scalar ground truth with double accumulation; plans nothing, walks entries directly.
+void indexer_run_reference(const IndexerParams& params);
+
+inline int32_t padded_heads(int32_t num_heads) { return (num_heads + 63) / 64 * 64; }
+
+}  // namespace spin::detail

@@ -45,13 +45,13 @@ uint8_t e4m3_from_float(float x) {
   // Below 2^-6 the quantum is the subnormal step 2^-9; above, 2^(e-3) for exponent e.
   // Scaling by a power of two is exact, so nearbyint (ties to even) gives the RNE mantissa, and a
   // mantissa that rounds up to 16 carries into the exponent field by plain addition.
-  int exponent;
-  std::frexp(a, &exponent);  // a = f · 2^exponent, f in [0.5, 1)
-  const int e = exponent - 1;  // a in [2^e, 2^(e+1))
-  if (e < -6) {
+  if (a < 0x1p-6f) {  // zero and subnormals (m = 8 carries into the smallest normal, code 0x08)
     const int m = static_cast<int>(std::nearbyint(std::ldexp(a, 9)));
     return static_cast<uint8_t>(sign | m);
   }
+  int exponent;
+  std::frexp(a, &exponent);  // a = f · 2^exponent, f in [0.5, 1)
+  const int e = exponent - 1;  // a in [2^e, 2^(e+1))
   const int q = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - e)));  // in [8, 16]
   return static_cast<uint8_t>(sign | (((e + 7) << 3) + q - 8));
 }

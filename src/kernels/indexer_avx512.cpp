@@ -190,6 +190,16 @@ SPIN_TARGET_AVX512BF16 void indexer_run_avx512bf16(const IndexerParams& p, const
     for (int32_t i = 0; i < tile.count; ++i) {
       converter.convert128(page + layout.value_offset(first_offset + i), keys + i * kIndexerHeadDim);
     }
+    if (t + 1 < n_tiles) {
+      // Pages sit at random addresses, so the hardware prefetcher cannot run ahead across tiles;
+      // fetch the next tile's values while this one computes (a few µs per tile).
+      const IndexerTile& next = tiles[t + 1];
+      const uint8_t* next_values = p.key_cache + next.physical_page * layout.page_bytes() +
+                                   layout.value_offset(static_cast<int32_t>(next.first_entry % p.page_size));
+      for (int32_t line = 0; line < next.count * kEntryValueBytes; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(next_values + line), _MM_HINT_T0);
+      }
+    }
     const int64_t context_len = p.context_lens[tile.request];
     for (int32_t r = 0; r < p.next_n; ++r) {
       const int64_t visible = indexer_visible_entries(context_len, p.next_n, r, p.compress_ratio);

@@ -1,0 +1,60 @@
+// Benchmark plumbing shared by every `spin bench` subcommand: timing, machine peak, records.
+//
+// Conventions (STYLE.md): warm up, repeat until a minimum time and run count, report the median
+// in µs with GFLOP/s, GB/s and the fraction of the machine peak measured in the same process; each
+// JSON record carries the commit, machine and shape.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <string>
+
+namespace spin::bench {
+
+struct Timing {
+  double median_us = 0;
+  double min_us = 0;
+  int runs = 0;
+};
+
+// Runs `fn` once to warm up, then until `min_seconds` have passed and at least `min_runs` runs.
+Timing time_it(const std::function<void()>& fn, double min_seconds, int min_runs = 3);
+
+struct MachinePeak {
+  std::string instruction;  // "avx512-bf16 vdpbf16ps" or "fp32 fma"
+  double gflops = 0;        // over `threads` threads
+  int threads = 0;
+};
+// Peak of the fastest dot-product instruction this CPU offers for the indexer math (bf16 dot
+// where present, else fp32 FMA), measured with a register-only loop on `threads` threads.
+MachinePeak measure_peak(int threads);
+
+// Fields every record carries: commit, cpu model, threads.
+nlohmann::json machine_json(int threads);
+std::string cpu_model();
+
+// Writes `records` (a JSON array) atomically: temp file in the same directory, then rename.
+bool write_json_atomic(const std::string& path, const nlohmann::json& records, std::string* error);
+
+struct IndexerBenchOptions {
+  std::vector<int64_t> contexts = {8192, 32768, 131072, 524288};
+  std::vector<int> rows = {1, 2};
+  std::vector<double> sparsities = {0.0, 0.3, 0.5};
+  std::string impl = "auto";
+  int threads = 0;
+  double min_seconds = 0.5;
+  std::string json_path;
+};
+int run_indexer_bench(const IndexerBenchOptions& options);
+
+struct TopkBenchOptions {
+  std::vector<int64_t> contexts = {8192, 32768, 131072, 524288};
+  int topk = 2048;
+  int threads = 1;
+  double min_seconds = 0.3;
+  std::string json_path;
+};
+int run_topk_bench(const TopkBenchOptions& options);
+
+}  // namespace spin::bench

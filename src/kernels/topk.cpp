@@ -53,10 +53,15 @@ Status validate_topk_params(const TopkParams& p) {
 
 namespace {
 
-// Order-preserving key: larger score → larger unsigned key; -0 folds onto +0.
+// Order-preserving key: larger score → larger unsigned key; -0 folds onto +0. Non-finite scores
+// (±inf, NaN) map to 0, a key no finite score can have (the smallest finite key is 0x00800000),
+// so "bucket 0" means "not a candidate". Branch-free: scores have random signs.
 inline uint32_t score_key(float score) {
-  uint32_t u = std::bit_cast<uint32_t>(score == 0.0f ? 0.0f : score);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  uint32_t u = std::bit_cast<uint32_t>(score);
+  const bool finite = (u & 0x7F800000u) != 0x7F800000u;
+  u = (u & 0x7FFFFFFFu) != 0 ? u : 0u;
+  const uint32_t key = u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+  return finite ? key : 0u;
 }
 
 void topk_row_reference(const float* scores, int64_t n, int32_t k, int32_t* out) {
@@ -81,19 +86,26 @@ struct RadixScratch {
 };
 
 void topk_row_radix(const float* scores, int64_t n, int32_t k, int32_t* out, RadixScratch& scratch) {
-  // Pass 1: histogram of the top 11 bits of every finite score's key.
-  std::array<int64_t, 2048> hist{};
-  int64_t finite = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (std::isfinite(scores[i])) {
-      ++hist[score_key(scores[i]) >> 21];
-      ++finite;
-    }
+  // Pass 1: histogram of the top 11 bits of every key (bucket 0 = non-finite).
+  // Scores cluster in a few buckets, so one counter array would serialise on store-to-load
+  // forwarding of the same counter; four interleaved arrays break that chain.
+  std::array<std::array<uint32_t, 2048>, 4> sub{};
+  int64_t i4 = 0;
+  for (; i4 + 4 <= n; i4 += 4) {
+    ++sub[0][score_key(scores[i4]) >> 21];
+    ++sub[1][score_key(scores[i4 + 1]) >> 21];
+    ++sub[2][score_key(scores[i4 + 2]) >> 21];
+    ++sub[3][score_key(scores[i4 + 3]) >> 21];
   }
+  for (; i4 < n; ++i4) ++sub[0][score_key(scores[i4]) >> 21];
+  std::array<int64_t, 2048> hist{};
+  for (int b = 0; b < 2048; ++b) hist[b] = int64_t{sub[0][b]} + sub[1][b] + sub[2][b] + sub[3][b];
+  const int64_t finite = n - hist[0];
   if (finite <= k) {  // every finite score is selected
     int32_t w = 0;
     for (int64_t i = 0; i < n; ++i) {
-      if (std::isfinite(scores[i])) out[w++] = static_cast<int32_t>(i);
+      out[w] = static_cast<int32_t>(i);
+      w += score_key(scores[i]) != 0;
     }
     std::fill(out + w, out + k, -1);
     return;
@@ -105,7 +117,6 @@ void topk_row_radix(const float* scores, int64_t n, int32_t k, int32_t* out, Rad
   uint32_t prefix = static_cast<uint32_t>(bucket);
   scratch.keys.clear();
   for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(scores[i])) continue;
     const uint32_t key = score_key(scores[i]);
     if ((key >> 21) == prefix) scratch.keys.push_back(key);
   }
@@ -127,13 +138,18 @@ void topk_row_radix(const float* scores, int64_t n, int32_t k, int32_t* out, Rad
     }
     std::swap(scratch.keys, scratch.next);
   }
+  // Final scan in position order: every key above the threshold, plus the first `equal_left`
+  // keys equal to it (the lowest positions — the tie rule). Writes are unconditional and the
+  // cursor advances only on a take, which keeps the loop free of unpredictable branches.
   const uint32_t threshold = prefix;  // the exact k-th largest key
-  int64_t equal_needed = k - above;   // how many keys equal to the threshold are taken
+  int64_t equal_left = k - above;
   int32_t w = 0;
   for (int64_t i = 0; i < n && w < k; ++i) {
-    if (!std::isfinite(scores[i])) continue;
     const uint32_t key = score_key(scores[i]);
-    if (key > threshold || (key == threshold && equal_needed-- > 0)) out[w++] = static_cast<int32_t>(i);
+    const bool tie = key == threshold && equal_left > 0;
+    equal_left -= tie;
+    out[w] = static_cast<int32_t>(i);
+    w += (key > threshold) | tie;
   }
 }
 

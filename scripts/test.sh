@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The second command: every test, in two configurations — Release (what users run) and
+# RelWithDebInfo + AddressSanitizer + UBSan — each through CTest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
+jobs="$(nproc)"
+for preset in release asan; do
+  echo "=== spin tests: ${preset} ==="
+  cmake --preset "${preset}" >/dev/null
+  cmake --build --preset "${preset}" -j"${jobs}"
+  ctest --preset "${preset}" -j"${jobs}"
+done

@@ -19,11 +19,11 @@
 
 #include <cstdint>
 
+#include "spin/numerics.h"
 #include "spin/status.h"
 
 namespace spin {
 
-inline constexpr int32_t kMaxNextN = 4;     // MTP verification rows per request
 inline constexpr int32_t kMaxIndexerHeads = 128;
 
 struct IndexerParams {

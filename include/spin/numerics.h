@@ -16,6 +16,8 @@ namespace spin {
 inline constexpr float kE4m3Max = 448.0f;
 inline constexpr float kQuantAmaxFloor = 1e-4f;
 inline constexpr int kIndexerHeadDim = 128;
+// Query rows per request and step: 1 (plain decode) to 1 + 3 MTP draft tokens.
+inline constexpr int32_t kMaxNextN = 4;
 
 float e4m3_to_float(uint8_t code);
 uint8_t e4m3_from_float(float x);  // round-to-nearest-even, saturating to ±448; NaN → 0x7F|sign

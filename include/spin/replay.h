@@ -1,0 +1,71 @@
+// spin/replay.h — replays a trace through a predictor and measures it against all-keep.
+//
+// Two steps, so that many predictors and budgets share the expensive part:
+//   1. score_trace(): runs the real indexer kernel (all blocks scored: all-keep) and the real
+//      top-k for every (layer, step, row) of the trace, on a paged cache built from the trace.
+//      This is the ground truth of every metric (DESIGN.md §5).
+//   2. replay(): walks (step, layer, row) in decode order through a predictor.
+//      closed loop: the predictor selects blocks; only their scores exist for it (the indexer
+//        output with -inf elsewhere — bitwise what the block-masked kernel writes); top-k runs on
+//        those; the predictor observes what it scored; MTP commits replay per mtp_update.
+//      open loop: the predictor observes every step's full scores (the paper's predictor
+//        comparison) and is judged by the Pearson of its block ranking against the true pooled
+//        block scores, and by the recall of the blocks it would have selected.
+// MTP rows of a draft position use the final sequence's entries (k_draft is not replayed).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "spin/metrics.h"
+#include "spin/predict.h"
+#include "spin/status.h"
+#include "spin/trace.h"
+
+namespace spin {
+
+class ScoredTrace;  // opaque: caches, all-keep scores and top-k of one trace
+
+struct ScoreOptions {
+  int threads = 0;
+  std::function<void(int64_t done, int64_t total)> progress;  // called after each (layer, step)
+};
+Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const ScoreOptions& options = {});
+
+// Per-trace facts of the all-keep ground truth.
+struct TraceFacts {
+  int64_t samples = 0;                 // (layer, step, row) triples
+  int64_t exact_by_construction = 0;   // rows whose context holds ≤ topk entries
+  double topk_block_share = 0;         // mean share of visible blocks holding ≥ 1 top-k entry
+  double prev_step_topk_recall = 0;    // mean |TopK_{t-1} ∩ TopK_t| / k (row 0, steps ≥ 1)
+  int64_t mean_visible_entries = 0;
+};
+TraceFacts trace_facts(const ScoredTrace& scored, int32_t block_entries);
+
+struct ReplayOptions {
+  std::string predictor = "spin";
+  PredictorConfig config;   // page_size and topk are taken from the trace
+  bool open_loop = false;
+  bool keep_topk = false;   // keep every row's closed-loop top-k (for --dump-topk)
+  std::function<void(int64_t done, int64_t total)> progress;  // after each step
+};
+
+struct ReplayResult {
+  std::string predictor;
+  PredictorConfig config;
+  bool open_loop = false;
+  QualityStats quality{2048};
+  double predictor_seconds = 0;  // time in select + observe + commit
+  // [layer][step · next_n + row][topk] when keep_topk (closed loop).
+  std::vector<std::vector<std::vector<int32_t>>> topk;
+};
+
+Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& scored, const ReplayOptions& options);
+
+// Writes `layer.{l}.topk` i32 [steps, next_n, topk] (DESIGN.md §3 format) atomically.
+Status write_topk_dump(const std::string& path, const Trace& trace, const ReplayResult& result);
+
+}  // namespace spin

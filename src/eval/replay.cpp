@@ -1,0 +1,325 @@
+// Trace replay: all-keep ground truth (real indexer + top-k kernels) and closed/open-loop replay
+// of a predictor against it (see spin/replay.h).
+#include "spin/replay.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "core/errors.h"
+#include "eval/safetensors.h"
+#include "spin/cache.h"
+#include "spin/indexer.h"
+#include "spin/topk.h"
+
+namespace spin {
+
+class ScoredTrace {
+ public:
+  int32_t layers = 0;
+  int32_t next_n = 1;
+  int32_t heads = 64;
+  int32_t topk = 2048;
+  int32_t page_size = 64;
+  int32_t compress_ratio = 1;
+  int64_t steps = 0;
+  std::vector<int64_t> ctx_len;
+  std::vector<IndexerKeyCache> caches;  // one per layer, pages in logical order
+  std::vector<int32_t> identity_pages;  // logical page i = physical page i
+  // Indexed by (layer · steps + step) · next_n + row.
+  std::vector<std::vector<float>> scores;   // [visible] all-keep scores
+  std::vector<std::vector<int32_t>> truth;  // [topk] all-keep top-k, -1 padded
+  std::vector<int64_t> visible;
+
+  size_t index(int32_t l, int64_t s, int32_t j) const {
+    return static_cast<size_t>((l * steps + s) * next_n + j);
+  }
+  int64_t entries_at(int64_t s) const {
+    return indexer_visible_entries(ctx_len[s], next_n, next_n - 1, compress_ratio);
+  }
+};
+
+Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const ScoreOptions& options) {
+  SPIN_RETURN_IF_ERROR(validate_trace(trace));
+  auto st = std::make_shared<ScoredTrace>();
+  const TraceMeta& m = trace.meta;
+  st->layers = m.num_layers;
+  st->next_n = m.next_n;
+  st->heads = m.num_heads;
+  st->topk = m.topk;
+  st->page_size = m.page_size;
+  st->compress_ratio = m.compress_ratio;
+  st->steps = trace.steps();
+  st->ctx_len = trace.ctx_len;
+  const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
+  const int64_t entries = static_cast<int64_t>(trace.layers[0].k_scale.size());
+  const int32_t pages = static_cast<int32_t>(std::max<int64_t>(1, (entries + m.page_size - 1) / m.page_size));
+  st->identity_pages.resize(pages);
+  for (int32_t i = 0; i < pages; ++i) st->identity_pages[i] = i;
+  for (int32_t l = 0; l < m.num_layers; ++l) {
+    auto cache = IndexerKeyCache::create(m.page_size, pages);
+    if (!cache.ok()) return cache.status();
+    SPIN_RETURN_IF_ERROR(cache->write_quantized(st->identity_pages.data(), pages, 0, trace.layers[l].k.data(),
+                                                trace.layers[l].k_scale.data(), entries));
+    st->caches.push_back(std::move(cache).value());
+  }
+  const size_t n = static_cast<size_t>(m.num_layers) * st->steps * m.next_n;
+  st->scores.resize(n);
+  st->truth.resize(n);
+  st->visible.resize(n);
+  std::vector<float> logits;
+  std::vector<int32_t> topk_out;
+  const int64_t total = int64_t{m.num_layers} * st->steps;
+  int64_t done = 0;
+  for (int32_t l = 0; l < m.num_layers; ++l) {
+    for (int64_t s = 0; s < st->steps; ++s) {
+      const int64_t cols = std::max<int64_t>(1, st->entries_at(s));
+      logits.resize(static_cast<size_t>(m.next_n) * cols);
+      IndexerParams p;
+      p.key_cache = st->caches[l].data();
+      p.page_size = m.page_size;
+      p.num_pages = pages;
+      p.block_table = st->identity_pages.data();
+      p.block_table_stride = pages;
+      p.batch = 1;
+      p.context_lens = &st->ctx_len[s];
+      p.next_n = m.next_n;
+      p.compress_ratio = m.compress_ratio;
+      p.num_heads = m.num_heads;
+      p.q = trace.layers[l].q.data() + static_cast<size_t>(s) * m.next_n * m.num_heads * kIndexerHeadDim;
+      p.weights = trace.layers[l].w.data() + static_cast<size_t>(s) * m.next_n * m.num_heads;
+      p.logits = logits.data();
+      p.logits_stride = cols;
+      p.logits_cols = cols;
+      SPIN_RETURN_IF_ERROR(indexer_scores(p, {IndexerImpl::kAuto, threads}));
+      std::vector<int64_t> row_lens(static_cast<size_t>(m.next_n));
+      for (int32_t j = 0; j < m.next_n; ++j) {
+        row_lens[j] = indexer_visible_entries(st->ctx_len[s], m.next_n, j, m.compress_ratio);
+      }
+      topk_out.resize(static_cast<size_t>(m.next_n) * m.topk);
+      TopkParams tp{logits.data(), cols, m.next_n, cols, row_lens.data(), m.topk, topk_out.data(), m.topk};
+      SPIN_RETURN_IF_ERROR(topk(tp, {TopkImpl::kAuto, threads}));
+      for (int32_t j = 0; j < m.next_n; ++j) {
+        const size_t i = st->index(l, s, j);
+        st->visible[i] = row_lens[j];
+        st->scores[i].assign(logits.begin() + j * cols, logits.begin() + j * cols + row_lens[j]);
+        st->truth[i].assign(topk_out.begin() + j * m.topk, topk_out.begin() + (j + 1) * m.topk);
+      }
+      if (options.progress) options.progress(++done, total);
+    }
+  }
+  return std::shared_ptr<const ScoredTrace>(std::move(st));
+}
+
+TraceFacts trace_facts(const ScoredTrace& st, int32_t block_entries) {
+  TraceFacts facts;
+  double share_sum = 0;
+  double recall_sum = 0;
+  int64_t recall_n = 0;
+  int64_t visible_sum = 0;
+  for (int32_t l = 0; l < st.layers; ++l) {
+    for (int64_t s = 0; s < st.steps; ++s) {
+      for (int32_t j = 0; j < st.next_n; ++j) {
+        const size_t i = st.index(l, s, j);
+        ++facts.samples;
+        visible_sum += st.visible[i];
+        if (st.visible[i] <= st.topk) {
+          ++facts.exact_by_construction;
+          continue;
+        }
+        const int64_t n_blocks = (st.visible[i] + block_entries - 1) / block_entries;
+        std::vector<char> hit(static_cast<size_t>(n_blocks), 0);
+        int64_t hits = 0;
+        for (int32_t pos : st.truth[i]) {
+          if (pos >= 0 && !hit[pos / block_entries]) {
+            hit[pos / block_entries] = 1;
+            ++hits;
+          }
+        }
+        share_sum += static_cast<double>(hits) / static_cast<double>(n_blocks);
+        if (j == 0 && s > 0) {
+          recall_sum += recall(st.truth[st.index(l, s - 1, 0)], st.truth[i]);
+          ++recall_n;
+        }
+      }
+    }
+  }
+  const int64_t measured = facts.samples - facts.exact_by_construction;
+  facts.topk_block_share = measured > 0 ? share_sum / static_cast<double>(measured) : 0.0;
+  facts.prev_step_topk_recall = recall_n > 0 ? recall_sum / static_cast<double>(recall_n) : 0.0;
+  facts.mean_visible_entries = facts.samples > 0 ? visible_sum / facts.samples : 0;
+  return facts;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t scored_entries_in(const std::vector<int32_t>& blocks, int64_t visible, int32_t block_entries) {
+  int64_t scored = 0;
+  for (int32_t b : blocks) {
+    const int64_t begin = int64_t{b} * block_entries;
+    if (begin < visible) scored += std::min<int64_t>(block_entries, visible - begin);
+  }
+  return scored;
+}
+
+int64_t blocks_within(const std::vector<int32_t>& blocks, int64_t visible, int32_t block_entries) {
+  int64_t n = 0;
+  for (int32_t b : blocks) n += int64_t{b} * block_entries < visible;
+  return n;
+}
+
+}  // namespace
+
+Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const ReplayOptions& options) {
+  PredictorConfig config = options.config;
+  config.page_size = st.page_size;
+  config.topk = st.topk;
+  SPIN_RETURN_IF_ERROR(config.validate());
+  auto made = make_predictor(options.predictor, config, st.layers, /*request_id=*/0);
+  if (!made.ok()) return made.status();
+  std::unique_ptr<BlockPredictor> predictor = std::move(made).value();
+  ReplayResult result;
+  result.predictor = options.predictor;
+  result.config = config;
+  result.open_loop = options.open_loop;
+  result.quality = QualityStats(st.topk);
+  if (options.keep_topk) {
+    result.topk.assign(static_cast<size_t>(st.layers),
+                       std::vector<std::vector<int32_t>>(static_cast<size_t>(st.steps * st.next_n)));
+  }
+  const int32_t E = config.block_entries();
+  const int32_t next_n = st.next_n;
+  Selection sel;
+  std::vector<float> masked;
+  std::vector<int32_t> spin_topk(static_cast<size_t>(st.topk));
+  std::vector<int32_t> true_topk(static_cast<size_t>(next_n) * st.topk);
+  std::vector<int32_t> all_blocks;
+  std::vector<int64_t> row_visible(static_cast<size_t>(next_n));
+  std::vector<char> keep;
+  PooledRow pooled;
+  std::vector<float> pool_scratch;
+  std::vector<double> px, py;
+  double predictor_seconds = 0;
+  for (int64_t s = 0; s < st.steps; ++s) {
+    for (int32_t l = 0; l < st.layers; ++l) {
+      for (int32_t j = 0; j < next_n; ++j) {
+        const size_t i = st.index(l, s, j);
+        std::copy(st.truth[i].begin(), st.truth[i].end(), true_topk.begin() + int64_t{j} * st.topk);
+        row_visible[j] = st.visible[i];
+      }
+      HisaView hisa;
+      hisa.key_cache = st.caches[l].data();
+      hisa.page_size = st.page_size;
+      hisa.block_table = st.identity_pages.data();
+      hisa.num_entries = st.entries_at(s);
+      hisa.q = trace.layers[l].q.data() + static_cast<size_t>(s) * next_n * st.heads * kIndexerHeadDim;
+      hisa.w = trace.layers[l].w.data() + static_cast<size_t>(s) * next_n * st.heads;
+      hisa.heads = st.heads;
+      hisa.num_cache_pages = static_cast<int64_t>(st.identity_pages.size());
+      StepInput in;
+      in.step = s;
+      in.num_entries = st.entries_at(s);
+      in.next_n = next_n;
+      in.row_visible = st.compress_ratio > 1 ? row_visible.data() : nullptr;
+      in.true_topk = true_topk.data();
+      in.hisa = &hisa;
+      in.want_scores = options.open_loop;
+      auto t0 = Clock::now();
+      SPIN_RETURN_IF_ERROR(predictor->select(l, in, &sel));
+      predictor_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      for (int32_t j = 0; j < next_n; ++j) {
+        const size_t i = st.index(l, s, j);
+        const std::vector<float>& full = st.scores[i];
+        const int64_t visible = st.visible[i];
+        const int64_t n_blocks = (visible + E - 1) / E;
+        RowQuality q;
+        q.visible_entries = visible;
+        q.visible_blocks = n_blocks;
+        RowScores rs;
+        rs.num_cols = visible;
+        rs.visible = visible;
+        if (!options.open_loop) {
+          // Closed loop: only the union's blocks were scored (what the masked kernel writes).
+          keep.assign(static_cast<size_t>(n_blocks), 0);
+          for (int32_t b : sel.blocks) {
+            if (b < n_blocks) keep[b] = 1;
+          }
+          masked.assign(full.begin(), full.end());
+          for (int64_t e = 0; e < visible; ++e) {
+            if (!keep[e / E]) masked[e] = -std::numeric_limits<float>::infinity();
+          }
+          TopkParams tp{masked.data(), std::max<int64_t>(visible, 1), 1, visible, nullptr, st.topk, spin_topk.data(), st.topk};
+          SPIN_RETURN_IF_ERROR(topk(tp, {TopkImpl::kAuto, 1}));
+          q.recall = recall(spin_topk, st.truth[i]);
+          q.block_recall = block_recall(sel.blocks, st.truth[i], E);
+          q.scored_entries = scored_entries_in(sel.blocks, visible, E);
+          q.scored_blocks = blocks_within(sel.blocks, visible, E);
+          if (options.keep_topk) result.topk[l][static_cast<size_t>(s * next_n + j)] = spin_topk;
+          rs.scores = masked.data();
+          rs.scored_blocks = sel.blocks.data();
+          rs.num_scored_blocks = static_cast<int64_t>(sel.blocks.size());
+          rs.topk_positions = spin_topk.data();
+        } else {
+          // Open loop: judge the ranking against the true pooled block scores, then show it all.
+          all_blocks.resize(static_cast<size_t>(n_blocks));
+          for (int64_t b = 0; b < n_blocks; ++b) all_blocks[b] = static_cast<int32_t>(b);
+          rs.scores = full.data();
+          rs.scored_blocks = all_blocks.data();
+          rs.num_scored_blocks = n_blocks;
+          rs.topk_positions = st.truth[i].data();
+          SPIN_RETURN_IF_ERROR(pool_row(config, rs, &pooled, &pool_scratch));
+          px.clear();
+          py.clear();
+          for (size_t k = 0; k < pooled.blocks.size(); ++k) {
+            const int32_t b = pooled.blocks[k];
+            if (j < static_cast<int32_t>(sel.row_scores.size()) && b < static_cast<int32_t>(sel.row_scores[j].size())) {
+              px.push_back(sel.row_scores[j][b]);
+              py.push_back(pooled.x[k]);
+            }
+          }
+          q.pearson = pearson(px.data(), py.data(), static_cast<int64_t>(px.size()));
+          q.block_recall = block_recall(sel.row_blocks[j], st.truth[i], E);
+          q.scored_entries = scored_entries_in(sel.row_blocks[j], visible, E);
+          q.scored_blocks = blocks_within(sel.row_blocks[j], visible, E);
+          if (s > 0 && (options.predictor == "prev-iter" || options.predictor == "step-reuse")) {
+            q.topk_recall = recall(st.truth[st.index(l, s - 1, j)], st.truth[i]);
+          }
+        }
+        result.quality.add(q);
+        t0 = Clock::now();
+        SPIN_RETURN_IF_ERROR(predictor->observe(l, j, rs));
+        predictor_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+    }
+    const int32_t accepted = trace.accepted.empty() ? 0 : trace.accepted[s];
+    const auto t0 = Clock::now();
+    SPIN_RETURN_IF_ERROR(predictor->commit(accepted));
+    predictor_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (options.progress) options.progress(s + 1, st.steps);
+  }
+  result.predictor_seconds = predictor_seconds;
+  return result;
+}
+
+Status write_topk_dump(const std::string& path, const Trace& trace, const ReplayResult& result) {
+  if (result.topk.empty()) return failed_precondition("the replay kept no top-k (run it with keep_topk)");
+  const int32_t next_n = trace.meta.next_n;
+  const int32_t k = result.config.topk;
+  std::vector<std::vector<int32_t>> flat(result.topk.size());
+  std::vector<st::TensorSpec> tensors;
+  for (size_t l = 0; l < result.topk.size(); ++l) {
+    for (const auto& row : result.topk[l]) flat[l].insert(flat[l].end(), row.begin(), row.end());
+    tensors.push_back({"layer." + std::to_string(l) + ".topk", st::Dtype::kI32,
+                       {trace.steps(), next_n, k}, flat[l].data(), flat[l].size() * sizeof(int32_t)});
+  }
+  return st::write_safetensors(path, tensors,
+                               {{"format", "spin-topk"}, {"version", "1"}, {"predictor", result.predictor},
+                                {"config", result.config.to_string()}});
+}
+
+}  // namespace spin

@@ -1,0 +1,501 @@
+// Synthetic indexer workloads (see spin/workload.h for the model and every parameter).
+#include "spin/workload.h"
+
+#include <nlohmann/json.hpp>
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/rng.h"
+#include "spin/cache.h"
+#include "spin/numerics.h"
+
+namespace spin {
+
+extern const char* const kCalibrationJson;  // generated from data/calibration.json
+
+namespace {
+
+constexpr int kDim = kIndexerHeadDim;
+constexpr int kRopePairs = 32;  // dims [0, 32) and [32, 64) form the NeoX half-split pairs
+
+// Stream tags: one counter-based stream per decision, so adding a draw never shifts another.
+enum : uint64_t {
+  kTagTopic = 1, kTagSegment, kTagSalience, kTagKeyNoise, kTagFocus, kTagHead, kTagQueryNoise,
+  kTagWeights, kTagAccept, kTagGlobal,
+};
+
+using Vec = std::array<float, kDim>;
+
+void normal_fill(CounterRng& rng, float* out, int n, double scale) {
+  for (int i = 0; i < n; i += 2) {
+    double u1 = rng.uniform();
+    const double u2 = rng.uniform();
+    if (u1 < 1e-300) u1 = 1e-300;
+    const double r = std::sqrt(-2.0 * std::log(u1)) * scale;
+    out[i] = static_cast<float>(r * std::cos(6.283185307179586 * u2));
+    if (i + 1 < n) out[i + 1] = static_cast<float>(r * std::sin(6.283185307179586 * u2));
+  }
+}
+
+Vec random_unit(CounterRng& rng) {
+  Vec v{};
+  normal_fill(rng, v.data(), kDim, 1.0);
+  double norm = 0;
+  for (float x : v) norm += double{x} * x;
+  const float inv = static_cast<float>(1.0 / std::sqrt(norm));
+  for (float& x : v) x *= inv;
+  return v;
+}
+
+void normalise(Vec& v) {
+  double norm = 0;
+  for (float x : v) norm += double{x} * x;
+  if (norm <= 0) return;
+  const float inv = static_cast<float>(1.0 / std::sqrt(norm));
+  for (float& x : v) x *= inv;
+}
+
+// DeepSeek-V3.2 indexer rotary frequencies: base 10000, YaRN factor 40 over the ramp [10, 23].
+const std::array<float, kRopePairs>& rope_frequencies() {
+  static const std::array<float, kRopePairs> freqs = [] {
+    std::array<float, kRopePairs> f{};
+    for (int i = 0; i < kRopePairs; ++i) {
+      const double base = std::pow(10000.0, -static_cast<double>(i) / kRopePairs);
+      const double ramp = std::clamp((i - 10.0) / 13.0, 0.0, 1.0);
+      f[i] = static_cast<float>(base * (1 - ramp) + base / 40.0 * ramp);
+    }
+    return f;
+  }();
+  return freqs;
+}
+
+void add_rope(float* v, int64_t position, double weight) {
+  const auto& freqs = rope_frequencies();
+  const float amplitude = static_cast<float>(weight / std::sqrt(double{kRopePairs}));
+  for (int i = 0; i < kRopePairs; ++i) {
+    const float angle = static_cast<float>(position) * freqs[i];  // fp32 angle, as the model does
+    v[i] += amplitude * std::cos(angle);
+    v[i + kRopePairs] += amplitude * std::sin(angle);
+  }
+}
+
+struct Segment {
+  int64_t begin = 0;
+  int64_t end = 0;
+  Vec direction{};
+  bool focusable = true;  // prompt and tool segments; decode and sink spans are not
+};
+
+struct FocusState {
+  std::vector<int32_t> segments;  // focus_segments segment ids
+  std::vector<double> weights;
+  std::set<int32_t> attended;
+};
+
+struct ShiftEvent {
+  bool happened = false;
+  size_t slot = 0;
+  int32_t target = -1;
+};
+
+int32_t pick_segment(CounterRng& rng, const std::vector<Segment>& segments, const std::set<int32_t>& attended,
+                     bool needle) {
+  std::vector<int32_t> candidates;
+  for (int32_t g = 0; g < static_cast<int32_t>(segments.size()); ++g) {
+    if (segments[g].focusable && (!needle || !attended.count(g))) candidates.push_back(g);
+  }
+  if (candidates.empty()) {
+    for (int32_t g = 0; g < static_cast<int32_t>(segments.size()); ++g) {
+      if (segments[g].focusable) candidates.push_back(g);
+    }
+  }
+  if (candidates.empty()) return -1;
+  return candidates[rng.below(candidates.size())];
+}
+
+Vec focus_vector(const FocusState& f, const std::vector<Segment>& segments) {
+  Vec v{};
+  for (size_t i = 0; i < f.segments.size(); ++i) {
+    if (f.segments[i] < 0) continue;
+    const Vec& d = segments[f.segments[i]].direction;
+    for (int k = 0; k < kDim; ++k) v[k] += static_cast<float>(f.weights[i]) * d[k];
+  }
+  normalise(v);
+  return v;
+}
+
+// Field table for set()/to_string(): name → (getter as text, setter from text).
+struct Field {
+  const char* name;
+  std::function<std::string(const WorkloadParams&)> get;
+  std::function<bool(WorkloadParams&, const std::string&)> put;
+};
+
+template <typename T>
+Field field(const char* name, T WorkloadParams::*member) {
+  return {name,
+          [member](const WorkloadParams& p) {
+            if constexpr (std::is_same_v<T, std::string>) {
+              return p.*member;
+            } else {
+              std::ostringstream os;
+              os << p.*member;
+              return os.str();
+            }
+          },
+          [member](WorkloadParams& p, const std::string& text) {
+            if constexpr (std::is_same_v<T, std::string>) {
+              p.*member = text;
+              return true;
+            } else {
+              std::istringstream is(text);
+              T v{};
+              is >> v;
+              if (!is || !is.eof()) return false;
+              p.*member = v;
+              return true;
+            }
+          }};
+}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = {
+      field("scenario", &WorkloadParams::scenario), field("prompt_tokens", &WorkloadParams::prompt_tokens),
+      field("steps", &WorkloadParams::steps), field("layers", &WorkloadParams::layers),
+      field("next_n", &WorkloadParams::next_n), field("acceptance_rate", &WorkloadParams::acceptance_rate),
+      field("num_heads", &WorkloadParams::num_heads), field("page_size", &WorkloadParams::page_size),
+      field("topk", &WorkloadParams::topk), field("segment_tokens", &WorkloadParams::segment_tokens),
+      field("num_topics", &WorkloadParams::num_topics), field("sink_tokens", &WorkloadParams::sink_tokens),
+      field("key_topic", &WorkloadParams::key_topic), field("key_salience", &WorkloadParams::key_salience),
+      field("salience_sigma", &WorkloadParams::salience_sigma), field("key_noise", &WorkloadParams::key_noise),
+      field("rope_weight", &WorkloadParams::rope_weight), field("focus_segments", &WorkloadParams::focus_segments),
+      field("focus_weight", &WorkloadParams::focus_weight), field("focus_drift", &WorkloadParams::focus_drift),
+      field("shift_prob", &WorkloadParams::shift_prob), field("needle_prob", &WorkloadParams::needle_prob),
+      field("layer_correlation", &WorkloadParams::layer_correlation),
+      field("head_spread", &WorkloadParams::head_spread), field("query_salience", &WorkloadParams::query_salience),
+      field("sink_query", &WorkloadParams::sink_query), field("query_noise", &WorkloadParams::query_noise),
+      field("head_noise", &WorkloadParams::head_noise), field("burst_steps", &WorkloadParams::burst_steps),
+      field("tool_tokens", &WorkloadParams::tool_tokens), field("tool_focus_prob", &WorkloadParams::tool_focus_prob),
+      field("seed", &WorkloadParams::seed),
+  };
+  return table;
+}
+
+}  // namespace
+
+Status WorkloadParams::set(const std::string& key, const std::string& value) {
+  for (const Field& f : fields()) {
+    if (key == f.name) {
+      WorkloadParams copy = *this;
+      if (!f.put(copy, value)) return invalid_argument("workload field '{}': cannot parse '{}'", key, value);
+      *this = copy;
+      return ok_status();
+    }
+  }
+  std::string names;
+  for (const Field& f : fields()) names += std::string(names.empty() ? "" : ", ") + f.name;
+  return invalid_argument("unknown workload field '{}' (known: {})", key, names);
+}
+
+std::string WorkloadParams::to_string() const {
+  std::string out;
+  for (const Field& f : fields()) out += std::string(out.empty() ? "" : " ") + f.name + "=" + f.get(*this);
+  return out;
+}
+
+Status WorkloadParams::validate() const {
+  if (prompt_tokens < 1) return invalid_argument("prompt_tokens must be ≥ 1, got {}", prompt_tokens);
+  if (steps < 1) return invalid_argument("steps must be ≥ 1, got {}", steps);
+  if (layers < 1) return invalid_argument("layers must be ≥ 1, got {}", layers);
+  if (next_n < 1 || next_n > 4) return invalid_argument("next_n must be in [1, 4], got {}", next_n);
+  if (!(acceptance_rate >= 0 && acceptance_rate <= 1)) {
+    return invalid_argument("acceptance_rate must be in [0, 1], got {}", acceptance_rate);
+  }
+  if (num_heads < 1 || num_heads > 128) return invalid_argument("num_heads must be in [1, 128], got {}", num_heads);
+  if (page_size < 1 || topk < 1) return invalid_argument("page_size and topk must be ≥ 1");
+  if (segment_tokens < 1 || num_topics < 1 || focus_segments < 1) {
+    return invalid_argument("segment_tokens, num_topics and focus_segments must be ≥ 1");
+  }
+  if (sink_tokens < 0 || sink_tokens >= prompt_tokens) {
+    return invalid_argument("sink_tokens must be in [0, prompt_tokens), got {}", sink_tokens);
+  }
+  for (double p : {shift_prob, needle_prob, layer_correlation, tool_focus_prob}) {
+    if (!(p >= 0 && p <= 1)) return invalid_argument("probabilities must be in [0, 1] (got {})", p);
+  }
+  for (double v : {key_topic, key_salience, salience_sigma, key_noise, rope_weight, focus_weight, focus_drift,
+                   head_spread, query_salience, sink_query, query_noise, head_noise}) {
+    if (!(v >= 0 && std::isfinite(v))) return invalid_argument("weights and noise scales must be finite and ≥ 0 (got {})", v);
+  }
+  if (burst_steps < 0 || tool_tokens < 0) return invalid_argument("burst_steps and tool_tokens must be ≥ 0");
+  return ok_status();
+}
+
+const std::vector<std::string>& scenario_names() {
+  static const std::vector<std::string> names = {
+      "doc-qa-10k", "doc-qa-94k", "agentic", "needle-shift", "cached-507k",
+      "doc-qa-10k-mtp", "doc-qa-94k-mtp", "agentic-mtp", "needle-shift-mtp", "cached-507k-mtp"};
+  return names;
+}
+
+Result<WorkloadParams> scenario_params(std::string_view name) {
+  std::string base(name);
+  bool mtp = false;
+  if (base.size() > 4 && base.substr(base.size() - 4) == "-mtp") {
+    mtp = true;
+    base = base.substr(0, base.size() - 4);
+  }
+  WorkloadParams p;
+  p.scenario = std::string(name);
+  if (base == "doc-qa-10k") {
+    p.prompt_tokens = 9700;  // the paper's ~9.7K prompts
+    p.steps = 64;
+    p.layers = 4;
+  } else if (base == "doc-qa-94k") {
+    p.prompt_tokens = 94000;
+    p.steps = 32;
+    p.layers = 4;
+    p.segment_tokens = 3000;
+    p.num_topics = 24;
+  } else if (base == "agentic") {
+    p.prompt_tokens = 30000;
+    p.steps = 64;
+    p.layers = 4;
+    p.segment_tokens = 2000;
+    p.burst_steps = 16;
+    p.tool_tokens = 3000;
+  } else if (base == "needle-shift") {
+    p.prompt_tokens = 32000;
+    p.steps = 64;
+    p.layers = 4;
+    p.segment_tokens = 1000;
+    p.num_topics = 32;
+    p.shift_prob = 0.15;
+    p.needle_prob = 0.9;
+  } else if (base == "cached-507k") {
+    p.prompt_tokens = 507000;
+    p.steps = 12;
+    p.layers = 2;
+    p.segment_tokens = 4000;
+    p.num_topics = 48;
+  } else {
+    std::string names;
+    for (const std::string& n : scenario_names()) names += (names.empty() ? "" : ", ") + n;
+    return invalid_argument("unknown scenario '{}' (built in: {})", name, names);
+  }
+  if (mtp) {
+    p.next_n = 3;
+    p.acceptance_rate = 0.7;
+  }
+  // Calibrated overrides (spin calibrate --write) for the base scenario.
+  const nlohmann::json table = nlohmann::json::parse(kCalibrationJson, nullptr, /*allow_exceptions=*/false);
+  if (table.is_object() && table.contains("scenarios") && table["scenarios"].contains(base)) {
+    for (const auto& [key, value] : table["scenarios"][base]["params"].items()) {
+      SPIN_RETURN_IF_ERROR(p.set(key, value.is_string() ? value.get<std::string>() : value.dump()));
+    }
+  }
+  return p;
+}
+
+Result<Trace> generate_workload(const WorkloadParams& P) {
+  SPIN_RETURN_IF_ERROR(P.validate());
+  const int32_t L = P.layers;
+  const int32_t H = P.num_heads;
+  const int32_t next_n = P.next_n;
+
+  // --- Shared directions ---------------------------------------------------------------------
+  CounterRng global(stream_key(P.seed, kTagGlobal));
+  const Vec v_sink = random_unit(global);
+  const Vec v_sal = random_unit(global);
+  std::vector<Vec> topics(static_cast<size_t>(P.num_topics));
+  for (int32_t t = 0; t < P.num_topics; ++t) {
+    CounterRng rng(stream_key(P.seed, kTagTopic, t));
+    topics[t] = random_unit(rng);
+  }
+  std::vector<Segment> segments;
+  auto add_segment = [&](int64_t begin, int64_t end, bool focusable) {
+    CounterRng rng(stream_key(P.seed, kTagSegment, segments.size()));
+    const Vec& topic = topics[rng.below(topics.size())];
+    Vec own = random_unit(rng);
+    Segment s;
+    s.begin = begin;
+    s.end = end;
+    s.focusable = focusable;
+    for (int k = 0; k < kDim; ++k) s.direction[k] = 0.7f * topic[k] + 0.7f * own[k];
+    normalise(s.direction);
+    segments.push_back(s);
+  };
+  // Prompt: the sinks, then segments of 0.5–1.5× the mean length.
+  {
+    CounterRng rng(stream_key(P.seed, kTagSegment, 0xFFFF));
+    int64_t pos = P.sink_tokens;
+    while (pos < P.prompt_tokens) {
+      const auto len = static_cast<int64_t>(static_cast<double>(P.segment_tokens) * (0.5 + rng.uniform()));
+      const int64_t end = std::min(P.prompt_tokens, pos + std::max<int64_t>(1, len));
+      add_segment(pos, end, true);
+      pos = end;
+    }
+  }
+
+  // --- Timeline and focus, step by step ----------------------------------------------------------
+  Trace trace;
+  trace.meta.model = "synthetic:" + P.scenario;
+  trace.meta.num_layers = L;
+  trace.meta.next_n = next_n;
+  trace.meta.num_heads = H;
+  trace.meta.page_size = P.page_size;
+  trace.meta.topk = P.topk;
+  trace.meta.compress_ratio = 1;
+  trace.meta.extra["workload"] = P.to_string();
+  std::vector<FocusState> focus(static_cast<size_t>(L));
+  for (int32_t l = 0; l < L; ++l) {
+    CounterRng rng(stream_key(P.seed, kTagFocus, l, 0xF0C5));
+    for (int32_t i = 0; i < P.focus_segments; ++i) {
+      const int32_t g = pick_segment(rng, segments, focus[l].attended, false);
+      focus[l].segments.push_back(g);
+      focus[l].weights.push_back(0.5 + rng.uniform());
+      focus[l].attended.insert(g);
+    }
+  }
+  std::vector<std::vector<Vec>> focus_at(static_cast<size_t>(L));  // [layer][step]
+  std::vector<std::pair<int64_t, Vec>> decode_spans;               // (begin, direction) per step
+  int64_t pos = P.prompt_tokens;
+  for (int32_t s = 0; s < P.steps; ++s) {
+    CounterRng step_rng(stream_key(P.seed, kTagFocus, 0xAAAA, s));
+    bool tool_output = false;
+    if (P.burst_steps > 0 && s > 0 && s % P.burst_steps == 0 && P.tool_tokens > 0) {
+      add_segment(pos, pos + P.tool_tokens, true);
+      pos += P.tool_tokens;
+      tool_output = true;
+    }
+    ShiftEvent previous;
+    for (int32_t l = 0; l < L; ++l) {
+      CounterRng rng(stream_key(P.seed, kTagFocus, l, s));
+      FocusState& f = focus[l];
+      ShiftEvent event;
+      if (tool_output && rng.uniform() < P.tool_focus_prob) {
+        event = {true, static_cast<size_t>(std::min_element(f.weights.begin(), f.weights.end()) - f.weights.begin()),
+                 static_cast<int32_t>(segments.size() - 1)};
+      } else if (l > 0 && previous.happened && rng.uniform() < P.layer_correlation) {
+        event = previous;  // adjacent layers shift together
+      } else if (rng.uniform() < P.shift_prob) {
+        const bool needle = rng.uniform() < P.needle_prob;
+        event = {true, static_cast<size_t>(rng.below(f.segments.size())), pick_segment(rng, segments, f.attended, needle)};
+      }
+      if (event.happened && event.target >= 0) {
+        f.segments[event.slot] = event.target;
+        f.weights[event.slot] = 1.0 + rng.uniform();  // a fresh focus is strong
+        f.attended.insert(event.target);
+      }
+      for (double& w : f.weights) w *= std::exp(P.focus_drift * rng.normal());
+      focus_at[l].push_back(focus_vector(f, segments));
+      previous = event;
+    }
+    trace.ctx_len.push_back(pos + next_n);
+    int32_t accepted = 0;
+    if (next_n > 1) {
+      CounterRng rng(stream_key(P.seed, kTagAccept, s));
+      while (accepted < next_n - 1 && rng.uniform() < P.acceptance_rate) ++accepted;
+      trace.accepted.push_back(accepted);
+    }
+    decode_spans.emplace_back(pos, focus_at[0].back());
+    (void)step_rng;
+    pos += (s + 1 < P.steps) ? accepted + 1 : next_n;  // the last step's rows all stay in the trace
+  }
+  const int64_t entries = trace.ctx_len.back();
+
+  // Which direction each entry carries: sinks, segments, or the focus of the step that decoded it.
+  std::vector<const Vec*> entry_direction(static_cast<size_t>(entries), nullptr);
+  for (int64_t e = 0; e < std::min<int64_t>(P.sink_tokens, entries); ++e) entry_direction[e] = &v_sink;
+  for (const Segment& seg : segments) {
+    for (int64_t e = seg.begin; e < std::min(seg.end, entries); ++e) entry_direction[e] = &seg.direction;
+  }
+  for (size_t i = 0; i < decode_spans.size(); ++i) {
+    const int64_t end = i + 1 < decode_spans.size() ? decode_spans[i + 1].first : entries;
+    for (int64_t e = decode_spans[i].first; e < end; ++e) {
+      if (entry_direction[e] == nullptr) entry_direction[e] = &decode_spans[i].second;
+    }
+  }
+  for (int64_t e = 0; e < entries; ++e) {
+    if (entry_direction[e] == nullptr) entry_direction[e] = &decode_spans.back().second;  // tool gaps
+  }
+
+  // --- Keys: per layer, per entry; counter-based streams make this thread-count independent ------
+  std::vector<float> salience(static_cast<size_t>(entries));
+  for (int64_t e = 0; e < entries; ++e) {
+    CounterRng rng(stream_key(P.seed, kTagSalience, e));
+    salience[e] = static_cast<float>(std::exp(P.salience_sigma * rng.normal() - 0.5 * P.salience_sigma * P.salience_sigma));
+  }
+  trace.layers.resize(static_cast<size_t>(L));
+  for (int32_t l = 0; l < L; ++l) {
+    TraceLayer& layer = trace.layers[l];
+    layer.k.resize(static_cast<size_t>(entries) * kDim);
+    layer.k_scale.resize(static_cast<size_t>(entries));
+#pragma omp parallel for schedule(static)
+    for (int64_t e = 0; e < entries; ++e) {
+      CounterRng rng(stream_key(P.seed, kTagKeyNoise, l, e));
+      float k[kDim];
+      normal_fill(rng, k, kDim, P.key_noise / std::sqrt(double{kDim}));
+      const Vec& dir = *entry_direction[e];
+      const bool sink = e < P.sink_tokens;
+      const float topic_w = static_cast<float>(P.key_topic);
+      const float sal_w = sink ? 0.0f : static_cast<float>(P.key_salience) * salience[e];
+      for (int d = 0; d < kDim; ++d) k[d] += topic_w * dir[d] + sal_w * v_sal[d];
+      add_rope(k, e, P.rope_weight);
+      layer.k_scale[e] = quantize_e4m3_block128(k, layer.k.data() + e * kDim);
+    }
+  }
+
+  // --- Queries -----------------------------------------------------------------------------------
+  for (int32_t l = 0; l < L; ++l) {
+    TraceLayer& layer = trace.layers[l];
+    std::vector<Vec> head_dir(static_cast<size_t>(H));
+    std::vector<float> raw_w(static_cast<size_t>(H));
+    for (int32_t h = 0; h < H; ++h) {
+      CounterRng rng(stream_key(P.seed, kTagHead, l, h));
+      head_dir[h] = random_unit(rng);
+      raw_w[h] = static_cast<float>(1.0 + 0.3 * rng.normal());
+    }
+    layer.q.resize(static_cast<size_t>(P.steps) * next_n * H * kDim);
+    layer.w.resize(static_cast<size_t>(P.steps) * next_n * H);
+#pragma omp parallel for schedule(static)
+    for (int32_t s = 0; s < P.steps; ++s) {
+      std::vector<float> q(static_cast<size_t>(next_n) * H * kDim);
+      std::vector<float> w(static_cast<size_t>(next_n) * H);
+      CounterRng step_rng(stream_key(P.seed, kTagQueryNoise, l, s));
+      float shared_noise[kDim];
+      normal_fill(step_rng, shared_noise, kDim, P.query_noise / std::sqrt(double{kDim}));
+      const Vec& f = focus_at[l][s];
+      for (int32_t j = 0; j < next_n; ++j) {
+        const int64_t position = trace.ctx_len[s] - next_n + j;
+        for (int32_t h = 0; h < H; ++h) {
+          float* v = q.data() + (int64_t{j} * H + h) * kDim;
+          CounterRng rng(stream_key(P.seed, kTagQueryNoise, l, s, j, h));
+          normal_fill(rng, v, kDim, P.head_noise / std::sqrt(double{kDim}));
+          for (int d = 0; d < kDim; ++d) {
+            v[d] += static_cast<float>(P.focus_weight) * f[d] + static_cast<float>(P.head_spread) * head_dir[h][d] +
+                    static_cast<float>(P.query_salience) * v_sal[d] + static_cast<float>(P.sink_query) * v_sink[d] +
+                    shared_noise[d];
+          }
+          add_rope(v, position, P.rope_weight);
+          w[int64_t{j} * H + h] = raw_w[h];
+        }
+      }
+      const Status st = quantize_queries(q.data(), w.data(), next_n, H,
+                                         layer.q.data() + static_cast<size_t>(s) * next_n * H * kDim,
+                                         layer.w.data() + static_cast<size_t>(s) * next_n * H);
+      (void)st;  // inputs are finite by construction
+    }
+  }
+  SPIN_RETURN_IF_ERROR(validate_trace(trace));
+  return trace;
+}
+
+}  // namespace spin

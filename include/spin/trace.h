@@ -15,7 +15,7 @@
 //     layer.{l}.k_draft_scale F32 [steps, next_n-1]      present iff k_draft is
 //   shared:
 //     ctx_len   I64 [steps]  tokens in the cache at the step, including its own next_n rows
-//     accepted  I32 [steps]  MTP only (required when next_n > 1): draft tokens accepted, 0..next_n-1
+//     accepted  I32 [steps]  MTP (required when next_n > 1): draft tokens accepted, 0..next_n-1
 //
 // Visibility. Row j (0..next_n-1) of step s is token t = ctx_len[s] - next_n + j and sees entries
 // [0, visible) with visible = floor((t + 1) / compress_ratio): with compress_ratio 1 (V3.2) a token
@@ -29,7 +29,12 @@
 // - steps >= 1; e4m3 NaN codes (0x7F, 0xFF) in k, q or k_draft are rejected, as are non-finite w
 //   and scales that are not finite and > 0. Extra tensors not starting with "layer." are ignored;
 //   an unknown "layer.*" tensor is an error (it is most likely a misspelling).
-// - Layers are numbered 0..num_layers-1 (indexer layers in model order, not model layer ids).
+// - Layers are numbered 0..num_layers-1 (indexer layers in model order, not model layer ids);
+//   entries may differ between layers (each must cover the last step).
+// - k, q and k_draft may also be stored as F8_E4M3 (what safetensors.torch writes for
+//   torch.float8_e4m3fn): the bytes are the same. The writer always writes U8.
+// - Views are zero-copy into the mapping; a tensor that a hand-written file puts at an offset
+//   misaligned for its dtype is copied once at open (write_trace and the Python package align).
 #pragma once
 
 #include <cstdint>
@@ -115,6 +120,8 @@ class TraceReader {
 
   std::span<const uint8_t> k(int layer) const;        // [entries, 128]
   std::span<const float> k_scale(int layer) const;    // [entries]
+  std::span<const uint8_t> q(int layer) const;                 // [steps, next_n, heads, 128]
+  std::span<const float> w(int layer) const;                   // [steps, next_n, heads]
   std::span<const uint8_t> q(int layer, int64_t step) const;  // [next_n, heads, 128]
   std::span<const uint8_t> q(int layer, int64_t step, int row) const;  // [heads, 128]
   std::span<const float> w(int layer, int64_t step) const;    // [next_n, heads]

@@ -13,7 +13,9 @@
 //     u_g      unit direction of segment g: a mix of its topic (segments share num_topics topics,
 //              so look-alike documents exist) and its own direction;
 //     z_s      per-entry salience, log-normal with spread salience_sigma (scatters top-k entries
-//              across the whole context, as real indexer top-k is);
+//              across the whole context, as real indexer top-k is); a share salience_run_share of
+//              its log-variance is common to runs of salience_run tokens (salient phrases): blocks
+//              stay stable while which of their tokens make the top-k churns;
 //     rope(s)  NeoX half-split rotary features at position s with the V3.2 base 10000: q·k then
 //              carries a real relative-position kernel (recency);
 //     n        isotropic noise, fresh per layer;
@@ -59,8 +61,10 @@ struct WorkloadParams {
   int32_t sink_tokens = 4;
   double key_topic = 1.0;
   double key_salience = 1.0;
-  double salience_sigma = 0.6;
-  double key_noise = 1.0;
+  double salience_sigma = 1.4;
+  int32_t salience_run = 32;        // tokens per run sharing a salience component (phrases)
+  double salience_run_share = 0.0;  // share of log-salience variance that is per run, in [0, 1]
+  double key_noise = 2.0;
   double rope_weight = 0.7;
   // Queries.
   int32_t focus_segments = 4;
@@ -69,10 +73,10 @@ struct WorkloadParams {
   double shift_prob = 0.02;
   double needle_prob = 0.5;
   double layer_correlation = 0.7;
-  double head_spread = 0.5;
+  double head_spread = 3.0;
   double query_salience = 1.0;
   double sink_query = 1.0;
-  double query_noise = 0.5;
+  double query_noise = 6.0;
   double head_noise = 0.3;
   // Agentic traffic: a tool output of tool_tokens every burst_steps decode steps (0 = never).
   int32_t burst_steps = 0;

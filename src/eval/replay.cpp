@@ -202,7 +202,7 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
   std::vector<int64_t> row_visible(static_cast<size_t>(next_n));
   std::vector<char> keep;
   PooledRow pooled;
-  std::vector<float> pool_scratch;
+  PoolScratch pool_scratch;
   std::vector<double> px, py;
   double predictor_seconds = 0;
   for (int64_t s = 0; s < st.steps; ++s) {

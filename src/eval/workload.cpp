@@ -175,7 +175,8 @@ const std::vector<Field>& fields() {
       field("topk", &WorkloadParams::topk), field("segment_tokens", &WorkloadParams::segment_tokens),
       field("num_topics", &WorkloadParams::num_topics), field("sink_tokens", &WorkloadParams::sink_tokens),
       field("key_topic", &WorkloadParams::key_topic), field("key_salience", &WorkloadParams::key_salience),
-      field("salience_sigma", &WorkloadParams::salience_sigma), field("key_noise", &WorkloadParams::key_noise),
+      field("salience_sigma", &WorkloadParams::salience_sigma), field("salience_run", &WorkloadParams::salience_run),
+      field("salience_run_share", &WorkloadParams::salience_run_share), field("key_noise", &WorkloadParams::key_noise),
       field("rope_weight", &WorkloadParams::rope_weight), field("focus_segments", &WorkloadParams::focus_segments),
       field("focus_weight", &WorkloadParams::focus_weight), field("focus_drift", &WorkloadParams::focus_drift),
       field("shift_prob", &WorkloadParams::shift_prob), field("needle_prob", &WorkloadParams::needle_prob),
@@ -221,6 +222,9 @@ Status WorkloadParams::validate() const {
   }
   if (num_heads < 1 || num_heads > 128) return invalid_argument("num_heads must be in [1, 128], got {}", num_heads);
   if (page_size < 1 || topk < 1) return invalid_argument("page_size and topk must be ≥ 1");
+  if (salience_run < 1 || !(salience_run_share >= 0 && salience_run_share <= 1)) {
+    return invalid_argument("salience_run must be ≥ 1 and salience_run_share in [0, 1]");
+  }
   if (segment_tokens < 1 || num_topics < 1 || focus_segments < 1) {
     return invalid_argument("segment_tokens, num_topics and focus_segments must be ≥ 1");
   }
@@ -244,6 +248,47 @@ const std::vector<std::string>& scenario_names() {
       "doc-qa-10k-mtp", "doc-qa-94k-mtp", "agentic-mtp", "needle-shift-mtp", "cached-507k-mtp"};
   return names;
 }
+
+namespace {
+
+// Calibrated knobs (spin calibrate --write → data/calibration.json, compiled in). A calibrated
+// scenario uses its own; any other interpolates each knob linearly in log(prompt_tokens) between
+// the calibrated scenarios with the nearest shorter and longer prompts, clamped at the ends — the
+// paper gives two context lengths, so that is all the data there is.
+Status apply_calibration(const std::string& base, WorkloadParams& p) {
+  const nlohmann::json table = nlohmann::json::parse(kCalibrationJson, nullptr, /*allow_exceptions=*/false);
+  if (!table.is_object() || !table.contains("scenarios") || !table["scenarios"].is_object()) {
+    return ok_status();  // uncalibrated build: the defaults above
+  }
+  struct Point {
+    double log_tokens;
+    std::map<std::string, double> knobs;
+  };
+  std::vector<Point> points;
+  for (const auto& [name, entry] : table["scenarios"].items()) {
+    if (table["scenarios"].contains(base) && name != base) continue;  // its own calibration wins
+    Point pt{std::log(entry.value("prompt_tokens", 1.0)), {}};
+    for (const auto& [key, value] : entry["params"].items()) {
+      pt.knobs[key] = std::stod(value.is_string() ? value.get<std::string>() : value.dump());
+    }
+    points.push_back(pt);
+  }
+  if (points.empty()) return ok_status();
+  std::sort(points.begin(), points.end(), [](const Point& a, const Point& b) { return a.log_tokens < b.log_tokens; });
+  const double x = std::log(static_cast<double>(p.prompt_tokens));
+  size_t hi = 0;
+  while (hi < points.size() && points[hi].log_tokens < x) ++hi;
+  const Point& a = points[hi == 0 ? 0 : hi - 1];
+  const Point& b = points[hi == points.size() ? points.size() - 1 : hi];
+  const double t = b.log_tokens > a.log_tokens ? std::clamp((x - a.log_tokens) / (b.log_tokens - a.log_tokens), 0.0, 1.0) : 0.0;
+  for (const auto& [key, value] : a.knobs) {
+    const double other = b.knobs.count(key) ? b.knobs.at(key) : value;
+    SPIN_RETURN_IF_ERROR(p.set(key, fmt::format("{}", value + t * (other - value))));
+  }
+  return ok_status();
+}
+
+}  // namespace
 
 Result<WorkloadParams> scenario_params(std::string_view name) {
   std::string base(name);
@@ -294,13 +339,7 @@ Result<WorkloadParams> scenario_params(std::string_view name) {
     p.next_n = 3;
     p.acceptance_rate = 0.7;
   }
-  // Calibrated overrides (spin calibrate --write) for the base scenario.
-  const nlohmann::json table = nlohmann::json::parse(kCalibrationJson, nullptr, /*allow_exceptions=*/false);
-  if (table.is_object() && table.contains("scenarios") && table["scenarios"].contains(base)) {
-    for (const auto& [key, value] : table["scenarios"][base]["params"].items()) {
-      SPIN_RETURN_IF_ERROR(p.set(key, value.is_string() ? value.get<std::string>() : value.dump()));
-    }
-  }
+  SPIN_RETURN_IF_ERROR(apply_calibration(base, p));
   return p;
 }
 
@@ -429,9 +468,13 @@ Result<Trace> generate_workload(const WorkloadParams& P) {
 
   // --- Keys: per layer, per entry; counter-based streams make this thread-count independent ------
   std::vector<float> salience(static_cast<size_t>(entries));
+  const double run_weight = std::sqrt(P.salience_run_share);
+  const double own_weight = std::sqrt(1.0 - P.salience_run_share);
   for (int64_t e = 0; e < entries; ++e) {
     CounterRng rng(stream_key(P.seed, kTagSalience, e));
-    salience[e] = static_cast<float>(std::exp(P.salience_sigma * rng.normal() - 0.5 * P.salience_sigma * P.salience_sigma));
+    CounterRng run_rng(stream_key(P.seed, kTagSalience, 0x52554E, e / P.salience_run));
+    const double g = run_weight * run_rng.normal() + own_weight * rng.normal();  // unit variance
+    salience[e] = static_cast<float>(std::exp(P.salience_sigma * g - 0.5 * P.salience_sigma * P.salience_sigma));
   }
   trace.layers.resize(static_cast<size_t>(L));
   for (int32_t l = 0; l < L; ++l) {

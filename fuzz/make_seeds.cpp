@@ -1,0 +1,70 @@
+// Writes a few small valid trace files into the directory given as argv[1]: the fuzzer's seed
+// corpus (plain decode, MTP with draft keys, V4-style compress ratio 4).
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "spin/trace.h"
+
+namespace {
+
+spin::Trace tiny(int layers, int next_n, int ratio, bool draft) {
+  spin::Trace t;
+  t.meta.model = "fuzz-seed";
+  t.meta.num_layers = layers;
+  t.meta.next_n = next_n;
+  t.meta.num_heads = 2;
+  t.meta.page_size = 4;
+  t.meta.topk = 4;
+  t.meta.compress_ratio = ratio;
+  const int steps = 3;
+  const int entries = 8;
+  for (int s = 0; s < steps; ++s) t.ctx_len.push_back((entries - 2 + s) * ratio);
+  if (next_n > 1) {
+    for (int s = 0; s < steps; ++s) t.accepted.push_back(s % next_n);
+  }
+  uint32_t x = 12345;
+  auto code = [&x] {
+    x = x * 1664525u + 1013904223u;
+    const auto c = static_cast<uint8_t>(x >> 24);
+    return (c & 0x7F) == 0x7F ? static_cast<uint8_t>(0x7E) : c;
+  };
+  for (int l = 0; l < layers; ++l) {
+    spin::TraceLayer L;
+    for (int i = 0; i < entries * 128; ++i) L.k.push_back(code());
+    for (int i = 0; i < entries; ++i) L.k_scale.push_back(std::ldexp(1.0f, i % 5 - 3));
+    for (int i = 0; i < steps * next_n * 2 * 128; ++i) L.q.push_back(code());
+    for (int i = 0; i < steps * next_n * 2; ++i) L.w.push_back(0.25f * static_cast<float>(i - 3));
+    if (draft) {
+      for (int i = 0; i < steps * (next_n - 1) * 128; ++i) L.k_draft.push_back(code());
+      for (int i = 0; i < steps * (next_n - 1); ++i) L.k_draft_scale.push_back(0.125f);
+    }
+    t.layers.push_back(std::move(L));
+  }
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1];
+  const struct {
+    const char* name;
+    spin::Trace trace;
+  } seeds[] = {{"plain.safetensors", tiny(1, 1, 1, false)},
+               {"mtp_draft.safetensors", tiny(2, 3, 1, true)},
+               {"mtp.safetensors", tiny(1, 2, 1, false)},
+               {"v4_ratio4.safetensors", tiny(1, 1, 4, false)}};
+  for (const auto& s : seeds) {
+    const spin::Status st = spin::write_trace(s.trace, dir + "/" + s.name);
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s: %s\n", s.name, st.to_string().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}

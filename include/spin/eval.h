@@ -1,0 +1,48 @@
+// spin/eval.h — `spin eval`, the main job: every quality claim of the project on the built-in
+// scenarios, written as report.md, results.json and PNG plots.
+//
+// Sections (each a table in report.md and a key in results.json):
+//   calibration   per scenario: all-keep prev-iter Pearson and top-k recall (paper target beside
+//                 them where the paper has one), share of blocks holding ≥ 1 top-k entry;
+//   predictors    open loop (predictors see every step's full scores): Pearson of each
+//                 predictor's block ranking against the true pooled scores, block recall of the
+//                 blocks it would keep at the comparison sparsity;
+//   sweep         closed loop, sparsity 0–60 %: spin with and without exploration against
+//                 step-reuse, hisa, indexcache-2/4, prev-iter, random and the oracle at the same
+//                 budget — mean recall, p99 miss, realised sparsity, gap to the oracle;
+//   mtp           MTP scenarios: prefix vs row0 vs all-rows replay, mean recall and p99 miss;
+//   pooling       spin with max / mean / topk-hits / lse pooling.
+// Deterministic: the same options give an identical results.json apart from its "timing" keys.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "spin/predict.h"
+#include "spin/status.h"
+
+namespace spin {
+
+struct EvalOptions {
+  std::vector<std::string> scenarios;  // empty = the built-in set (base and -mtp)
+  bool quick = false;                  // shorter runs, fewer points: ≤ 2 minutes
+  std::string out_dir = "spin-report";
+  uint64_t seed = 1;
+  int threads = 0;
+  PredictorConfig base_config;         // printed with the results; sweeps vary target_sparsity
+  // Progress lines (stage, fraction done); the CLI draws them.
+  std::function<void(const std::string& stage, double fraction)> progress;
+};
+
+struct EvalSummary {
+  std::string report_md;     // the whole report, also written to out_dir/report.md
+  std::string results_path;  // out_dir/results.json
+  std::vector<std::string> plots;  // PNGs written (empty when gnuplot is missing)
+  std::string plot_note;     // why plots were skipped, if they were
+};
+
+Result<EvalSummary> run_eval(const EvalOptions& options);
+
+}  // namespace spin

@@ -1,0 +1,296 @@
+// spin/predict.h — SPIN's block predictors: which KV blocks the lightning indexer should score.
+//
+// Owns (DESIGN.md §4): the typed predictor config, the per-(request, layer) block state (slot EMA,
+// last_seen, relative-offset EMA), pooling of a row's indexer scores into per-block observations,
+// budgeted selection (forced → exploration → prediction), the speculative-decoding (MTP) pending
+// buffers and their replay, and every predictor of §4 behind one interface. It does not score
+// anything itself (the kernels do), and it never allocates per call once warmed up.
+//
+// Protocol, per request (one BlockPredictor object per request, all of its indexer layers):
+//
+//   for each decode step t (strictly increasing):
+//     for each indexer layer l (increasing order; prev-layer and indexcache read layer l-1 / the
+//                               nearest full layer of the SAME step):
+//       select(l, {step=t, num_entries, next_n}, &sel)     // sel.blocks = union to score once
+//       ... the indexer scores sel.blocks for all next_n rows, top-k runs ...
+//       observe(l, j, row_scores_j) for every row j in 0..next_n-1   // buffered, pending
+//     commit(accepted)                                     // replays rows per mtp_update; closes t
+//
+// commit() is required after every step, also for plain decode (next_n = 1, accepted = 0): one
+// rule for every case. Any call out of this order returns kFailedPrecondition and changes nothing.
+// Blocks: block b holds request-local entries [b·E, (b+1)·E) with E = page_size · block_pages.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "spin/numerics.h"
+#include "spin/status.h"
+
+namespace spin {
+
+// ---------------------------------------------------------------------------------------------
+// Enums and their names (the names are what configs, CLIs and reports use).
+
+enum class Pooling { kMax, kMean, kTopkHits, kLse };           // "max" "mean" "topk-hits" "lse"
+enum class ExplorePolicy { kUniform, kStalest };               // "uniform" "stalest"
+enum class Combine { kMax, kWeighted };                        // "max" "weighted"
+enum class MtpUpdate { kPrefix, kRow0, kAllRows };             // "prefix" "row0" "all-rows"
+
+const char* pooling_name(Pooling v);
+const char* explore_policy_name(ExplorePolicy v);
+const char* combine_name(Combine v);
+const char* mtp_update_name(MtpUpdate v);
+Result<Pooling> pooling_from_name(std::string_view name);
+Result<ExplorePolicy> explore_policy_from_name(std::string_view name);
+Result<Combine> combine_from_name(std::string_view name);
+Result<MtpUpdate> mtp_update_from_name(std::string_view name);
+
+// ---------------------------------------------------------------------------------------------
+// Constants of the state layout.
+
+// Offset buckets: distance d (in blocks) maps to bucket d while d < kOffsetExactDistances, then to
+// kOffsetBucketsPerOctave log-spaced buckets per doubling: bucket(d) = 64 + 4·(floor(log2 d) − 6)
+// + (the two bits after d's leading bit). Distances 64..127 → buckets of 16, 128..255 → 32, ...
+inline constexpr int64_t kOffsetExactDistances = 64;
+inline constexpr int64_t kOffsetBucketsPerOctave = 4;
+int32_t offset_bucket(int64_t distance);  // distance ≥ 0
+
+// Persistent state bytes per block per (request, layer): float slot + int32 last_seen.
+inline constexpr size_t kStateBytesPerBlock = 8;
+// Per offset bucket: float EMA + int32 update count.
+inline constexpr size_t kStateBytesPerOffsetBucket = 8;
+// hisa keeps a 128-float key sum + int32 pooled-entry count per block per layer on top.
+inline constexpr size_t kHisaBytesPerBlock = 128 * 4 + 4;
+// last_seen of a block that was never observed (older than every step, which are ≥ 0).
+inline constexpr int32_t kNeverSeen = -1;
+// kMaxNextN (rows per step) comes from spin/numerics.h.
+
+// ---------------------------------------------------------------------------------------------
+// Config: one typed struct, printed with every result.
+
+struct PredictorConfig {
+  // Budget. 0.3 = the low end of the 30–40 % block sparsity the SPIN paper reports with quality
+  // preserved, so the default errs toward quality.
+  double target_sparsity = 0.3;        // [0, 1): budget = ceil((1 - s) · n_blocks)
+  int32_t explicit_budget_blocks = -1;  // ≥ 0 overrides target_sparsity; -1 = use sparsity
+  int32_t sink_blocks = 1;              // forced: the first blocks (attention sinks)
+  int32_t local_blocks = 2;             // forced: the newest blocks (hold never-scored entries)
+  // Exploration (spin only): E = round(explore_ratio · budget) blocks per row.
+  double explore_ratio = 0.1;
+  ExplorePolicy explore_policy = ExplorePolicy::kUniform;
+  // State updates: slot[b] ← (1-alpha)·slot[b] + alpha·x, offset[bucket] likewise with beta.
+  double alpha = 0.5;
+  double beta = 0.1;
+  Combine combine = Combine::kMax;      // p[b] = max(slot, offset) or w·slot + (1-w)·offset
+  double combine_weight = 0.5;          // w of Combine::kWeighted
+  Pooling pooling = Pooling::kMax;
+  MtpUpdate mtp_update = MtpUpdate::kPrefix;
+  // Geometry.
+  int32_t page_size = 64;               // entries per cache page
+  int32_t block_pages = 1;              // pages per block
+  int32_t topk = 2048;                  // the indexer's top-k (V3.2: 2048)
+  uint64_t seed = 0;                    // keys every random draw with (request, layer, step)
+
+  int32_t block_entries() const { return page_size * block_pages; }
+
+  // Ranges: target_sparsity in [0,1), explore_ratio and combine_weight in [0,1], alpha and beta
+  // in (0,1], page_size, block_pages, topk > 0, page_size·block_pages ≤ 2^20, sink/local ≥ 0,
+  // explicit_budget_blocks ≥ -1, enums known.
+  Status validate() const;
+  // One line "key=value key=value ..." in field order; parse() of it gives the same config.
+  std::string to_string() const;
+  // Sets one field by name from text (the field names above; enums by their names).
+  Status set(const std::string& key, const std::string& value);
+  // Applies "key=value" pairs separated by spaces, commas or newlines; stops at the first error.
+  Status parse(std::string_view pairs);
+};
+
+// Blocks top-k needs: ceil(topk / block_entries).
+int64_t blocks_for_topk(const PredictorConfig& config);
+// Budget for a row that sees n_blocks blocks: ceil((1 - s)·n) (or the explicit count), clamped up
+// to blocks_for_topk and to the forced-block count, and down to n_blocks.
+int64_t budget_blocks(const PredictorConfig& config, int64_t n_blocks);
+// Entries row `row` of `next_n` sees: max(0, num_entries - next_n + row + 1) (DESIGN.md §3).
+int64_t row_visible_entries(int64_t num_entries, int32_t next_n, int32_t row);
+// Blocks holding `entries` entries: ceil(entries / block_entries).
+int64_t blocks_for_entries(const PredictorConfig& config, int64_t entries);
+
+// ---------------------------------------------------------------------------------------------
+// Observation: one row's indexer scores, and their pooling into per-block values x[b].
+
+struct RowScores {
+  const float* scores = nullptr;         // [num_cols] request-local positions; -inf = not scored
+  int64_t num_cols = 0;                  // width of `scores` (≥ visible; columns ≥ visible unread)
+  int64_t visible = 0;                   // entries this row sees
+  const int32_t* scored_blocks = nullptr;  // [num_scored_blocks] strictly ascending block ids
+                                           // (an MTP step's union; blocks past `visible` skipped)
+  int64_t num_scored_blocks = 0;
+  // Optional: the top-k kernel's output for this row ([topk] positions, -1 padded). When given,
+  // pooling uses it (O(topk)) instead of selecting the k-th score itself (O(scored entries)).
+  const int32_t* topk_positions = nullptr;
+};
+
+// Normalisation (per row, so that steps are comparable): with kth = the row's k-th largest scored
+// value (k = min(topk, scored entries); tie rule score desc, position asc) and spread = max - kth
+// (or |max|, or 1, when that is 0), a pooled value v is first made relative, r = (v - kth)/spread
+// (shift- and scale-free, any sign of scores), then squashed below 0 as r/(1-r): monotone, so the
+// ranking is kept, and bounded by -1 (reached only by float rounding) so that a very bad block
+// cannot swamp an EMA. Blocks nothing is known about rank below -1 (see predictors.cpp).
+//   max:       r of the block's max score           → x in [-1, 1]; 0 = the block holds the kth
+//   mean:      r of the block's mean score          → x in [-1, 1]
+//   lse:       log Σ exp((s - kth)/spread)           → x in [-1, 1 + ln E]
+//   topk-hits: (block's entries in the row's top-k) / E → x in [0, 1]
+struct PooledRow {
+  int64_t visible = 0;
+  int64_t newest_block = -1;            // block of the row's last visible entry; -1 if none
+  int64_t scored_entries = 0;           // finite scored entries seen
+  double kth_score = 0.0;
+  double max_score = 0.0;
+  std::vector<int32_t> blocks;          // observed blocks (≥ 1 finite entry), ascending
+  std::vector<float> x;                 // pooled, normalised value per observed block
+  std::vector<int32_t> topk_hits;       // entries of the block in the row's top-k
+  void clear();
+};
+
+// Buffers pool_row reuses across calls (optional): no allocation once warmed up.
+struct PoolScratch {
+  std::vector<float> values;         // copy of the scored values for the k-th selection
+  std::vector<int32_t> block_index;  // block → index in scored_blocks (-1 elsewhere)
+};
+
+// Validates and pools one row. Errors: a NaN or +inf score in a scored, visible entry (message
+// names the block and position); blocks not ascending or outside the row buffer; inconsistent
+// topk_positions. With topk_positions the scored entries are read once; without, twice plus an
+// nth_element over them (an engine has the top-k already: pass it).
+// Blocks listed beyond the row's visible entries are skipped (an MTP union holds later rows'
+// newest blocks).
+Status pool_row(const PredictorConfig& config, const RowScores& row, PooledRow* out,
+                PoolScratch* scratch = nullptr);
+// The same with only the values buffer kept between calls (the block map is rebuilt per call).
+Status pool_row(const PredictorConfig& config, const RowScores& row, PooledRow* out,
+                std::vector<float>* values_scratch);
+
+// ---------------------------------------------------------------------------------------------
+// State of one (request, indexer layer).
+
+class BlockState {
+ public:
+  BlockState() = default;
+  BlockState(double alpha, double beta) : alpha_(static_cast<float>(alpha)), beta_(static_cast<float>(beta)) {}
+
+  // Grows to n_blocks (new blocks: never seen). Never shrinks; amortised O(new blocks).
+  void ensure_blocks(int64_t n_blocks);
+  // Drops blocks ≥ n_blocks (prefix sharing of a shorter context).
+  void truncate(int64_t n_blocks);
+  // Applies one row's observation at `step`: slot EMA + last_seen for every observed block, then
+  // one offset EMA update per touched bucket with the mean x of the row's blocks in that bucket.
+  // O(observed blocks).
+  void apply(const PooledRow& row, int32_t step);
+  void reset();
+
+  int64_t n_blocks() const { return static_cast<int64_t>(slot_.size()); }
+  bool seen(int64_t b) const { return last_seen_[b] != kNeverSeen; }
+  float slot(int64_t b) const { return slot_[b]; }
+  int32_t last_seen(int64_t b) const { return last_seen_[b]; }
+  int64_t n_offset_buckets() const { return static_cast<int64_t>(offset_.size()); }
+  bool offset_known(int32_t bucket) const {
+    return bucket < n_offset_buckets() && offset_count_[bucket] > 0;
+  }
+  float offset(int32_t bucket) const { return offset_[bucket]; }
+  int32_t offset_updates(int32_t bucket) const { return offset_count_[bucket]; }
+  float alpha() const { return alpha_; }
+  float beta() const { return beta_; }
+  // n_blocks · kStateBytesPerBlock + buckets · kStateBytesPerOffsetBucket.
+  size_t memory_bytes() const;
+
+ private:
+  float alpha_ = 0.5f;
+  float beta_ = 0.1f;
+  std::vector<float> slot_;
+  std::vector<int32_t> last_seen_;
+  std::vector<float> offset_;
+  std::vector<int32_t> offset_count_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Selection.
+
+// The flat view hisa needs to pool keys and score them (DESIGN.md §3 layouts): page p's bytes at
+// p·page_size·132; entry o's 128 e4m3 values at +o·128, its fp32 scale at +page_size·128 + 4·o.
+struct HisaView {
+  const uint8_t* key_cache = nullptr;   // this layer's paged indexer key cache
+  int32_t page_size = 0;                // must equal PredictorConfig::page_size
+  const int32_t* block_table = nullptr;  // [ceil(num_entries / page_size)] logical → physical page
+  int64_t num_entries = 0;              // must equal StepInput::num_entries
+  const uint8_t* q = nullptr;           // [next_n, heads, 128] e4m3 (scales folded into w)
+  const float* w = nullptr;             // [next_n, heads]
+  int32_t heads = 0;
+  int64_t num_cache_pages = -1;         // physical pages in key_cache, to check block_table; -1: unchecked
+};
+
+struct StepInput {
+  int64_t step = 0;                     // decode step of this request: ≥ 0, < 2^31, increasing
+  int64_t num_entries = 0;              // entries in this layer's cache incl. the step's rows
+  int32_t next_n = 1;                   // rows this step, 1..kMaxNextN
+  const int64_t* row_visible = nullptr;  // optional [next_n] override of row_visible_entries (V4)
+  const int32_t* true_topk = nullptr;   // oracle: [next_n, topk] this step's true top-k, -1 padded
+  const HisaView* hisa = nullptr;       // hisa: the query and the cache
+  bool want_scores = false;             // fill Selection::row_scores
+};
+
+struct Selection {
+  std::vector<int32_t> blocks;                   // union of the rows' sets: score these once
+  std::vector<std::vector<int32_t>> row_blocks;  // [next_n] each row's set, sorted unique
+  std::vector<int32_t> row_budget;               // [next_n] = row_blocks[j].size()
+  std::vector<int32_t> row_explored;             // [next_n] blocks that came from exploration
+  // [next_n][row n_blocks] the ranking key p[b] (higher = keep first), when want_scores.
+  std::vector<std::vector<float>> row_scores;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The predictor interface. One object per request; not thread-safe (use one per thread/request).
+
+class BlockPredictor {
+ public:
+  virtual ~BlockPredictor() = default;
+
+  virtual const std::string& name() const = 0;
+  virtual const PredictorConfig& config() const = 0;
+  virtual int32_t num_layers() const = 0;
+  virtual int64_t request_id() const = 0;
+
+  // Chooses each row's blocks for `layer` at in.step and their union. Reuses `out`'s capacity.
+  virtual Status select(int32_t layer, const StepInput& in, Selection* out) = 0;
+  // Buffers row `row`'s scores for `layer` of the open step (pending until commit).
+  virtual Status observe(int32_t layer, int32_t row, const RowScores& scores) = 0;
+  // Closes the open step: `accepted` draft tokens (0..next_n-1) were accepted; replays rows per
+  // config().mtp_update (prefix: 0..accepted in order; row0: row 0; all-rows: every row).
+  virtual Status commit(int32_t accepted) = 0;
+
+  // Forgets every observation and the open step (config, layers, request id stay).
+  virtual void reset() = 0;
+  // A copy for a request that shares this one's first `shared_entries` entries (-1: all): state
+  // truncated to the blocks holding them, no open step, new request id. Fails with a step open.
+  virtual Result<std::unique_ptr<BlockPredictor>> fork(int64_t request_id,
+                                                       int64_t shared_entries) const = 0;
+
+  virtual const BlockState& state(int32_t layer) const = 0;
+  // Persistent state of all layers (BlockState::memory_bytes, plus hisa's pooled keys).
+  virtual size_t memory_bytes() const = 0;
+};
+
+// The predictor names make_predictor accepts, in a fixed order.
+const std::vector<std::string>& predictor_names();
+
+// Creates a predictor by name: all-keep, random, prev-iter, prev-layer, ema-slot, ema-offset,
+// spin, oracle, step-reuse, hisa, indexcache-2, indexcache-4. Validates the config.
+Result<std::unique_ptr<BlockPredictor>> make_predictor(std::string_view name,
+                                                       const PredictorConfig& config,
+                                                       int32_t num_layers, int64_t request_id);
+
+}  // namespace spin

@@ -1,0 +1,145 @@
+// Workload calibration against the SPIN paper's all-keep statistics (see spin/calibrate.h).
+#include "spin/calibrate.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <unistd.h>
+
+#include "core/errors.h"
+#include "spin/replay.h"
+
+namespace spin {
+
+const std::vector<CalibrationTarget>& paper_targets() {
+  static const std::vector<CalibrationTarget> targets = {{"doc-qa-10k", 0.913, 0.824}, {"doc-qa-94k", 0.902, 0.615}};
+  return targets;
+}
+
+Result<CalibrationMeasurement> measure_calibration(const WorkloadParams& params) {
+  auto trace = generate_workload(params);
+  if (!trace.ok()) return trace.status();
+  auto scored = score_trace(trace.value());
+  if (!scored.ok()) return scored.status();
+  ReplayOptions options;
+  options.predictor = "prev-iter";
+  options.open_loop = true;
+  auto result = replay(trace.value(), *scored.value(), options);
+  if (!result.ok()) return result.status();
+  const TraceFacts facts = trace_facts(*scored.value(), params.page_size);
+  return CalibrationMeasurement{result->quality.pearson().mean(), facts.prev_step_topk_recall, facts.topk_block_share};
+}
+
+namespace {
+
+// The knobs calibrate() moves, with their ranges and the step used for finite differences.
+struct Knob {
+  double WorkloadParams::*field;
+  const char* name;
+  double lo, hi, scale;  // scale: a "typical" change, so that steps are comparable across knobs
+};
+const std::vector<Knob>& knobs() {
+  static const std::vector<Knob> k = {
+      {&WorkloadParams::query_noise, "query_noise", 0.0, 16.0, 2.0},
+      {&WorkloadParams::head_spread, "head_spread", 0.0, 12.0, 2.0},
+      {&WorkloadParams::salience_sigma, "salience_sigma", 0.05, 2.0, 0.3},
+  };
+  return k;
+}
+
+}  // namespace
+
+Result<CalibrationResult> calibrate(const CalibrationTarget& target, const CalibrationOptions& options) {
+  auto base = scenario_params(target.scenario);
+  if (!base.ok()) return base.status();
+  WorkloadParams params = base.value();
+  params.steps = options.steps;
+  params.layers = options.layers;
+  const std::vector<Knob>& ks = knobs();
+  auto measure = [&](const WorkloadParams& p) -> Result<std::array<double, 2>> {
+    auto m = measure_calibration(p);
+    if (!m.ok()) return m.status();
+    if (options.progress) {
+      std::string line = " ";
+      for (const Knob& k : ks) line += fmt::format(" {}={:.4f}", k.name, p.*k.field);
+      options.progress(line + fmt::format(" → pearson {:.4f}, topk recall {:.4f}", m->pearson, m->topk_recall));
+    }
+    return std::array<double, 2>{m->pearson, m->topk_recall};
+  };
+  // Damped Gauss–Newton on the two statistics over three knobs (in units of each knob's scale):
+  // a finite-difference Jacobian J (2×3), then the minimum-norm step J^T (J J^T)^-1 · error.
+  for (int iteration = 0; iteration < options.iterations; ++iteration) {
+    auto y = measure(params);
+    if (!y.ok()) return y.status();
+    const double e0 = target.pearson - y.value()[0];
+    const double e1 = target.topk_recall - y.value()[1];
+    if (std::fabs(e0) < options.tolerance && std::fabs(e1) < options.tolerance) break;
+    double J[2][3];
+    for (size_t k = 0; k < ks.size(); ++k) {
+      WorkloadParams probe = params;
+      const double h = 0.25 * ks[k].scale;
+      const bool up = params.*ks[k].field + h <= ks[k].hi;
+      probe.*ks[k].field += up ? h : -h;
+      auto yk = measure(probe);
+      if (!yk.ok()) return yk.status();
+      J[0][k] = (yk.value()[0] - y.value()[0]) / (up ? 0.25 : -0.25);
+      J[1][k] = (yk.value()[1] - y.value()[1]) / (up ? 0.25 : -0.25);
+    }
+    const double a = J[0][0] * J[0][0] + J[0][1] * J[0][1] + J[0][2] * J[0][2] + 1e-9;
+    const double b = J[0][0] * J[1][0] + J[0][1] * J[1][1] + J[0][2] * J[1][2];
+    const double d = J[1][0] * J[1][0] + J[1][1] * J[1][1] + J[1][2] * J[1][2] + 1e-9;
+    const double det = a * d - b * b;
+    if (std::fabs(det) < 1e-12) break;  // the knobs no longer move the statistics independently
+    const double u0 = (d * e0 - b * e1) / det;
+    const double u1 = (-b * e0 + a * e1) / det;
+    for (size_t k = 0; k < ks.size(); ++k) {
+      double step = J[0][k] * u0 + J[1][k] * u1;  // in scale units
+      step = std::clamp(step, -2.0, 2.0);          // damping: never more than two scales at once
+      params.*ks[k].field = std::clamp(params.*ks[k].field + step * ks[k].scale, ks[k].lo, ks[k].hi);
+    }
+  }
+  auto final_measure = measure_calibration(params);
+  if (!final_measure.ok()) return final_measure.status();
+  params.steps = base->steps;
+  params.layers = base->layers;
+  return CalibrationResult{target, params, final_measure.value()};
+}
+
+Status write_calibration(const std::string& path, const std::vector<CalibrationResult>& results,
+                         const std::string& command) {
+  nlohmann::json doc;
+  doc["_comment"] = "Written by `spin calibrate --write`; compiled into the generator. Do not edit by hand.";
+  doc["command"] = command;
+  doc["scenarios"] = nlohmann::json::object();
+  for (const CalibrationResult& r : results) {
+    nlohmann::json fitted = nlohmann::json::object();
+    for (const Knob& k : knobs()) fitted[k.name] = fmt::format("{:.6g}", r.params.*k.field);
+    doc["scenarios"][r.target.scenario] = {
+        {"params", fitted},
+        {"prompt_tokens", r.params.prompt_tokens},
+        {"target", {{"pearson", r.target.pearson}, {"topk_recall", r.target.topk_recall}}},
+        {"achieved", {{"pearson", r.achieved.pearson}, {"topk_recall", r.achieved.topk_recall}}}};
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << doc.dump(2) << "\n";
+    if (!out.flush()) {
+      std::remove(tmp.c_str());
+      return io_error("cannot write {}", tmp);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return io_error("cannot rename {} to {}", tmp, path);
+  }
+  return ok_status();
+}
+
+}  // namespace spin

@@ -1,0 +1,417 @@
+// `spin eval`: the built-in evaluation (see spin/eval.h for what each section measures).
+#include "spin/eval.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <omp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "core/errors.h"
+#include "spin/calibrate.h"
+#include "spin/replay.h"
+#include "spin/workload.h"
+
+namespace spin {
+namespace {
+
+using json = nlohmann::json;
+
+enum class Section { kPredictors, kSweep, kMtp, kPooling };
+
+struct Job {
+  Section section;
+  std::string label;      // what the report calls it (e.g. "spin (no explore)")
+  std::string predictor;  // make_predictor name
+  PredictorConfig config;
+  bool open_loop = false;
+};
+
+struct JobResult {
+  QualityStats quality{2048};
+  double predictor_seconds = 0;
+};
+
+// NaN-safe JSON number (JSON has no NaN): null.
+json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+std::string cell(double v, const char* format = "{:.3f}") {
+  return std::isfinite(v) ? fmt::format(fmt::runtime(format), v) : "–";
+}
+
+const std::vector<double>& sweep_sparsities(bool quick) {
+  static const std::vector<double> full = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6};
+  static const std::vector<double> short_list = {0.0, 0.3, 0.5};
+  return quick ? short_list : full;
+}
+
+constexpr double kComparisonSparsity = 0.3;  // open-loop block recall is read at this budget
+constexpr double kMtpSparsity = 0.5;         // MTP and pooling tables (where misses show)
+
+std::vector<Job> jobs_for(bool mtp_scenario, const EvalOptions& o) {
+  std::vector<Job> jobs;
+  auto with = [&](double sparsity) {
+    PredictorConfig c = o.base_config;
+    c.target_sparsity = sparsity;
+    return c;
+  };
+  // Calibration and open-loop comparison (every scenario: the calibration row needs prev-iter).
+  const std::vector<std::string> open_loop = mtp_scenario
+      ? std::vector<std::string>{"prev-iter"}
+      : std::vector<std::string>{"prev-iter", "prev-layer", "ema-slot", "ema-offset", "spin", "hisa",
+                                 "step-reuse", "random", "oracle"};
+  for (const std::string& p : open_loop) jobs.push_back({Section::kPredictors, p, p, with(kComparisonSparsity), true});
+  if (mtp_scenario) {
+    for (MtpUpdate mode : {MtpUpdate::kPrefix, MtpUpdate::kRow0, MtpUpdate::kAllRows}) {
+      for (double s : {0.3, kMtpSparsity}) {
+        PredictorConfig c = with(s);
+        c.mtp_update = mode;
+        jobs.push_back({Section::kMtp, mtp_update_name(mode), "spin", c, false});
+      }
+    }
+    return jobs;
+  }
+  for (double s : sweep_sparsities(o.quick)) {
+    jobs.push_back({Section::kSweep, "spin", "spin", with(s), false});
+    PredictorConfig no_explore = with(s);
+    no_explore.explore_ratio = 0.0;
+    jobs.push_back({Section::kSweep, "spin (no explore)", "spin", no_explore, false});
+    for (const char* p : {"step-reuse", "hisa", "indexcache-2", "indexcache-4", "prev-iter", "random", "oracle"}) {
+      jobs.push_back({Section::kSweep, p, p, with(s), false});
+    }
+  }
+  for (Pooling pooling : {Pooling::kMax, Pooling::kMean, Pooling::kTopkHits, Pooling::kLse}) {
+    PredictorConfig c = with(kMtpSparsity);
+    c.pooling = pooling;
+    jobs.push_back({Section::kPooling, pooling_name(pooling), "spin", c, false});
+  }
+  return jobs;
+}
+
+std::string section_name(Section s) {
+  switch (s) {
+    case Section::kPredictors: return "predictors";
+    case Section::kSweep: return "sweep";
+    case Section::kMtp: return "mtp";
+    case Section::kPooling: return "pooling";
+  }
+  return "?";
+}
+
+json quality_json(const QualityStats& q) {
+  return {{"samples", q.samples()},
+          {"exact_by_construction", q.exact_by_construction()},
+          {"recall_mean", num(q.recall().mean())},
+          {"miss_p50", num(q.miss().percentile(50))},
+          {"miss_p99", num(q.miss().percentile(99))},
+          {"miss_max", num(q.miss().max())},
+          {"block_recall_mean", num(q.block_recall().mean())},
+          {"sparsity_mean", num(q.sparsity().mean())},
+          {"block_sparsity_mean", num(q.block_sparsity().mean())},
+          {"pearson_mean", num(q.pearson().mean())},
+          {"topk_recall_mean", num(q.topk_recall().mean())}};
+}
+
+Status write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out.flush()) {
+      std::remove(tmp.c_str());
+      return io_error("cannot write {}", tmp);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return io_error("cannot rename {} to {}", tmp, path);
+  }
+  return ok_status();
+}
+
+// One PNG per base scenario: mean recall and p99 miss against realised sparsity.
+std::vector<std::string> draw_plots(const std::string& dir, const json& sweep, std::string* note) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    *note = "gnuplot not found: plots skipped (install gnuplot-nox, or rerun scripts/install-deps.sh)";
+    return {};
+  }
+  std::map<std::string, std::map<std::string, std::vector<std::array<double, 3>>>> series;
+  for (const json& row : sweep) {
+    const double sp = row["sparsity_mean"].is_number() ? row["sparsity_mean"].get<double>() : 0.0;
+    const double rec = row["recall_mean"].is_number() ? row["recall_mean"].get<double>() : NAN;
+    const double p99 = row["miss_p99"].is_number() ? row["miss_p99"].get<double>() : NAN;
+    series[row["scenario"]][row["label"]].push_back({sp, rec, p99});
+  }
+  std::vector<std::string> plots;
+  for (const auto& [scenario, by_label] : series) {
+    const std::string dat = dir + "/sweep-" + scenario + ".dat";
+    const std::string png = dir + "/sweep-" + scenario + ".png";
+    std::ofstream out(dat);
+    std::vector<std::string> labels;
+    for (const auto& [label, points] : by_label) {
+      out << "# " << label << "\n";
+      for (const auto& p : points) out << p[0] << " " << p[1] << " " << p[2] << "\n";
+      out << "\n\n";
+      labels.push_back(label);
+    }
+    out.close();
+    std::string script = fmt::format(
+        "set terminal pngcairo size 1200,480 noenhanced\nset output '{}'\nset multiplot layout 1,2 title "
+        "'{} — closed loop, all-keep = truth'\nset key bottom left font ',8'\nset grid\n"
+        "set xlabel 'realised sparsity'\nset ylabel 'mean recall'\nset yrange [0:1.02]\n",
+        png, scenario);
+    auto plot_cmd = [&](int column) {
+      std::string cmd = "plot ";
+      for (size_t i = 0; i < labels.size(); ++i) {
+        cmd += fmt::format("{}'{}' index {} using 1:{} with linespoints title '{}'", i ? ", " : "", dat, i, column,
+                           labels[i]);
+      }
+      return cmd + "\n";
+    };
+    script += plot_cmd(2);
+    script += "set ylabel 'p99 miss'\nset key top left font ',8'\n" + plot_cmd(3) + "unset multiplot\n";
+    const std::string gp = dir + "/sweep-" + scenario + ".gp";
+    std::ofstream(gp) << script;
+    if (std::system(("gnuplot '" + gp + "' 2>/dev/null").c_str()) == 0) {
+      plots.push_back(png);
+    } else {
+      *note = "gnuplot failed on " + gp + " (pngcairo terminal missing?)";
+    }
+  }
+  return plots;
+}
+
+}  // namespace
+
+Result<EvalSummary> run_eval(const EvalOptions& o) {
+  SPIN_RETURN_IF_ERROR(o.base_config.validate());
+  std::vector<std::string> scenarios = o.scenarios;
+  if (scenarios.empty()) {
+    scenarios = o.quick ? std::vector<std::string>{"doc-qa-10k", "doc-qa-94k", "needle-shift", "agentic",
+                                                   "doc-qa-10k-mtp"}
+                        : scenario_names();
+  }
+  if (mkdir(o.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return io_error("cannot create output directory {}", o.out_dir);
+  }
+  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  const auto started = std::chrono::steady_clock::now();
+  json results = {{"seed", o.seed}, {"quick", o.quick}, {"config", o.base_config.to_string()}};
+  json calibration = json::array(), predictors = json::array(), sweep = json::array(), mtp = json::array(),
+       pooling = json::array(), timing = json::object();
+  std::map<std::string, CalibrationTarget> targets;
+  for (const CalibrationTarget& t : paper_targets()) targets[t.scenario] = t;
+
+  for (size_t si = 0; si < scenarios.size(); ++si) {
+    const std::string& name = scenarios[si];
+    const double base_fraction = static_cast<double>(si) / static_cast<double>(scenarios.size());
+    const double share = 1.0 / static_cast<double>(scenarios.size());
+    auto report = [&](const std::string& stage, double f) {
+      if (o.progress) o.progress(fmt::format("[{}/{}] {}: {}", si + 1, scenarios.size(), name, stage), base_fraction + share * f);
+    };
+    auto params = scenario_params(name);
+    if (!params.ok()) return params.status();
+    params->seed = o.seed;
+    if (o.quick) {
+      params->steps = std::min(params->steps, 16);
+      params->layers = std::min(params->layers, 2);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    report("generating", 0.0);
+    auto trace = generate_workload(params.value());
+    if (!trace.ok()) return trace.status();
+    report("scoring (all-keep)", 0.05);
+    ScoreOptions score_options;
+    score_options.threads = threads;
+    score_options.progress = [&](int64_t done, int64_t total) {
+      report("scoring (all-keep)", 0.05 + 0.2 * static_cast<double>(done) / static_cast<double>(total));
+    };
+    auto scored = score_trace(trace.value(), score_options);
+    if (!scored.ok()) return scored.status();
+    const auto t1 = std::chrono::steady_clock::now();
+    const bool mtp_scenario = params->next_n > 1;
+    const std::vector<Job> jobs = jobs_for(mtp_scenario, o);
+    std::vector<JobResult> out(jobs.size());
+    std::vector<Status> errors(jobs.size());
+    int64_t finished = 0;
+    // Jobs are independent replays; each result lands in its own slot, so the order in which
+    // threads finish them never shows in the results.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      ReplayOptions ro;
+      ro.predictor = jobs[j].predictor;
+      ro.config = jobs[j].config;
+      ro.open_loop = jobs[j].open_loop;
+      auto r = replay(trace.value(), *scored.value(), ro);
+      if (r.ok()) {
+        out[j] = {r->quality, r->predictor_seconds};
+      } else {
+        errors[j] = r.status();
+      }
+#pragma omp critical
+      {
+        ++finished;
+        report(fmt::format("replaying {}/{}", finished, jobs.size()),
+               0.25 + 0.75 * static_cast<double>(finished) / static_cast<double>(jobs.size()));
+      }
+    }
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (!errors[j].ok()) {
+        return Status(errors[j].code(), fmt::format("{} / {}: {}", name, jobs[j].label, errors[j].message()));
+      }
+    }
+    const auto t2 = std::chrono::steady_clock::now();
+    const TraceFacts facts = trace_facts(*scored.value(), o.base_config.block_entries());
+    results["scenarios"][name] = {{"workload", params->to_string()},
+                                  {"steps", params->steps},
+                                  {"layers", params->layers},
+                                  {"next_n", params->next_n},
+                                  {"prompt_tokens", params->prompt_tokens},
+                                  {"mean_visible_entries", facts.mean_visible_entries},
+                                  {"samples", facts.samples},
+                                  {"exact_by_construction", facts.exact_by_construction},
+                                  {"topk_block_share", facts.topk_block_share}};
+    timing[name] = {{"generate_and_score_s", std::chrono::duration<double>(t1 - t0).count()},
+                    {"replay_s", std::chrono::duration<double>(t2 - t1).count()}};
+    // Oracle recall per sparsity, for the gap column.
+    std::map<double, double> oracle;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (jobs[j].section == Section::kSweep && jobs[j].predictor == "oracle") {
+        oracle[jobs[j].config.target_sparsity] = out[j].quality.recall().mean();
+      }
+    }
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const Job& job = jobs[j];
+      const QualityStats& q = out[j].quality;
+      json row = quality_json(q);
+      row.update({{"scenario", name}, {"label", job.label}, {"predictor", job.predictor},
+                  {"target_sparsity", job.config.target_sparsity}, {"config", job.config.to_string()}});
+      timing[name]["predictor_s"][section_name(job.section) + ":" + job.label + "@" +
+                                  fmt::format("{:.2f}", job.config.target_sparsity)] = out[j].predictor_seconds;
+      switch (job.section) {
+        case Section::kPredictors:
+          predictors.push_back(row);
+          if (job.predictor == "prev-iter") {
+            const auto it = targets.find(name);
+            calibration.push_back({{"scenario", name},
+                                   {"pearson", num(q.pearson().mean())},
+                                   {"topk_recall", facts.prev_step_topk_recall},
+                                   {"target_pearson", it != targets.end() ? num(it->second.pearson) : json(nullptr)},
+                                   {"target_topk_recall", it != targets.end() ? num(it->second.topk_recall) : json(nullptr)},
+                                   {"topk_block_share", facts.topk_block_share},
+                                   {"mean_visible_entries", facts.mean_visible_entries}});
+          }
+          break;
+        case Section::kSweep:
+          row["oracle_recall_mean"] = num(oracle[job.config.target_sparsity]);
+          row["gap_to_oracle"] = num(oracle[job.config.target_sparsity] - q.recall().mean());
+          sweep.push_back(row);
+          break;
+        case Section::kMtp: mtp.push_back(row); break;
+        case Section::kPooling: pooling.push_back(row); break;
+      }
+    }
+  }
+  results["calibration"] = calibration;
+  results["predictors"] = predictors;
+  results["sweep"] = sweep;
+  results["mtp"] = mtp;
+  results["pooling"] = pooling;
+  timing["total_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  results["timing"] = timing;
+
+  // ---- report.md ------------------------------------------------------------------------------
+  std::string md = "# spin eval report\n\n";
+  md += fmt::format("Seed {}{}. Predictor config (sweeps vary target_sparsity): `{}`\n\n", o.seed,
+                    o.quick ? ", quick mode" : "", o.base_config.to_string());
+  md += "Every number is measured against all-keep (the full indexer) on the same trace; recall is token-level "
+        "top-k recall, miss = 1 − recall, percentiles are nearest-rank. Rows whose context holds ≤ topk entries are "
+        "exact by construction and excluded (counted in results.json).\n\n";
+  md += "## Calibration (all-keep, prev-iter open loop)\n\n| scenario | visible entries | Pearson | target | top-k "
+        "recall | target | blocks with ≥1 top-k entry |\n|---|---:|---:|---:|---:|---:|---:|\n";
+  for (const json& c : calibration) {
+    auto v = [](const json& x) { return x.is_number() ? cell(x.get<double>()) : std::string("–"); };
+    md += fmt::format("| {} | {} | {} | {} | {} | {} | {:.1f}% |\n", c["scenario"].get<std::string>(),
+                      c["mean_visible_entries"].get<int64_t>(), v(c["pearson"]), v(c["target_pearson"]),
+                      v(c["topk_recall"]), v(c["target_topk_recall"]), 100 * c["topk_block_share"].get<double>());
+  }
+  md += fmt::format("\n## Predictor comparison (open loop, block recall at {:.0f}% sparsity)\n\n", 100 * kComparisonSparsity);
+  md += "| scenario | predictor | Pearson | block recall | top-k recall (token) |\n|---|---|---:|---:|---:|\n";
+  for (const json& r : predictors) {
+    auto v = [](const json& x) { return x.is_number() ? cell(x.get<double>()) : std::string("–"); };
+    md += fmt::format("| {} | {} | {} | {} | {} |\n", r["scenario"].get<std::string>(), r["label"].get<std::string>(),
+                      v(r["pearson_mean"]), v(r["block_recall_mean"]), v(r["topk_recall_mean"]));
+  }
+  md += "\n## Sparsity sweep (closed loop): mean recall / p99 miss, realised sparsity in brackets\n\n";
+  std::map<std::string, std::map<std::string, std::map<double, const json*>>> grid;
+  std::vector<std::string> order;
+  for (const json& r : sweep) {
+    const std::string label = r["label"];
+    if (std::find(order.begin(), order.end(), label) == order.end()) order.push_back(label);
+    grid[r["scenario"]][label][r["target_sparsity"].get<double>()] = &r;
+  }
+  for (const auto& [scenario, by_label] : grid) {
+    md += "### " + scenario + "\n\n| predictor |";
+    std::string rule = "|---|";
+    for (double s : sweep_sparsities(o.quick)) {
+      md += fmt::format(" {:.0f}% |", 100 * s);
+      rule += "---:|";
+    }
+    md += "\n" + rule + "\n";
+    for (const std::string& label : order) {
+      if (!by_label.count(label)) continue;
+      md += "| " + label + " |";
+      for (double s : sweep_sparsities(o.quick)) {
+        const json* r = by_label.at(label).count(s) ? by_label.at(label).at(s) : nullptr;
+        if (r == nullptr) {
+          md += " – |";
+          continue;
+        }
+        auto d = [](const json& x) { return x.is_number() ? x.get<double>() : NAN; };
+        md += fmt::format(" {} / {} ({:.0f}%) |", cell(d((*r)["recall_mean"])), cell(d((*r)["miss_p99"])),
+                          100 * d((*r)["sparsity_mean"]));
+      }
+      md += "\n";
+    }
+    md += "\n";
+  }
+  md += fmt::format("## MTP replay (spin; closed loop): mean recall / p99 miss\n\n| scenario | update | 30% | {:.0f}% |\n|---|---|---:|---:|\n",
+                    100 * kMtpSparsity);
+  for (size_t i = 0; i + 1 < mtp.size(); i += 2) {
+    auto d = [](const json& x) { return x.is_number() ? x.get<double>() : NAN; };
+    md += fmt::format("| {} | {} | {} / {} | {} / {} |\n", mtp[i]["scenario"].get<std::string>(),
+                      mtp[i]["label"].get<std::string>(), cell(d(mtp[i]["recall_mean"])), cell(d(mtp[i]["miss_p99"])),
+                      cell(d(mtp[i + 1]["recall_mean"])), cell(d(mtp[i + 1]["miss_p99"])));
+  }
+  md += fmt::format("\n## Pooling ablation (spin, {:.0f}% sparsity, closed loop)\n\n| scenario | pooling | mean recall | p99 miss | block recall |\n|---|---|---:|---:|---:|\n",
+                    100 * kMtpSparsity);
+  for (const json& r : pooling) {
+    auto d = [](const json& x) { return x.is_number() ? x.get<double>() : NAN; };
+    md += fmt::format("| {} | {} | {} | {} | {} |\n", r["scenario"].get<std::string>(), r["label"].get<std::string>(),
+                      cell(d(r["recall_mean"])), cell(d(r["miss_p99"])), cell(d(r["block_recall_mean"])));
+  }
+  EvalSummary summary;
+  summary.plots = draw_plots(o.out_dir, sweep, &summary.plot_note);
+  if (!summary.plots.empty()) {
+    md += "\n## Plots\n\n";
+    for (const std::string& p : summary.plots) md += "![](" + p.substr(p.find_last_of('/') + 1) + ")\n";
+  } else {
+    md += "\n" + summary.plot_note + "\n";
+  }
+  md += fmt::format("\nTotal time {:.1f} s on {} threads.\n", timing["total_s"].get<double>(), threads);
+  summary.report_md = md;
+  summary.results_path = o.out_dir + "/results.json";
+  SPIN_RETURN_IF_ERROR(write_text_atomic(o.out_dir + "/report.md", md));
+  SPIN_RETURN_IF_ERROR(write_text_atomic(summary.results_path, results.dump(2) + "\n"));
+  return summary;
+}
+
+}  // namespace spin

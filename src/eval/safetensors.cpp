@@ -1,0 +1,486 @@
+// safetensors reading and writing (see safetensors.h).
+#include "eval/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/errors.h"
+
+namespace spin::st {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; spin reads it in place");
+
+namespace {
+
+struct DtypeInfo {
+  Dtype dtype;
+  const char* name;
+  size_t size;
+};
+constexpr DtypeInfo kDtypes[] = {
+    {Dtype::kBool, "BOOL", 1},     {Dtype::kU8, "U8", 1},       {Dtype::kI8, "I8", 1},
+    {Dtype::kF8E4M3, "F8_E4M3", 1}, {Dtype::kF8E5M2, "F8_E5M2", 1}, {Dtype::kU16, "U16", 2},
+    {Dtype::kI16, "I16", 2},       {Dtype::kF16, "F16", 2},     {Dtype::kBF16, "BF16", 2},
+    {Dtype::kU32, "U32", 4},       {Dtype::kI32, "I32", 4},     {Dtype::kF32, "F32", 4},
+    {Dtype::kU64, "U64", 8},       {Dtype::kI64, "I64", 8},     {Dtype::kF64, "F64", 8},
+};
+
+const char* json_type(const nlohmann::json& j) { return j.type_name(); }
+
+// A short, non-recursive rendering of a JSON value for error messages (hostile headers may nest
+// arbitrarily deep or be arbitrarily long).
+std::string brief(const nlohmann::json& j) {
+  std::string s;
+  if (j.is_primitive()) {
+    s = j.dump();
+  } else {
+    bool flat = j.size() <= 8;
+    for (const auto& e : j)
+      if (!e.is_primitive()) flat = false;
+    s = flat ? j.dump() : fmt::format("a JSON {} of {} elements", j.type_name(), j.size());
+  }
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+// A JSON value that must be a non-negative integer fitting in int64.
+bool as_index(const nlohmann::json& j, uint64_t* out) {
+  if (j.is_number_unsigned()) {
+    *out = j.get<uint64_t>();
+    return *out <= static_cast<uint64_t>(INT64_MAX);
+  }
+  if (j.is_number_integer()) {
+    const int64_t v = j.get<int64_t>();
+    if (v < 0) return false;
+    *out = static_cast<uint64_t>(v);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+const char* dtype_name(Dtype dtype) {
+  for (const auto& d : kDtypes)
+    if (d.dtype == dtype) return d.name;
+  return "?";
+}
+
+size_t dtype_size(Dtype dtype) {
+  for (const auto& d : kDtypes)
+    if (d.dtype == dtype) return d.size;
+  return 1;
+}
+
+bool dtype_from_name(std::string_view name, Dtype* out) {
+  for (const auto& d : kDtypes) {
+    if (name == d.name) {
+      *out = d.dtype;
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;  // the reader checked that this cannot overflow
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+struct SafetensorsFile::Mapping {
+  void* addr = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (addr != nullptr) munmap(addr, size);
+  }
+};
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
+SafetensorsFile::~SafetensorsFile() = default;
+
+Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return io_error("cannot open {}: {}", path, std::strerror(errno));
+  struct stat sb {};
+  if (fstat(fd, &sb) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return io_error("cannot stat {}: {}", path, std::strerror(err));
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    ::close(fd);
+    return invalid_argument("{} is not a regular file", path);
+  }
+  SafetensorsFile file;
+  file.label_ = path;
+  file.size_ = static_cast<size_t>(sb.st_size);
+  if (file.size_ > 0) {
+    void* addr = mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (addr == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return io_error("cannot memory-map {} ({} bytes): {}", path, file.size_, std::strerror(err));
+    }
+    file.mapping_ = std::make_unique<Mapping>();
+    file.mapping_->addr = addr;
+    file.mapping_->size = file.size_;
+    file.bytes_ = static_cast<const uint8_t*>(addr);
+  }
+  ::close(fd);  // the mapping keeps the file alive
+  SPIN_RETURN_IF_ERROR(file.parse());
+  return file;
+}
+
+Result<SafetensorsFile> SafetensorsFile::from_memory(const void* data, size_t size,
+                                                     std::string label) {
+  SafetensorsFile file;
+  file.label_ = std::move(label);
+  file.bytes_ = static_cast<const uint8_t*>(data);
+  file.size_ = data == nullptr ? 0 : size;
+  SPIN_RETURN_IF_ERROR(file.parse());
+  return file;
+}
+
+// Validation order: length field, header bounds, JSON syntax, top-level object, metadata, then
+// each tensor entry (dtype, shape, offsets, size), then overlaps between tensors.
+Status SafetensorsFile::parse() {
+  const std::string& f = label_;
+  if (size_ < 8) {
+    return data_loss("{}: file is {} bytes; a safetensors file starts with an 8-byte "
+                     "little-endian header length (truncated or not a safetensors file)",
+                     f, size_);
+  }
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes_, 8);
+  if (header_len > size_ - 8) {
+    return data_loss("{}: header length field says {} bytes but only {} bytes follow it "
+                     "(file truncated or not a safetensors file)",
+                     f, header_len, size_ - 8);
+  }
+  const auto* header_begin = reinterpret_cast<const char*>(bytes_ + 8);
+  data_ = bytes_ + 8 + header_len;
+  const size_t data_size = size_ - 8 - static_cast<size_t>(header_len);
+
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(header_begin, header_begin + header_len);
+  } catch (const nlohmann::json::exception& e) {
+    return data_loss("{}: header is not valid JSON ({})", f, e.what());
+  }
+  if (!header.is_object()) {
+    return data_loss("{}: header is a JSON {}, expected an object of tensors", f,
+                     json_type(header));
+  }
+
+  try {
+    for (const auto& [name, value] : header.items()) {
+      if (name == "__metadata__") {
+        if (!value.is_object()) {
+          return data_loss("{}: __metadata__ is a JSON {}, expected an object of strings", f,
+                           json_type(value));
+        }
+        for (const auto& [key, v] : value.items()) {
+          if (!v.is_string()) {
+            return data_loss("{}: __metadata__[\"{}\"] is a JSON {}, expected a string", f, key,
+                             json_type(v));
+          }
+          metadata_[key] = v.get<std::string>();
+        }
+        continue;
+      }
+      if (!value.is_object()) {
+        return data_loss("{}: tensor \"{}\" header entry is a JSON {}, expected an object with "
+                         "dtype, shape and data_offsets",
+                         f, name, json_type(value));
+      }
+      Entry e{};
+      // dtype
+      const auto dt = value.find("dtype");
+      if (dt == value.end()) return data_loss("{}: tensor \"{}\" has no dtype", f, name);
+      if (!dt->is_string()) {
+        return data_loss("{}: tensor \"{}\" dtype is a JSON {}, expected a string such as "
+                         "\"F32\"",
+                         f, name, json_type(*dt));
+      }
+      const std::string dtype_str = dt->get<std::string>();
+      if (!dtype_from_name(dtype_str, &e.dtype)) {
+        return data_loss("{}: tensor \"{}\" has unknown dtype \"{}\" (supported: BOOL, U8, I8, "
+                         "F8_E4M3, F8_E5M2, U16, I16, F16, BF16, U32, I32, F32, U64, I64, F64)",
+                         f, name, dtype_str);
+      }
+      // shape
+      const auto sh = value.find("shape");
+      if (sh == value.end()) return data_loss("{}: tensor \"{}\" has no shape", f, name);
+      if (!sh->is_array()) {
+        return data_loss("{}: tensor \"{}\" shape is a JSON {}, expected an array of "
+                         "non-negative integers",
+                         f, name, json_type(*sh));
+      }
+      uint64_t nbytes = dtype_size(e.dtype);
+      bool overflow = false;
+      for (const auto& d : *sh) {
+        uint64_t dim = 0;
+        if (!as_index(d, &dim)) {
+          return data_loss("{}: tensor \"{}\" shape holds {}, expected non-negative integers", f,
+                           name, brief(d));
+        }
+        e.shape.push_back(static_cast<int64_t>(dim));
+        if (!overflow && __builtin_mul_overflow(nbytes, dim, &nbytes)) overflow = true;
+      }
+      // A zero dimension makes the size 0 whatever the others are.
+      if (std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end()) {
+        nbytes = 0;
+        overflow = false;
+      }
+      if (overflow || nbytes > static_cast<uint64_t>(INT64_MAX)) {
+        return data_loss("{}: tensor \"{}\" shape {} overflows 64-bit byte counts", f, name,
+                         brief(*sh));
+      }
+      // data_offsets
+      const auto off = value.find("data_offsets");
+      if (off == value.end()) return data_loss("{}: tensor \"{}\" has no data_offsets", f, name);
+      uint64_t begin = 0, end = 0;
+      if (!off->is_array() || off->size() != 2 || !as_index((*off)[0], &begin) ||
+          !as_index((*off)[1], &end)) {
+        return data_loss("{}: tensor \"{}\" data_offsets is {}, expected [begin, end] with "
+                         "non-negative integers",
+                         f, name, brief(*off));
+      }
+      if (end < begin) {
+        return data_loss("{}: tensor \"{}\" data_offsets [{}, {}] end before begin", f, name,
+                         begin, end);
+      }
+      if (end > data_size) {
+        return data_loss("{}: tensor \"{}\" data_offsets [{}, {}] run past the {} data bytes "
+                         "of the file (truncated?)",
+                         f, name, begin, end, data_size);
+      }
+      if (end - begin != nbytes) {
+        return data_loss("{}: tensor \"{}\" holds {} bytes but dtype {} and shape {} need {}", f,
+                         name, end - begin, dtype_str, brief(*sh), nbytes);
+      }
+      e.begin = static_cast<size_t>(begin);
+      e.end = static_cast<size_t>(end);
+      entries_.emplace(name, std::move(e));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    // Defensive: every access above is type-checked first, so this should be unreachable.
+    return data_loss("{}: malformed header ({})", f, e.what());
+  }
+
+  // Overlaps: sort non-empty tensors by begin; each must start at or after the previous end.
+  std::vector<std::pair<const std::string*, const Entry*>> order;
+  for (const auto& [name, e] : entries_)
+    if (e.end > e.begin) order.emplace_back(&name, &e);
+  std::sort(order.begin(), order.end(),
+            [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
+  for (size_t i = 1; i < order.size(); ++i) {
+    const Entry& prev = *order[i - 1].second;
+    const Entry& cur = *order[i].second;
+    if (cur.begin < prev.end) {
+      return data_loss("{}: tensors \"{}\" [{}, {}) and \"{}\" [{}, {}) overlap", f,
+                       *order[i - 1].first, prev.begin, prev.end, *order[i].first, cur.begin,
+                       cur.end);
+    }
+  }
+  return ok_status();
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const auto& [name, e] : entries_) out.push_back(name);
+  return out;
+}
+
+bool SafetensorsFile::contains(std::string_view name) const {
+  return entries_.find(name) != entries_.end();
+}
+
+Result<TensorView> SafetensorsFile::tensor(std::string_view name) const {
+  const auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    return invalid_argument("{}: no tensor named \"{}\"", label_, name);
+  }
+  TensorView v;
+  v.name = it->first;
+  v.dtype = it->second.dtype;
+  v.shape = it->second.shape;
+  v.data = data_ + it->second.begin;
+  v.nbytes = it->second.end - it->second.begin;
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+namespace {
+
+Status write_all(int fd, const void* data, size_t n, const std::string& tmp) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const size_t chunk = std::min<size_t>(n, size_t{1} << 30);
+    const ssize_t w = ::write(fd, p, chunk);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return io_error("cannot write {}: {}", tmp, std::strerror(errno));
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return ok_status();
+}
+
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Owns the temporary file until it is renamed; removes it otherwise.
+class TempFile {
+ public:
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+  Status create(const std::string& target) {
+    static std::atomic<uint64_t> counter{0};
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      std::string p = fmt::format("{}.tmp-{}-{}", target, static_cast<long>(::getpid()),
+                                  counter.fetch_add(1));
+      // 0666 filtered by the umask: the same permissions a plain open() would give the file.
+      const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (fd >= 0) {
+        fd_ = fd;
+        path_ = std::move(p);
+        return ok_status();
+      }
+      if (errno != EEXIST) {
+        return io_error("cannot create temporary file {} next to {}: {}", p, target,
+                        std::strerror(errno));
+      }
+    }
+    return io_error("cannot create a unique temporary file next to {}", target);
+  }
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+  Status commit(const std::string& target) {
+    if (::fsync(fd_) != 0) return io_error("cannot fsync {}: {}", path_, std::strerror(errno));
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) return io_error("cannot close {}: {}", path_, std::strerror(errno));
+    if (::rename(path_.c_str(), target.c_str()) != 0) {
+      return io_error("cannot rename {} to {}: {}", path_, target, std::strerror(errno));
+    }
+    path_.clear();  // renamed: nothing left to remove
+    // Make the rename itself durable; a failure here does not undo a complete, renamed file.
+    const int dfd = ::open(parent_dir(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      (void)::fsync(dfd);
+      ::close(dfd);
+    }
+    return ok_status();
+  }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+}  // namespace
+
+Status write_safetensors(const std::string& path, std::span<const TensorSpec> tensors,
+                         const std::map<std::string, std::string>& metadata) {
+  // Validate everything before touching the file system.
+  std::set<std::string_view> seen;
+  for (const auto& t : tensors) {
+    if (t.name == "__metadata__") {
+      return invalid_argument("tensor name \"__metadata__\" is reserved by safetensors");
+    }
+    if (!seen.insert(t.name).second) {
+      return invalid_argument("tensor \"{}\" appears twice", t.name);
+    }
+    uint64_t nbytes = dtype_size(t.dtype);
+    for (int64_t d : t.shape) {
+      if (d < 0) return invalid_argument("tensor \"{}\" has negative dimension {}", t.name, d);
+      if (__builtin_mul_overflow(nbytes, static_cast<uint64_t>(d), &nbytes)) {
+        return invalid_argument("tensor \"{}\" shape overflows 64-bit byte counts", t.name);
+      }
+    }
+    if (nbytes != t.nbytes) {
+      return invalid_argument("tensor \"{}\" has {} bytes but dtype {} and its shape need {}",
+                              t.name, t.nbytes, dtype_name(t.dtype), nbytes);
+    }
+    if (t.nbytes > 0 && t.data == nullptr) {
+      return invalid_argument("tensor \"{}\" has {} bytes but a null data pointer", t.name,
+                              t.nbytes);
+    }
+  }
+
+  // Data order: larger itemsize first, then name, so every tensor stays aligned (the header
+  // is padded to 8 bytes and 8 is a multiple of every itemsize).
+  std::vector<const TensorSpec*> order;
+  for (const auto& t : tensors) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(), [](const TensorSpec* a, const TensorSpec* b) {
+    const size_t sa = dtype_size(a->dtype), sb = dtype_size(b->dtype);
+    if (sa != sb) return sa > sb;
+    return a->name < b->name;
+  });
+
+  std::string header;
+  try {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    if (!metadata.empty()) {
+      nlohmann::ordered_json m = nlohmann::ordered_json::object();
+      for (const auto& [k, v] : metadata) m[k] = v;
+      j["__metadata__"] = std::move(m);
+    }
+    uint64_t offset = 0;
+    for (const TensorSpec* t : order) {
+      nlohmann::ordered_json e = nlohmann::ordered_json::object();
+      e["dtype"] = dtype_name(t->dtype);
+      e["shape"] = t->shape;
+      e["data_offsets"] = {offset, offset + t->nbytes};
+      offset += t->nbytes;
+      j[t->name] = std::move(e);
+    }
+    header = j.dump();
+  } catch (const nlohmann::json::exception& e) {
+    return invalid_argument("cannot encode the safetensors header (tensor names and metadata "
+                            "must be valid UTF-8): {}",
+                            e.what());
+  }
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t header_len = header.size();
+
+  TempFile tmp;
+  SPIN_RETURN_IF_ERROR(tmp.create(path));
+  uint8_t len_bytes[8];
+  std::memcpy(len_bytes, &header_len, 8);
+  SPIN_RETURN_IF_ERROR(write_all(tmp.fd(), len_bytes, 8, tmp.path()));
+  SPIN_RETURN_IF_ERROR(write_all(tmp.fd(), header.data(), header.size(), tmp.path()));
+  for (const TensorSpec* t : order) {
+    SPIN_RETURN_IF_ERROR(write_all(tmp.fd(), t->data, t->nbytes, tmp.path()));
+  }
+  return tmp.commit(path);
+}
+
+}  // namespace spin::st

@@ -1,0 +1,81 @@
+// BlockState: the per-(request, layer) SPIN state of DESIGN.md §4 — slot EMA + last_seen per block
+// and the relative-offset EMA over bucketed distances. Updated in O(observed blocks), grown by
+// appending blocks, never rebuilt from history.
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+
+#include "spin/predict.h"
+
+namespace spin {
+
+int32_t offset_bucket(int64_t distance) {
+  if (distance < kOffsetExactDistances) return static_cast<int32_t>(distance);
+  // h = floor(log2 d) ≥ 6; the two bits below the leading one pick a quarter of the octave.
+  const int h = static_cast<int>(std::bit_width(static_cast<uint64_t>(distance))) - 1;
+  const int64_t quarter = (distance >> (h - 2)) & 3;
+  return static_cast<int32_t>(kOffsetExactDistances + (h - 6) * kOffsetBucketsPerOctave + quarter);
+}
+
+void BlockState::ensure_blocks(int64_t n_blocks) {
+  if (n_blocks <= this->n_blocks()) return;
+  const size_t n = static_cast<size_t>(n_blocks);
+  slot_.resize(n, 0.0f);
+  last_seen_.resize(n, kNeverSeen);
+  // The farthest distance a row of this context can see is n_blocks - 1.
+  const size_t buckets = static_cast<size_t>(offset_bucket(n_blocks - 1)) + 1;
+  if (buckets > offset_.size()) {
+    offset_.resize(buckets, 0.0f);
+    offset_count_.resize(buckets, 0);
+  }
+}
+
+void BlockState::truncate(int64_t n_blocks) {
+  if (n_blocks >= this->n_blocks()) return;
+  const size_t n = static_cast<size_t>(std::max<int64_t>(0, n_blocks));
+  slot_.resize(n);
+  last_seen_.resize(n);
+  // Offsets describe distances, not blocks: they stay valid for the shorter context.
+}
+
+void BlockState::apply(const PooledRow& row, int32_t step) {
+  if (row.blocks.empty()) return;
+  ensure_blocks(std::max<int64_t>(row.newest_block, row.blocks.back()) + 1);
+  const size_t n = row.blocks.size();
+  for (size_t i = 0; i < n; ++i) {
+    const size_t b = static_cast<size_t>(row.blocks[i]);
+    const float x = row.x[i];
+    slot_[b] = last_seen_[b] == kNeverSeen ? x : (1.0f - alpha_) * slot_[b] + alpha_ * x;
+    last_seen_[b] = step;
+  }
+  // Blocks ascend, so distances descend and buckets come in runs: one pass, no scratch. One EMA
+  // update per bucket per row (with the run's mean) so a wide far bucket does not get dozens of
+  // updates from a single step while a near bucket gets one.
+  size_t i = 0;
+  while (i < n) {
+    const int32_t bucket = offset_bucket(row.newest_block - row.blocks[i]);
+    double sum = 0.0;
+    size_t j = i;
+    for (; j < n && offset_bucket(row.newest_block - row.blocks[j]) == bucket; ++j) sum += row.x[j];
+    const float mean = static_cast<float>(sum / static_cast<double>(j - i));
+    float& o = offset_[static_cast<size_t>(bucket)];
+    int32_t& count = offset_count_[static_cast<size_t>(bucket)];
+    o = count == 0 ? mean : (1.0f - beta_) * o + beta_ * mean;
+    if (count < INT32_MAX) ++count;
+    i = j;
+  }
+}
+
+void BlockState::reset() {
+  // clear() keeps the capacity: a reset request regrows without reallocating.
+  slot_.clear();
+  last_seen_.clear();
+  offset_.clear();
+  offset_count_.clear();
+}
+
+size_t BlockState::memory_bytes() const {
+  return slot_.size() * kStateBytesPerBlock + offset_.size() * kStateBytesPerOffsetBucket;
+}
+
+}  // namespace spin

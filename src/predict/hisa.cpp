@@ -1,0 +1,136 @@
+// HisaKeys (see hisa.h): incremental mean-pooled block keys and their scoring.
+#include "predict/hisa.h"
+
+#include <algorithm>
+#include <array>
+#include <cfloat>
+#include <cstring>
+
+#include "core/errors.h"
+#include "spin/numerics.h"
+
+namespace spin {
+namespace {
+
+constexpr int64_t kDim = kIndexerHeadDim;       // 128 e4m3 values per entry
+constexpr int64_t kEntryBytes = kDim + 4;       // + one fp32 scale: 132 bytes per entry
+static_assert(kEntryBytes == 132, "DESIGN.md §3: 128 e4m3 bytes + 4 scale bytes per entry");
+
+const std::array<float, 256>& e4m3_lut() {
+  static const std::array<float, 256> lut = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[static_cast<size_t>(c)] = e4m3_to_float(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return lut;
+}
+
+// 8 independent partial sums so that the compiler can vectorise without -ffast-math.
+float dot128(const float* a, const float* b) {
+  float acc[8] = {};
+  for (int64_t d = 0; d < kDim; d += 8)
+    for (int64_t i = 0; i < 8; ++i) acc[i] += a[d + i] * b[d + i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+}  // namespace
+
+Status check_hisa_view(const PredictorConfig& config, const HisaView& v, int64_t num_entries,
+                       int32_t next_n) {
+  (void)next_n;
+  if (v.page_size != config.page_size)
+    return invalid_argument("hisa: view page_size {} differs from the config's page_size {}",
+                            v.page_size, config.page_size);
+  if (v.num_entries != num_entries)
+    return invalid_argument("hisa: view num_entries {} differs from StepInput::num_entries {}",
+                            v.num_entries, num_entries);
+  if (v.heads < 1 || v.heads > 1024)
+    return invalid_argument("hisa: heads {} is outside the supported 1..1024", v.heads);
+  if (v.q == nullptr || v.w == nullptr)
+    return invalid_argument("hisa: the view's q or w is null");
+  if (num_entries > 0 && (v.key_cache == nullptr || v.block_table == nullptr))
+    return invalid_argument("hisa: the view's key_cache or block_table is null");
+  return ok_status();
+}
+
+Status HisaKeys::update(const PredictorConfig& config, const HisaView& v,
+                        int64_t committed_entries) {
+  const int64_t e = config.block_entries();
+  const int64_t ps = v.page_size;
+  const int64_t nb = blocks_for_entries(config, committed_entries);
+  if (static_cast<int64_t>(count_.size()) < nb) {
+    count_.resize(static_cast<size_t>(nb), 0);
+    sum_.resize(static_cast<size_t>(nb * kDim), 0.0f);
+  }
+  const int64_t first = complete_ < nb ? complete_ * e + count_[static_cast<size_t>(complete_)]
+                                       : committed_entries;
+  if (first >= committed_entries) return ok_status();
+  // Check every page about to be read before touching a sum, so an error leaves them consistent.
+  for (int64_t page = first / ps; page <= (committed_entries - 1) / ps; ++page) {
+    const int32_t phys = v.block_table[page];
+    if (phys < 0 || (v.num_cache_pages >= 0 && phys >= v.num_cache_pages))
+      return out_of_range("hisa: block_table[{}] = {} is outside the cache's {} pages", page, phys,
+                          v.num_cache_pages);
+  }
+  const std::array<float, 256>& lut = e4m3_lut();
+  const int64_t page_bytes = ps * kEntryBytes;
+  for (int64_t b = complete_; b < nb; ++b) {
+    int32_t& count = count_[static_cast<size_t>(b)];
+    const int64_t end = std::min((b + 1) * e, committed_entries);
+    float* sum = &sum_[static_cast<size_t>(b * kDim)];
+    for (int64_t pos = b * e + count; pos < end; ++pos) {
+      const uint8_t* page = v.key_cache + v.block_table[pos / ps] * page_bytes;
+      const int64_t o = pos % ps;
+      float scale;
+      std::memcpy(&scale, page + ps * kDim + 4 * o, sizeof scale);
+      const uint8_t* codes = page + o * kDim;
+      for (int64_t d = 0; d < kDim; ++d) sum[d] += lut[codes[d]] * scale;
+    }
+    count = static_cast<int32_t>(std::max<int64_t>(count, end - b * e));
+    if (count == e) complete_ = b + 1;
+  }
+  return ok_status();
+}
+
+void HisaKeys::score(const HisaView& v, int32_t row, int64_t n_blocks, float* p,
+                     std::vector<float>* query_scratch) const {
+  const int64_t heads = v.heads;
+  std::vector<float>& q = *query_scratch;
+  q.resize(static_cast<size_t>(heads * kDim));
+  const std::array<float, 256>& lut = e4m3_lut();
+  const uint8_t* qrow = v.q + static_cast<int64_t>(row) * heads * kDim;
+  for (int64_t i = 0; i < heads * kDim; ++i) q[static_cast<size_t>(i)] = lut[qrow[i]];
+  const float* w = v.w + static_cast<int64_t>(row) * heads;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int32_t count = b < static_cast<int64_t>(count_.size()) ? count_[static_cast<size_t>(b)] : 0;
+    if (count == 0) {
+      p[b] = FLT_MAX;
+      continue;
+    }
+    // ReLU(q·(sum/c)) = ReLU(q·sum)/c for c > 0: divide once per block.
+    const float* sum = &sum_[static_cast<size_t>(b * kDim)];
+    float total = 0.0f;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float dot = dot128(&q[static_cast<size_t>(h * kDim)], sum);
+      if (dot > 0.0f) total += w[h] * dot;
+    }
+    p[b] = total / static_cast<float>(count);
+  }
+}
+
+void HisaKeys::reset() {
+  sum_.clear();
+  count_.clear();
+  complete_ = 0;
+}
+
+void HisaKeys::truncate(const PredictorConfig& config, int64_t shared_entries) {
+  const int64_t full = shared_entries / config.block_entries();
+  if (static_cast<int64_t>(count_.size()) > full) {
+    count_.resize(static_cast<size_t>(full));
+    sum_.resize(static_cast<size_t>(full * kDim));
+  }
+  complete_ = std::min(complete_, full);
+}
+
+}  // namespace spin

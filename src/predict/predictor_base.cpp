@@ -1,0 +1,378 @@
+// PredictorBase (see predictor_base.h): the protocol, selection and MTP replay every predictor
+// shares. Selection of one row with budget B among its n visible blocks, all in O(n):
+//   1. forced: the newest local_blocks and the first sink_blocks (budget_blocks() makes room);
+//   2. exploration (explores() only): E = min(round(explore_ratio·B), B - forced) of the rest,
+//      `uniform`: the E smallest counter hashes rng.at(b) (top 32 bits) with rng keyed on (seed,
+//      request, layer, step) — a uniformly random subset, and the same draw for every row of a
+//      step, so MTP rows explore the same blocks and the union stays small; `stalest`: oldest last_seen first,
+//      never-seen oldest of all, ties to the lower index;
+//   3. prediction: the highest rank() p[b] fill the rest, ties to the lower index.
+// nth_element over keys that are a strict total order (value, then index) makes the chosen set
+// unique, so it does not depend on the standard library's algorithm; the set is then emitted in
+// index order.
+#include "predict/predictor_base.h"
+
+#include <algorithm>
+#include <bit>
+#include <cfloat>
+#include <climits>
+#include <cmath>
+#include <utility>
+
+#include "core/errors.h"
+#include "core/rng.h"
+
+namespace spin {
+namespace {
+
+// A uint32 that orders like the float (no NaN: select_row maps those to -FLT_MAX first).
+uint32_t float_order(float v) {
+  const uint32_t bits = std::bit_cast<uint32_t>(v + 0.0f);  // + 0 turns -0 into +0
+  return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+}
+
+}  // namespace
+
+PredictorBase::PredictorBase(std::string name, const PredictorConfig& config, int32_t num_layers,
+                             int64_t request_id, double alpha, double beta)
+    : name_(std::move(name)),
+      config_(config),
+      num_layers_(num_layers),
+      request_id_(request_id),
+      layers_(static_cast<size_t>(num_layers)) {
+  for (Layer& l : layers_) l.state = BlockState(alpha, beta);
+}
+
+void PredictorBase::fill_unknown(float* p, int64_t n_blocks) {
+  for (int64_t b = 0; b < n_blocks; ++b) p[b] = unknown_score(n_blocks - 1 - b);
+}
+
+Status PredictorBase::prepare(int32_t layer, const StepInput& in) {
+  (void)layer;
+  (void)in;
+  return ok_status();
+}
+
+const PooledRow* PredictorBase::current_observation(int32_t layer, int32_t row,
+                                                    int64_t step) const {
+  if (layer < 0 || layer >= num_layers_ || !open_ || open_step_ != step) return nullptr;
+  const Layer& l = layers_[static_cast<size_t>(layer)];
+  if (!l.selected || row < 0 || row >= open_next_n_ || !(l.observed >> row & 1u)) return nullptr;
+  return &l.pending[static_cast<size_t>(row)];
+}
+
+const BlockState& PredictorBase::state(int32_t layer) const {
+  static const BlockState kEmpty;
+  if (layer < 0 || layer >= num_layers_) return kEmpty;
+  return layers_[static_cast<size_t>(layer)].state;
+}
+
+size_t PredictorBase::memory_bytes() const {
+  size_t bytes = extra_memory_bytes();
+  for (const Layer& l : layers_) bytes += l.state.memory_bytes();
+  return bytes;
+}
+
+Status PredictorBase::check_step_input(int32_t layer, const StepInput& in) const {
+  if (layer < 0 || layer >= num_layers_)
+    return invalid_argument("{}: layer {} is outside [0, {})", name_, layer, num_layers_);
+  if (in.next_n < 1 || in.next_n > kMaxNextN)
+    return invalid_argument("{}: next_n {} is outside the supported 1..{}", name_, in.next_n,
+                            kMaxNextN);
+  // last_seen is stored as int32 (8 bytes of state per block, not 12).
+  if (in.step < 0 || in.step > INT32_MAX)
+    return invalid_argument("{}: step {} is outside [0, 2^31)", name_, in.step);
+  if (in.num_entries < 0)
+    return invalid_argument("{}: num_entries {} < 0", name_, in.num_entries);
+  if (in.row_visible) {
+    for (int32_t j = 0; j < in.next_n; ++j)
+      if (in.row_visible[j] < 0 || in.row_visible[j] > in.num_entries)
+        return invalid_argument("{}: row_visible[{}] = {} is outside [0, num_entries = {}]", name_,
+                                j, in.row_visible[j], in.num_entries);
+  }
+  // Protocol: select(step) → observe every row → commit(accepted) → next step.
+  if (open_) {
+    if (in.step != open_step_)
+      return failed_precondition(
+          "{}: step {} is still open; call commit(accepted) before selecting step {}", name_,
+          open_step_, in.step);
+    if (in.next_n != open_next_n_)
+      return invalid_argument("{}: next_n {} differs from the open step's next_n {}", name_,
+                              in.next_n, open_next_n_);
+    if (layers_[static_cast<size_t>(layer)].selected)
+      return failed_precondition("{}: layer {} was already selected in step {}", name_, layer,
+                                 in.step);
+  } else if (in.step <= last_committed_) {
+    return failed_precondition("{}: step {} is not after the last committed step {}", name_,
+                               in.step, last_committed_);
+  }
+  return ok_status();
+}
+
+Status PredictorBase::select(int32_t layer, const StepInput& in, Selection* out) {
+  if (out == nullptr) return invalid_argument("{}: select: out is null", name_);
+  SPIN_RETURN_IF_ERROR(check_step_input(layer, in));
+  SPIN_RETURN_IF_ERROR(prepare(layer, in));
+
+  Layer& l = layers_[static_cast<size_t>(layer)];
+  const Fill f = fill(layer);
+  const size_t rows = static_cast<size_t>(in.next_n);
+  int64_t max_blocks = 0;
+  std::array<int64_t, kMaxNextN> visible{};
+  for (int32_t j = 0; j < in.next_n; ++j) {
+    visible[static_cast<size_t>(j)] = row_visible(in, j);
+    max_blocks = std::max(max_blocks, blocks_for_entries(config_, visible[static_cast<size_t>(j)]));
+  }
+  l.state.ensure_blocks(max_blocks);
+  const size_t n_max = static_cast<size_t>(max_blocks);
+  if (p_.size() < n_max) {
+    p_.resize(n_max);
+    mark_.resize(n_max);
+    keys_.resize(n_max);
+  }
+
+  out->row_blocks.resize(rows);
+  out->row_budget.assign(rows, 0);
+  out->row_explored.assign(rows, 0);
+  out->row_scores.resize(in.want_scores ? rows : 0);
+  for (int32_t j = 0; j < in.next_n; ++j) {
+    const size_t uj = static_cast<size_t>(j);
+    const RowContext ctx{layer, j, in.step, visible[uj], blocks_for_entries(config_, visible[uj]),
+                         &in};
+    SPIN_RETURN_IF_ERROR(select_row(ctx, f, &out->row_blocks[uj], &out->row_explored[uj],
+                                    in.want_scores ? &out->row_scores[uj] : nullptr));
+    out->row_budget[uj] = static_cast<int32_t>(out->row_blocks[uj].size());
+  }
+
+  // Union of the rows' sets, in index order.
+  out->blocks.clear();
+  std::fill(mark_.begin(), mark_.begin() + static_cast<ptrdiff_t>(n_max), uint8_t{0});
+  for (size_t j = 0; j < rows; ++j)
+    for (const int32_t b : out->row_blocks[j]) mark_[static_cast<size_t>(b)] = 1;
+  for (size_t b = 0; b < n_max; ++b)
+    if (mark_[b]) out->blocks.push_back(static_cast<int32_t>(b));
+
+  // Success: only now does the protocol state move.
+  open_ = true;
+  open_step_ = in.step;
+  open_next_n_ = in.next_n;
+  l.selected = true;
+  l.observed = 0;
+  l.visible = visible;
+  return ok_status();
+}
+
+Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int32_t>* blocks,
+                                 int32_t* explored, std::vector<float>* scores) {
+  blocks->clear();
+  *explored = 0;
+  const int64_t n = ctx.n_blocks;
+  if (n == 0) {
+    if (scores) scores->clear();
+    return ok_status();
+  }
+  float* p = p_.data();
+  bool ranked = false;
+  const auto rank_once = [&]() -> Status {
+    if (!ranked) {
+      SPIN_RETURN_IF_ERROR(rank(ctx, p));
+      // NaN/-inf from a predictor (e.g. a NaN in a cached key) would break the strict order.
+      for (int64_t b = 0; b < n; ++b)
+        if (!(p[b] >= -FLT_MAX)) p[b] = -FLT_MAX;
+      ranked = true;
+    }
+    return ok_status();
+  };
+  if (scores) {
+    SPIN_RETURN_IF_ERROR(rank_once());
+    scores->assign(p, p + n);
+  }
+
+  const int64_t budget = budget_blocks(config_, n);
+  if (f == Fill::kAll || budget >= n) {
+    for (int64_t b = 0; b < n; ++b) blocks->push_back(static_cast<int32_t>(b));
+    return ok_status();
+  }
+
+  // 1. Forced.
+  uint8_t* mark = mark_.data();
+  std::fill(mark, mark + n, uint8_t{0});
+  for (int64_t b = std::max<int64_t>(0, n - config_.local_blocks); b < n; ++b) mark[b] = 1;
+  for (int64_t b = 0; b < std::min<int64_t>(config_.sink_blocks, n); ++b) mark[b] = 1;
+  // Candidates as 64-bit keys (ordering value << 32 | block): nth_element then compares plain
+  // integers — no indirection, and the block index in the low half is the tie rule.
+  uint64_t* keys = keys_.data();
+  int64_t n_cand = 0;
+  for (int64_t b = 0; b < n; ++b)
+    if (!mark[b]) keys[n_cand++] = static_cast<uint64_t>(b);
+  int64_t left = budget - (n - n_cand);  // budget_blocks() guarantees forced ≤ budget
+
+  // 2. Exploration (or the whole fill, for random).
+  int64_t n_explore = 0;
+  if (f == Fill::kRandom) {
+    n_explore = left;
+  } else if (explores()) {
+    n_explore = std::min<int64_t>(
+        std::llround(config_.explore_ratio * static_cast<double>(budget)), left);
+  }
+  if (n_explore > 0) {
+    if (f == Fill::kRandom || config_.explore_policy == ExplorePolicy::kUniform) {
+      // The top 32 bits of a counter hash per block: a uniformly random order (ties, 2^-32 rare,
+      // fall to the lower block), the same for every row of the step.
+      const CounterRng rng(stream_key(config_.seed, static_cast<uint64_t>(request_id_),
+                                      static_cast<uint64_t>(ctx.layer),
+                                      static_cast<uint64_t>(ctx.step)));
+      for (int64_t i = 0; i < n_cand; ++i)
+        keys[i] = (rng.at(keys[i]) & 0xFFFFFFFF00000000ULL) | keys[i];
+    } else {
+      // Oldest last_seen first; never seen (-1) maps to 0, older than every step.
+      const BlockState& st = layers_[static_cast<size_t>(ctx.layer)].state;
+      for (int64_t i = 0; i < n_cand; ++i) {
+        const uint64_t age = static_cast<uint32_t>(st.last_seen(static_cast<int64_t>(keys[i])) + 1);
+        keys[i] = age << 32 | keys[i];
+      }
+    }
+    std::nth_element(keys, keys + n_explore, keys + n_cand);
+    for (int64_t i = 0; i < n_explore; ++i) mark[keys[i] & 0xFFFFFFFFu] = 2;
+    left -= n_explore;
+    *explored = static_cast<int32_t>(n_explore);
+  }
+
+  // 3. Prediction: the highest p first, as ascending keys of ~order(p).
+  if (left > 0) {
+    SPIN_RETURN_IF_ERROR(rank_once());
+    uint64_t* rest = keys + n_explore;
+    const int64_t n_rest = n_cand - n_explore;
+    for (int64_t i = 0; i < n_rest; ++i) {
+      const uint64_t b = rest[i] & 0xFFFFFFFFu;
+      rest[i] = static_cast<uint64_t>(~float_order(p[b])) << 32 | b;
+    }
+    std::nth_element(rest, rest + left, rest + n_rest);
+    for (int64_t i = 0; i < left; ++i) mark[rest[i] & 0xFFFFFFFFu] = 3;
+  }
+
+  for (int64_t b = 0; b < n; ++b)
+    if (mark[b]) blocks->push_back(static_cast<int32_t>(b));
+  return ok_status();
+}
+
+Status PredictorBase::observe(int32_t layer, int32_t row, const RowScores& scores) {
+  if (layer < 0 || layer >= num_layers_)
+    return invalid_argument("{}: layer {} is outside [0, {})", name_, layer, num_layers_);
+  Layer& l = layers_[static_cast<size_t>(layer)];
+  if (!open_ || !l.selected)
+    return failed_precondition("{}: observe(layer {}) without a select of that layer in an open "
+                               "step; the protocol is select → observe every row → commit",
+                               name_, layer);
+  if (row < 0 || row >= open_next_n_)
+    return invalid_argument("{}: row {} is outside the open step's {} rows", name_, row,
+                            open_next_n_);
+  if (l.observed >> row & 1u)
+    return failed_precondition("{}: layer {} row {} was already observed in step {}", name_, layer,
+                               row, open_step_);
+  const size_t ur = static_cast<size_t>(row);
+  if (scores.visible != l.visible[ur])
+    return invalid_argument("{}: layer {} row {}: visible {} differs from the {} entries the row "
+                            "saw at select",
+                            name_, layer, row, scores.visible, l.visible[ur]);
+  SPIN_RETURN_IF_ERROR(pool_row(config_, scores, &l.pending[ur], &pool_scratch_));
+  l.observed |= 1u << row;
+  return ok_status();
+}
+
+Status PredictorBase::commit(int32_t accepted) {
+  if (!open_) {
+    if (last_committed_ >= 0)
+      return failed_precondition("{}: nothing pending: step {} was already committed; select the "
+                                 "next step first",
+                                 name_, last_committed_);
+    return failed_precondition("{}: nothing pending: no step is open (select, observe every row, "
+                               "then commit)",
+                               name_);
+  }
+  if (accepted < 0 || accepted >= open_next_n_)
+    return invalid_argument("{}: accepted {} is outside 0..{} (next_n - 1)", name_, accepted,
+                            open_next_n_ - 1);
+  const uint32_t all_rows = (1u << open_next_n_) - 1u;
+  for (int32_t li = 0; li < num_layers_; ++li) {
+    const Layer& l = layers_[static_cast<size_t>(li)];
+    if (!l.selected || l.observed == all_rows) continue;
+    int32_t j = 0;
+    while (l.observed >> j & 1u) ++j;
+    return failed_precondition("{}: commit of step {}: layer {} row {} was selected but not "
+                               "observed",
+                               name_, open_step_, li, j);
+  }
+
+  // Replay: prefix-valid rows 0..accepted in order (default), row 0 only, or every row.
+  int32_t first = 0, last = accepted;
+  if (config_.mtp_update == MtpUpdate::kRow0) last = 0;
+  if (config_.mtp_update == MtpUpdate::kAllRows) last = open_next_n_ - 1;
+  const int32_t step = static_cast<int32_t>(open_step_);
+  for (Layer& l : layers_) {
+    if (!l.selected) continue;
+    for (int32_t j = first; j <= last; ++j) l.state.apply(l.pending[static_cast<size_t>(j)], step);
+    // step-reuse reads the top-k of the newest replayed row: the last token the model kept.
+    const PooledRow& newest = l.pending[static_cast<size_t>(last)];
+    l.prev_topk_blocks.clear();
+    l.prev_topk_hits.clear();
+    for (size_t i = 0; i < newest.blocks.size(); ++i) {
+      if (newest.topk_hits[i] == 0) continue;
+      l.prev_topk_blocks.push_back(newest.blocks[i]);
+      l.prev_topk_hits.push_back(newest.topk_hits[i]);
+    }
+    l.selected = false;
+    l.observed = 0;
+  }
+  open_ = false;
+  last_committed_ = open_step_;
+  return ok_status();
+}
+
+void PredictorBase::reset() {
+  for (Layer& l : layers_) {
+    l.state.reset();
+    for (PooledRow& r : l.pending) r.clear();
+    l.visible = {};
+    l.selected = false;
+    l.observed = 0;
+    l.prev_topk_blocks.clear();
+    l.prev_topk_hits.clear();
+  }
+  open_ = false;
+  open_step_ = -1;
+  open_next_n_ = 0;
+  last_committed_ = -1;
+  on_reset();
+}
+
+Result<std::unique_ptr<BlockPredictor>> PredictorBase::fork(int64_t request_id,
+                                                            int64_t shared_entries) const {
+  if (open_)
+    return failed_precondition("{}: fork during open step {}; commit it first", name_, open_step_);
+  if (shared_entries < -1)
+    return invalid_argument("{}: fork: shared_entries {} must be -1 (all) or ≥ 0", name_,
+                            shared_entries);
+  std::unique_ptr<PredictorBase> child = clone();
+  child->request_id_ = request_id;
+  // The child numbers its own steps: any step ≥ 0 may come next. Old last_seen values only order
+  // blocks by staleness, which stays meaningful.
+  child->last_committed_ = -1;
+  if (shared_entries >= 0) {
+    const int64_t n = blocks_for_entries(config_, shared_entries);
+    for (Layer& l : child->layers_) {
+      l.state.truncate(n);
+      size_t keep = 0;
+      for (size_t i = 0; i < l.prev_topk_blocks.size(); ++i) {
+        if (l.prev_topk_blocks[i] >= n) break;  // ascending
+        ++keep;
+      }
+      l.prev_topk_blocks.resize(keep);
+      l.prev_topk_hits.resize(keep);
+    }
+    child->on_fork(shared_entries);
+  }
+  return std::unique_ptr<BlockPredictor>(std::move(child));
+}
+
+}  // namespace spin

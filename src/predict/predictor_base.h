@@ -1,0 +1,117 @@
+// PredictorBase: what every predictor shares — the select/observe/commit protocol and its errors,
+// per-layer BlockState and MTP pending buffers, the budget and forced blocks, exploration, the
+// O(n_blocks) fill, and the union. A concrete predictor only says how a row's blocks rank
+// (rank()), whether a layer keeps everything (fill()), and whether it explores.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "spin/predict.h"
+
+namespace spin {
+
+class PredictorBase : public BlockPredictor {
+ public:
+  PredictorBase(std::string name, const PredictorConfig& config, int32_t num_layers,
+                int64_t request_id, double alpha, double beta);
+
+  const std::string& name() const final { return name_; }
+  const PredictorConfig& config() const final { return config_; }
+  int32_t num_layers() const final { return num_layers_; }
+  int64_t request_id() const final { return request_id_; }
+
+  Status select(int32_t layer, const StepInput& in, Selection* out) final;
+  Status observe(int32_t layer, int32_t row, const RowScores& scores) final;
+  Status commit(int32_t accepted) final;
+  void reset() final;
+  Result<std::unique_ptr<BlockPredictor>> fork(int64_t request_id,
+                                               int64_t shared_entries) const final;
+  const BlockState& state(int32_t layer) const final;
+  size_t memory_bytes() const final;
+
+ protected:
+  enum class Fill {
+    kAll,     // every visible block (all-keep, indexcache full layers)
+    kRanked,  // forced, then exploration (if explores()), then the highest rank()
+    kRandom,  // forced, then uniform random blocks
+  };
+  struct RowContext {
+    int32_t layer;
+    int32_t row;
+    int64_t step;
+    int64_t visible;   // entries the row sees
+    int64_t n_blocks;  // blocks the row sees; the newest is n_blocks - 1
+    const StepInput* in;
+  };
+
+  // Blocks nothing is known about rank below every observed x (x ≥ -1), newest first: -2 - d is
+  // exact in float for distances below 2^24 blocks (2^30 entries at page 64).
+  static float unknown_score(int64_t distance) { return -2.0f - static_cast<float>(distance); }
+  static void fill_unknown(float* p, int64_t n_blocks);
+
+  virtual Fill fill(int32_t layer) const { (void)layer; return Fill::kRanked; }
+  virtual bool explores() const { return false; }
+  // Once per select, before any row: predictor-specific checks of `in`, cache updates.
+  virtual Status prepare(int32_t layer, const StepInput& in);
+  // p[0..n_blocks): the row's ranking key, higher kept first; ties go to the lower block index.
+  virtual Status rank(const RowContext& row, float* p) = 0;
+  virtual std::unique_ptr<PredictorBase> clone() const = 0;
+  virtual void on_reset() {}
+  virtual void on_fork(int64_t shared_entries) { (void)shared_entries; }
+  virtual size_t extra_memory_bytes() const { return 0; }
+
+  const BlockState& layer_state(int32_t layer) const { return layers_[layer].state; }
+  // This step's pooled observation of (layer, row) if it was observed in the open step `step`
+  // (pending, not committed); nullptr otherwise.
+  const PooledRow* current_observation(int32_t layer, int32_t row, int64_t step) const;
+  // Blocks holding the last committed step's top-k of `layer` (from the last replayed row), with
+  // their hit counts; ascending.
+  const std::vector<int32_t>& previous_topk_blocks(int32_t layer) const {
+    return layers_[layer].prev_topk_blocks;
+  }
+  const std::vector<int32_t>& previous_topk_hits(int32_t layer) const {
+    return layers_[layer].prev_topk_hits;
+  }
+  static int64_t row_visible(const StepInput& in, int32_t row) {
+    return in.row_visible ? in.row_visible[row] : row_visible_entries(in.num_entries, in.next_n, row);
+  }
+
+ private:
+  struct Layer {
+    BlockState state;
+    std::array<PooledRow, kMaxNextN> pending;
+    std::array<int64_t, kMaxNextN> visible{};
+    bool selected = false;  // in the open step
+    uint32_t observed = 0;  // bit j: row j observed in the open step
+    std::vector<int32_t> prev_topk_blocks;
+    std::vector<int32_t> prev_topk_hits;
+  };
+
+  Status check_step_input(int32_t layer, const StepInput& in) const;
+  Status select_row(const RowContext& ctx, Fill f, std::vector<int32_t>* blocks,
+                    int32_t* explored, std::vector<float>* scores);
+
+  std::string name_;
+  PredictorConfig config_;
+  int32_t num_layers_;
+  int64_t request_id_;
+  std::vector<Layer> layers_;
+
+  // Protocol: at most one open step; steps strictly increase across commits.
+  bool open_ = false;
+  int64_t open_step_ = -1;
+  int32_t open_next_n_ = 0;
+  int64_t last_committed_ = -1;
+
+  // Scratch reused across calls (sized to the largest context seen).
+  std::vector<float> p_;
+  std::vector<uint8_t> mark_;
+  std::vector<uint64_t> keys_;  // (ordering key << 32 | block) of the candidates
+  PoolScratch pool_scratch_;
+};
+
+}  // namespace spin

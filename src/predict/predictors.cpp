@@ -1,0 +1,330 @@
+// The predictors of DESIGN.md §4 and make_predictor(). Each one only ranks a row's blocks; the
+// protocol, budget, forced blocks and replay live in PredictorBase. Exploration belongs to `spin`
+// alone (and `random` is all exploration): the other state predictors are the ablations the paper
+// compares, so they must not borrow spin's coin.
+//
+// Unknown-block default (PredictorBase::unknown_score): below every observed value, newest first —
+// a recency prior, so a predictor with nothing to go on behaves like a sliding window.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/errors.h"
+#include "predict/hisa.h"
+#include "predict/predictor_base.h"
+
+namespace spin {
+namespace {
+
+// all-keep: the unmodified indexer. p = 0 (it has no ranking of its own).
+class AllKeepPredictor final : public PredictorBase {
+ public:
+  using PredictorBase::PredictorBase;
+
+ protected:
+  Fill fill(int32_t) const override { return Fill::kAll; }
+  Status rank(const RowContext& row, float* p) override {
+    std::fill(p, p + row.n_blocks, 0.0f);
+    return ok_status();
+  }
+  std::unique_ptr<PredictorBase> clone() const override {
+    return std::make_unique<AllKeepPredictor>(*this);
+  }
+};
+
+// random: forced blocks, then a uniform random subset (the exploration draw) fills the budget.
+class RandomPredictor final : public PredictorBase {
+ public:
+  using PredictorBase::PredictorBase;
+
+ protected:
+  Fill fill(int32_t) const override { return Fill::kRandom; }
+  Status rank(const RowContext& row, float* p) override {
+    std::fill(p, p + row.n_blocks, 0.0f);
+    return ok_status();
+  }
+  std::unique_ptr<PredictorBase> clone() const override {
+    return std::make_unique<RandomPredictor>(*this);
+  }
+};
+
+// prev-iter (slot, alpha = 1), ema-slot (slot), ema-offset (offset), spin (both + exploration).
+// p[b] = combine(slot[b], offset[bucket(newest - b)]) when both are known, else whichever is known,
+// else the recency default.
+class EmaPredictor final : public PredictorBase {
+ public:
+  EmaPredictor(std::string name, const PredictorConfig& c, int32_t layers, int64_t request,
+               double alpha, bool use_slot, bool use_offset, bool explore)
+      : PredictorBase(std::move(name), c, layers, request, alpha, c.beta),
+        use_slot_(use_slot),
+        use_offset_(use_offset),
+        explore_(explore) {}
+
+ protected:
+  bool explores() const override { return explore_; }
+  Status rank(const RowContext& row, float* p) override {
+    const BlockState& st = layer_state(row.layer);
+    const PredictorConfig& c = config();
+    const float w = static_cast<float>(c.combine_weight);
+    const int64_t newest = row.n_blocks - 1;
+    for (int64_t b = 0; b < row.n_blocks; ++b) {
+      const int64_t d = newest - b;
+      const int32_t bucket = offset_bucket(d);
+      const bool slot_known = use_slot_ && st.seen(b);
+      const bool offset_known = use_offset_ && st.offset_known(bucket);
+      if (slot_known && offset_known) {
+        const float s = st.slot(b), o = st.offset(bucket);
+        p[b] = c.combine == Combine::kMax ? std::max(s, o) : w * s + (1.0f - w) * o;
+      } else if (slot_known) {
+        p[b] = st.slot(b);
+      } else if (offset_known) {
+        p[b] = st.offset(bucket);
+      } else {
+        p[b] = unknown_score(d);
+      }
+    }
+    return ok_status();
+  }
+  std::unique_ptr<PredictorBase> clone() const override {
+    return std::make_unique<EmaPredictor>(*this);
+  }
+
+ private:
+  bool use_slot_, use_offset_, explore_;
+};
+
+// prev-layer: this step's pooled scores of layer l-1 (same row), read from its pending buffer.
+// Layer 0 has no previous layer and falls back to prev-iter on itself (the state runs alpha = 1).
+class PrevLayerPredictor final : public PredictorBase {
+ public:
+  PrevLayerPredictor(const PredictorConfig& c, int32_t layers, int64_t request)
+      : PredictorBase("prev-layer", c, layers, request, 1.0, c.beta) {}
+
+ protected:
+  Status prepare(int32_t layer, const StepInput& in) override {
+    if (layer == 0) return ok_status();
+    for (int32_t j = 0; j < in.next_n; ++j)
+      if (!current_observation(layer - 1, j, in.step))
+        return failed_precondition(
+            "prev-layer: layer {} reads layer {}'s row {} of step {}, which has not been observed "
+            "yet; run layers in increasing order and observe every row before the next layer",
+            layer, layer - 1, j, in.step);
+    return ok_status();
+  }
+  Status rank(const RowContext& row, float* p) override {
+    fill_unknown(p, row.n_blocks);
+    if (row.layer == 0) {
+      const BlockState& st = layer_state(0);
+      for (int64_t b = 0; b < row.n_blocks; ++b)
+        if (st.seen(b)) p[b] = st.slot(b);
+      return ok_status();
+    }
+    const PooledRow* obs = current_observation(row.layer - 1, row.row, row.step);
+    for (size_t i = 0; i < obs->blocks.size() && obs->blocks[i] < row.n_blocks; ++i)
+      p[obs->blocks[i]] = obs->x[i];
+    return ok_status();
+  }
+  std::unique_ptr<PredictorBase> clone() const override {
+    return std::make_unique<PrevLayerPredictor>(*this);
+  }
+};
+
+// oracle: blocks ranked by how many of this step's TRUE top-k entries they hold (the caller passes
+// them in StepInput::true_topk). With the shared forced blocks, taking the highest counts is the
+// best block recall any selection of the budget can reach.
+class OraclePredictor final : public PredictorBase {
+ public:
+  using PredictorBase::PredictorBase;
+
+ protected:
+  Status prepare(int32_t, const StepInput& in) override {
+    if (in.true_topk == nullptr)
+      return invalid_argument("oracle: StepInput::true_topk is null; the oracle ranks blocks by "
+                              "this step's true top-k ([next_n, topk] positions, -1 padded)");
+    const int32_t k = config().topk;
+    for (int32_t j = 0; j < in.next_n; ++j) {
+      const int64_t vis = row_visible(in, j);
+      for (int32_t t = 0; t < k; ++t) {
+        const int32_t pos = in.true_topk[static_cast<int64_t>(j) * k + t];
+        if (pos != -1 && (pos < 0 || pos >= vis))
+          return out_of_range("oracle: true_topk[{}][{}] = {} is outside row {}'s {} visible "
+                              "entries",
+                              j, t, pos, j, vis);
+      }
+    }
+    return ok_status();
+  }
+  Status rank(const RowContext& row, float* p) override {
+    fill_unknown(p, row.n_blocks);
+    const int32_t k = config().topk;
+    const int32_t e = config().block_entries();
+    const int32_t* top = row.in->true_topk + static_cast<int64_t>(row.row) * k;
+    for (int32_t t = 0; t < k; ++t) {
+      if (top[t] < 0) continue;
+      float& v = p[top[t] / e];
+      v = v < 0.0f ? 1.0f : v + 1.0f;  // unknown scores are ≤ -2, counts ≥ 1
+    }
+    return ok_status();
+  }
+  std::unique_ptr<PredictorBase> clone() const override {
+    return std::make_unique<OraclePredictor>(*this);
+  }
+};
+
+// step-reuse: the blocks holding the previous step's top-k (vllm-ascend's temporal reuse), most
+// hits first, then recency.
+class StepReusePredictor final : public PredictorBase {
+ public:
+  using PredictorBase::PredictorBase;
+
+ protected:
+  Status rank(const RowContext& row, float* p) override {
+    fill_unknown(p, row.n_blocks);
+    const std::vector<int32_t>& blocks = previous_topk_blocks(row.layer);
+    const std::vector<int32_t>& hits = previous_topk_hits(row.layer);
+    for (size_t i = 0; i < blocks.size() && blocks[i] < row.n_blocks; ++i)
+      p[blocks[i]] = static_cast<float>(hits[i]);
+    return ok_status();
+  }
+  std::unique_ptr<PredictorBase> clone() const override {
+    return std::make_unique<StepReusePredictor>(*this);
+  }
+};
+
+// indexcache-N: layers l % N == 0 are full (every block scored); the others reuse the blocks
+// holding the top-k of the nearest preceding full layer at this step (same row), most hits first.
+class IndexCachePredictor final : public PredictorBase {
+ public:
+  IndexCachePredictor(std::string name, const PredictorConfig& c, int32_t layers, int64_t request,
+                      int32_t freq)
+      : PredictorBase(std::move(name), c, layers, request, c.alpha, c.beta), freq_(freq) {}
+
+ protected:
+  Fill fill(int32_t layer) const override {
+    return layer % freq_ == 0 ? Fill::kAll : Fill::kRanked;
+  }
+  Status prepare(int32_t layer, const StepInput& in) override {
+    if (layer % freq_ == 0) return ok_status();
+    const int32_t full = layer - layer % freq_;
+    for (int32_t j = 0; j < in.next_n; ++j)
+      if (!current_observation(full, j, in.step))
+        return failed_precondition(
+            "{}: layer {} reuses full layer {}'s top-k at step {}, but its row {} has not been "
+            "observed yet; run layers in increasing order",
+            name(), layer, full, in.step, j);
+    return ok_status();
+  }
+  Status rank(const RowContext& row, float* p) override {
+    fill_unknown(p, row.n_blocks);
+    if (row.layer % freq_ == 0) return ok_status();
+    const PooledRow* obs = current_observation(row.layer - row.layer % freq_, row.row, row.step);
+    for (size_t i = 0; i < obs->blocks.size() && obs->blocks[i] < row.n_blocks; ++i)
+      if (obs->topk_hits[i] > 0) p[obs->blocks[i]] = static_cast<float>(obs->topk_hits[i]);
+    return ok_status();
+  }
+  std::unique_ptr<PredictorBase> clone() const override {
+    return std::make_unique<IndexCachePredictor>(*this);
+  }
+
+ private:
+  int32_t freq_;
+};
+
+// hisa: mean-pooled block keys (kept incrementally, see hisa.h) scored with the row's query by the
+// indexer formula; the highest blocks fill the budget.
+class HisaPredictor final : public PredictorBase {
+ public:
+  HisaPredictor(const PredictorConfig& c, int32_t layers, int64_t request)
+      : PredictorBase("hisa", c, layers, request, c.alpha, c.beta),
+        keys_(static_cast<size_t>(layers)) {}
+
+ protected:
+  Status prepare(int32_t layer, const StepInput& in) override {
+    if (in.hisa == nullptr)
+      return invalid_argument("hisa: StepInput::hisa is null; hisa needs the query and the cache");
+    SPIN_RETURN_IF_ERROR(check_hisa_view(config(), *in.hisa, in.num_entries, in.next_n));
+    // Row 0's entries are committed tokens; entries past them are this step's drafts, which can
+    // still be rejected and rewritten, so they are never folded into the cached sums.
+    SPIN_RETURN_IF_ERROR(
+        keys_[static_cast<size_t>(layer)].update(config(), *in.hisa, row_visible(in, 0)));
+    return ok_status();
+  }
+  Status rank(const RowContext& row, float* p) override {
+    keys_[static_cast<size_t>(row.layer)].score(*row.in->hisa, row.row, row.n_blocks, p,
+                                                &query_scratch_);
+    return ok_status();
+  }
+  std::unique_ptr<PredictorBase> clone() const override {
+    return std::make_unique<HisaPredictor>(*this);
+  }
+  void on_reset() override {
+    for (HisaKeys& k : keys_) k.reset();
+  }
+  void on_fork(int64_t shared_entries) override {
+    for (HisaKeys& k : keys_) k.truncate(config(), shared_entries);
+  }
+  size_t extra_memory_bytes() const override {
+    size_t bytes = 0;
+    for (const HisaKeys& k : keys_) bytes += k.memory_bytes();
+    return bytes;
+  }
+
+ private:
+  std::vector<HisaKeys> keys_;
+  std::vector<float> query_scratch_;
+};
+
+}  // namespace
+
+const std::vector<std::string>& predictor_names() {
+  static const std::vector<std::string> kNames = {
+      "all-keep", "random",     "prev-iter", "prev-layer", "ema-slot",     "ema-offset",
+      "spin",     "oracle",     "step-reuse", "hisa",      "indexcache-2", "indexcache-4"};
+  return kNames;
+}
+
+Result<std::unique_ptr<BlockPredictor>> make_predictor(std::string_view name,
+                                                       const PredictorConfig& config,
+                                                       int32_t num_layers, int64_t request_id) {
+  SPIN_RETURN_IF_ERROR(config.validate());
+  if (num_layers < 1 || num_layers > 4096)
+    return invalid_argument("num_layers {} is outside the supported 1..4096", num_layers);
+  const PredictorConfig& c = config;
+  const std::string n(name);
+  std::unique_ptr<BlockPredictor> p;
+  if (name == "all-keep") {
+    p = std::make_unique<AllKeepPredictor>(n, c, num_layers, request_id, c.alpha, c.beta);
+  } else if (name == "random") {
+    p = std::make_unique<RandomPredictor>(n, c, num_layers, request_id, c.alpha, c.beta);
+  } else if (name == "prev-iter") {
+    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id, 1.0, true, false, false);
+  } else if (name == "prev-layer") {
+    p = std::make_unique<PrevLayerPredictor>(c, num_layers, request_id);
+  } else if (name == "ema-slot") {
+    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id, c.alpha, true, false, false);
+  } else if (name == "ema-offset") {
+    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id, c.alpha, false, true, false);
+  } else if (name == "spin") {
+    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id, c.alpha, true, true, true);
+  } else if (name == "oracle") {
+    p = std::make_unique<OraclePredictor>(n, c, num_layers, request_id, c.alpha, c.beta);
+  } else if (name == "step-reuse") {
+    p = std::make_unique<StepReusePredictor>(n, c, num_layers, request_id, c.alpha, c.beta);
+  } else if (name == "hisa") {
+    p = std::make_unique<HisaPredictor>(c, num_layers, request_id);
+  } else if (name == "indexcache-2") {
+    p = std::make_unique<IndexCachePredictor>(n, c, num_layers, request_id, 2);
+  } else if (name == "indexcache-4") {
+    p = std::make_unique<IndexCachePredictor>(n, c, num_layers, request_id, 4);
+  } else {
+    std::string list;
+    for (const std::string& s : predictor_names()) list += (list.empty() ? "" : ", ") + s;
+    return invalid_argument("unknown predictor '{}'; supported: {}", name, list);
+  }
+  return p;
+}
+
+}  // namespace spin

@@ -1,0 +1,77 @@
+// Header-only helpers for the predictor tests (tests/predict_*_test.cpp): they play the indexer's
+// part of the protocol — score the selected union of a step from given all-keep scores, exactly as
+// the kernel writes a row (-inf outside the scored blocks) — and measure block recall. Not part of
+// the library proper; nothing in src/ includes it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "spin/predict.h"
+
+namespace spin::testing {
+
+// Row j's buffer after scoring `blocks`: full[pos] for visible entries of those blocks, else -inf.
+inline std::vector<float> masked_row(const std::vector<float>& full, int64_t visible,
+                                     const std::vector<int32_t>& blocks, int32_t block_entries) {
+  std::vector<float> row(full.size(), -std::numeric_limits<float>::infinity());
+  for (const int32_t b : blocks) {
+    const int64_t begin = static_cast<int64_t>(b) * block_entries;
+    const int64_t end = std::min<int64_t>(begin + block_entries, visible);
+    for (int64_t p = begin; p < end; ++p) row[static_cast<size_t>(p)] = full[static_cast<size_t>(p)];
+  }
+  return row;
+}
+
+// Observes every row of a step: row j is scored on `sel.blocks` (the union) from full[j], the row's
+// all-keep scores over num_entries columns.
+inline Status observe_union(BlockPredictor& p, int32_t layer, const Selection& sel,
+                            const std::vector<std::vector<float>>& full, int64_t num_entries,
+                            int32_t next_n) {
+  const int32_t e = p.config().block_entries();
+  for (int32_t j = 0; j < next_n; ++j) {
+    const int64_t visible = row_visible_entries(num_entries, next_n, j);
+    const std::vector<float> row = masked_row(full[static_cast<size_t>(j)], visible, sel.blocks, e);
+    RowScores r;
+    r.scores = row.data();
+    r.num_cols = visible;  // the narrowest buffer a caller may pass: the union reaches past it
+    r.visible = visible;
+    r.scored_blocks = sel.blocks.data();
+    r.num_scored_blocks = static_cast<int64_t>(sel.blocks.size());
+    Status s = p.observe(layer, j, r);
+    if (!s.ok()) return s;
+  }
+  return ok_status();
+}
+
+// The true top-k of a row (score descending, position ascending), -1 padded to k.
+inline std::vector<int32_t> true_topk(const std::vector<float>& full, int64_t visible, int32_t k) {
+  std::vector<int32_t> pos;
+  for (int32_t i = 0; i < visible; ++i)
+    if (full[static_cast<size_t>(i)] != -std::numeric_limits<float>::infinity()) pos.push_back(i);
+  const size_t keep = std::min(pos.size(), static_cast<size_t>(k));
+  std::partial_sort(pos.begin(), pos.begin() + static_cast<ptrdiff_t>(keep), pos.end(),
+                    [&](int32_t a, int32_t b) {
+                      const float sa = full[static_cast<size_t>(a)], sb = full[static_cast<size_t>(b)];
+                      return sa > sb || (sa == sb && a < b);
+                    });
+  pos.resize(keep);
+  pos.resize(static_cast<size_t>(k), -1);
+  return pos;
+}
+
+// Share of the true top-k entries lying in `blocks` (DESIGN.md §5 block_recall); 1 if none.
+inline double block_recall(const std::vector<int32_t>& topk, const std::vector<int32_t>& blocks,
+                           int32_t block_entries) {
+  int64_t total = 0, in = 0;
+  for (const int32_t pos : topk) {
+    if (pos < 0) continue;
+    ++total;
+    in += std::binary_search(blocks.begin(), blocks.end(), pos / block_entries);
+  }
+  return total == 0 ? 1.0 : static_cast<double>(in) / static_cast<double>(total);
+}
+
+}  // namespace spin::testing

@@ -1,0 +1,301 @@
+// Tests of each named predictor's own rule: the factory, prev-iter, prev-layer, oracle,
+// step-reuse, indexcache-2/-4, and hisa (pooled keys checked against a from-scratch reference on a
+// real paged e4m3 cache with a permuted block table, incremental over steps, drafts left out).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "core/rng.h"
+#include "predict/testing.h"
+#include "spin/numerics.h"
+#include "spin/predict.h"
+
+namespace spin {
+namespace {
+
+using testing::observe_union;
+
+PredictorConfig small_config() {
+  PredictorConfig c;
+  c.page_size = 4;
+  c.topk = 4;
+  c.sink_blocks = 1;
+  c.local_blocks = 1;
+  c.target_sparsity = 0.5;
+  return c;
+}
+
+std::unique_ptr<BlockPredictor> make(const std::string& name, const PredictorConfig& c,
+                                     int32_t layers = 1) {
+  auto r = make_predictor(name, c, layers, 11);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
+std::vector<float> block_scores(const std::vector<float>& v, int32_t e) {
+  std::vector<float> s;
+  for (float x : v) s.insert(s.end(), static_cast<size_t>(e), x);
+  return s;
+}
+
+Selection all_blocks(int32_t n) {
+  Selection s;
+  for (int32_t b = 0; b < n; ++b) s.blocks.push_back(b);
+  return s;
+}
+
+TEST(PredictPredictors, FactoryNamesAndErrors) {
+  const PredictorConfig c = small_config();
+  EXPECT_EQ(predictor_names().size(), 12u);
+  for (const std::string& n : predictor_names()) {
+    auto p = make_predictor(n, c, 4, 0);
+    ASSERT_TRUE(p.ok()) << n;
+    EXPECT_EQ(p.value()->name(), n);
+    EXPECT_EQ(p.value()->num_layers(), 4);
+  }
+  auto bad = make_predictor("spin2", c, 1, 0);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("indexcache-4"), std::string::npos);
+  PredictorConfig wrong = c;
+  wrong.alpha = 2;
+  EXPECT_NE(make_predictor("spin", wrong, 1, 0).status().message().find("alpha"),
+            std::string::npos);
+  EXPECT_FALSE(make_predictor("spin", c, 0, 0).ok());
+}
+
+TEST(PredictPredictors, PrevIterKeepsOnlyTheLastObservation) {
+  PredictorConfig c = small_config();
+  c.explicit_budget_blocks = 3;  // forced 0 and 9, plus one predicted
+  auto p = make("prev-iter", c);
+  Selection sel;
+  std::vector<float> v(10, 0.0f);
+  v[3] = 9;
+  ASSERT_TRUE(p->select(0, {0, 40, 1}, &sel).ok());
+  ASSERT_TRUE(observe_union(*p, 0, all_blocks(10), {block_scores(v, 4)}, 40, 1).ok());
+  ASSERT_TRUE(p->commit(0).ok());
+  ASSERT_TRUE(p->select(0, {1, 40, 1}, &sel).ok());
+  EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 3, 9}));
+  v[3] = 0;
+  v[6] = 9;
+  ASSERT_TRUE(observe_union(*p, 0, all_blocks(10), {block_scores(v, 4)}, 40, 1).ok());
+  ASSERT_TRUE(p->commit(0).ok());
+  ASSERT_TRUE(p->select(0, {2, 40, 1}, &sel).ok());
+  EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 6, 9}));  // alpha = 1: 3 is forgotten
+}
+
+TEST(PredictPredictors, PrevLayerReadsThisStepOfTheLayerBelow) {
+  PredictorConfig c = small_config();
+  c.explicit_budget_blocks = 3;
+  auto p = make("prev-layer", c, 3);
+  Selection sel;
+  // Layer 1 before layer 0 was observed at this step: refused.
+  EXPECT_EQ(p->select(1, {0, 40, 1}, &sel).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(p->select(0, {0, 40, 1}, &sel).ok());
+  std::vector<float> v(10, 0.0f);
+  v[4] = 9;
+  ASSERT_TRUE(observe_union(*p, 0, all_blocks(10), {block_scores(v, 4)}, 40, 1).ok());
+  ASSERT_TRUE(p->select(1, {0, 40, 1}, &sel).ok());
+  EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 4, 9}));
+  v[4] = 0;
+  v[7] = 9;
+  ASSERT_TRUE(observe_union(*p, 1, all_blocks(10), {block_scores(v, 4)}, 40, 1).ok());
+  ASSERT_TRUE(p->select(2, {0, 40, 1}, &sel).ok());
+  EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 7, 9}));
+  ASSERT_TRUE(observe_union(*p, 2, sel, {block_scores(v, 4)}, 40, 1).ok());
+  ASSERT_TRUE(p->commit(0).ok());
+  // Layer 0 falls back to prev-iter on itself: block 4 from its own step 0.
+  ASSERT_TRUE(p->select(0, {1, 40, 1}, &sel).ok());
+  EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 4, 9}));
+}
+
+TEST(PredictPredictors, OracleTakesTheBlocksHoldingTheTrueTopk) {
+  PredictorConfig c = small_config();
+  c.topk = 6;  // needs 2 blocks
+  c.explicit_budget_blocks = 4;
+  auto p = make("oracle", c);
+  Selection sel;
+  EXPECT_EQ(p->select(0, {0, 40, 1}, &sel).code(), StatusCode::kInvalidArgument);  // no top-k
+  std::vector<int32_t> top = {21, 22, 23, 13, 5, -1};  // block 5: 3, block 3: 1, block 1: 1
+  StepInput in{0, 40, 1};
+  in.true_topk = top.data();
+  ASSERT_TRUE(p->select(0, in, &sel).ok());
+  EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 1, 5, 9}));  // 1 beats 3 on the tie
+  std::vector<int32_t> outside = {40, -1, -1, -1, -1, -1};
+  in.true_topk = outside.data();
+  auto q = make("oracle", c);
+  EXPECT_EQ(q->select(0, in, &sel).code(), StatusCode::kOutOfRange);
+}
+
+TEST(PredictPredictors, StepReuseTakesThePreviousTopkBlocks) {
+  PredictorConfig c = small_config();
+  c.topk = 8;
+  c.explicit_budget_blocks = 4;
+  auto p = make("step-reuse", c);
+  Selection sel;
+  ASSERT_TRUE(p->select(0, {0, 40, 1}, &sel).ok());  // nothing known: recency
+  EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 7, 8, 9}));
+  std::vector<float> v(40, 0.0f);
+  for (int32_t pos : {9, 10, 11, 25, 26, 27, 28, 33}) v[static_cast<size_t>(pos)] = 5;
+  // Top-8 of the scored blocks: blocks 2 (3 hits), 6 (3), 7 (1), 8 (1).
+  ASSERT_TRUE(observe_union(*p, 0, all_blocks(10), {v}, 40, 1).ok());
+  ASSERT_TRUE(p->commit(0).ok());
+  ASSERT_TRUE(p->select(0, {1, 40, 1}, &sel).ok());
+  EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 2, 6, 9}));
+}
+
+TEST(PredictPredictors, IndexCacheFullAndSharedLayers) {
+  PredictorConfig c = small_config();
+  c.explicit_budget_blocks = 3;
+  for (int32_t freq : {2, 4}) {
+    auto p = make(freq == 2 ? "indexcache-2" : "indexcache-4", c, 5);
+    Selection sel;
+    for (int32_t layer = 0; layer < 5; ++layer) {
+      // Full layer f·freq has its hot block at 5 + f; a shared layer takes its full layer's.
+      const int32_t hot = 5 + layer / freq;
+      ASSERT_TRUE(p->select(layer, {0, 40, 1}, &sel).ok()) << layer;
+      if (layer % freq == 0) {
+        EXPECT_EQ(sel.row_blocks[0].size(), 10u) << layer;  // full layer: every block
+      } else {
+        EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, hot, 9})) << freq << " " << layer;
+      }
+      std::vector<float> v(10, 0.0f);
+      v[static_cast<size_t>(layer % freq == 0 ? hot : 2)] = 9;  // shared layers' own scores: unused
+      ASSERT_TRUE(observe_union(*p, layer, all_blocks(10), {block_scores(v, 4)}, 40, 1).ok());
+    }
+    ASSERT_TRUE(p->commit(0).ok());
+  }
+  auto q = make("indexcache-2", c, 2);
+  Selection sel;
+  EXPECT_EQ(q->select(1, {0, 40, 1}, &sel).code(), StatusCode::kFailedPrecondition);
+}
+
+// ---- hisa ---------------------------------------------------------------------------------------
+
+// A paged e4m3 key cache (DESIGN.md §3) with pages scattered by a permutation.
+struct Cache {
+  int32_t page_size;
+  std::vector<uint8_t> bytes;
+  std::vector<int32_t> table;
+  std::vector<std::vector<float>> keys;  // the dequantised keys, for the reference
+
+  Cache(int32_t ps, const std::vector<std::vector<float>>& raw, uint64_t seed) : page_size(ps) {
+    const int64_t pages = (static_cast<int64_t>(raw.size()) + ps - 1) / ps;
+    table.resize(static_cast<size_t>(pages));
+    std::iota(table.begin(), table.end(), 0);
+    CounterRng rng(seed);
+    for (int64_t i = pages - 1; i > 0; --i)
+      std::swap(table[static_cast<size_t>(i)], table[rng.below(static_cast<uint64_t>(i) + 1)]);
+    bytes.assign(static_cast<size_t>(pages * ps * 132), 0);
+    for (size_t pos = 0; pos < raw.size(); ++pos) {
+      const int64_t page = table[pos / static_cast<size_t>(ps)];
+      const int64_t o = static_cast<int64_t>(pos) % ps;
+      uint8_t* base = bytes.data() + page * ps * 132;
+      std::vector<float> x = raw[pos];
+      const float scale = quantize_e4m3_block128(x.data(), base + o * 128);
+      std::memcpy(base + ps * 128 + 4 * o, &scale, 4);
+      std::vector<float> deq(128);
+      for (int d = 0; d < 128; ++d) deq[static_cast<size_t>(d)] = e4m3_to_float(base[o * 128 + d]) * scale;
+      keys.push_back(deq);
+    }
+  }
+};
+
+// Σ_h w[h]·ReLU(q[h]·mean(keys of block b among the first `committed` entries)), in double.
+double hisa_reference(const Cache& c, int32_t e, int64_t committed, int32_t b, const uint8_t* q,
+                      const float* w, int32_t heads) {
+  std::vector<double> mean(128, 0.0);
+  int64_t n = 0;
+  for (int64_t pos = int64_t{b} * e; pos < std::min<int64_t>((b + 1) * int64_t{e}, committed); ++pos, ++n)
+    for (int d = 0; d < 128; ++d) mean[static_cast<size_t>(d)] += c.keys[static_cast<size_t>(pos)][static_cast<size_t>(d)];
+  for (double& m : mean) m /= static_cast<double>(n);
+  double total = 0;
+  for (int32_t h = 0; h < heads; ++h) {
+    double dot = 0;
+    for (int d = 0; d < 128; ++d) dot += e4m3_to_float(q[h * 128 + d]) * mean[static_cast<size_t>(d)];
+    total += w[h] * std::max(0.0, dot);
+  }
+  return total;
+}
+
+TEST(PredictPredictors, HisaPooledKeysIncrementalAndExact) {
+  constexpr int32_t kHeads = 3;
+  PredictorConfig c = small_config();
+  c.page_size = 4;
+  c.block_pages = 2;  // blocks of 8 entries over 2 pages
+  c.topk = 8;
+  c.explicit_budget_blocks = 3;
+  c.local_blocks = 0;
+  c.sink_blocks = 0;
+  CounterRng rng(stream_key(5));
+  std::vector<std::vector<float>> raw(90, std::vector<float>(128));
+  std::vector<float> dir(128);
+  for (float& d : dir) d = static_cast<float>(rng.normal());
+  for (size_t pos = 0; pos < raw.size(); ++pos)
+    for (size_t d = 0; d < 128; ++d)
+      raw[pos][d] = static_cast<float>(rng.normal()) * 0.3f + (pos / 8 == 4 ? dir[d] : 0.0f);
+  const Cache cache(4, raw, 99);
+  std::vector<uint8_t> q(2 * kHeads * 128);
+  std::vector<float> w = {0.5f, -0.25f, 1.0f, 0.5f, -0.25f, 1.0f};
+  for (int r = 0; r < 2; ++r)
+    for (int h = 0; h < kHeads; ++h)
+      for (int d = 0; d < 128; ++d)
+        q[static_cast<size_t>((r * kHeads + h) * 128 + d)] = e4m3_from_float(
+            h == 0 ? dir[static_cast<size_t>(d)] : static_cast<float>(rng.normal()));
+
+  auto p = make("hisa", c);
+  Selection sel;
+  EXPECT_EQ(p->select(0, {0, 40, 1}, &sel).code(), StatusCode::kInvalidArgument);  // no view
+  int64_t step = 0;
+  // Plain steps that grow the context (60 → 70 → 71 entries), then an MTP step (next_n 2).
+  for (const auto& [entries, next_n] : std::vector<std::pair<int64_t, int32_t>>{
+           {60, 1}, {70, 1}, {71, 1}, {81, 2}, {90, 2}}) {
+    HisaView view{cache.bytes.data(), 4, cache.table.data(), entries, q.data(), w.data(), kHeads,
+                  static_cast<int64_t>(cache.table.size())};
+    StepInput in{step, entries, next_n};
+    in.hisa = &view;
+    in.want_scores = true;
+    ASSERT_TRUE(p->select(0, in, &sel).ok()) << entries;
+    const int64_t committed = row_visible_entries(entries, next_n, 0);
+    for (int32_t j = 0; j < next_n; ++j) {
+      const auto& s = sel.row_scores[static_cast<size_t>(j)];
+      for (int32_t b = 0; b < static_cast<int32_t>(s.size()); ++b) {
+        if (int64_t{b} * 8 >= committed) {
+          EXPECT_EQ(s[static_cast<size_t>(b)], FLT_MAX);  // only draft entries: keep
+          continue;
+        }
+        const double want = hisa_reference(cache, 8, committed, b, q.data() + j * kHeads * 128,
+                                           w.data() + j * kHeads, kHeads);
+        EXPECT_NEAR(s[static_cast<size_t>(b)], want, 1e-4 * (1.0 + std::fabs(want)))
+            << "entries " << entries << " row " << j << " block " << b;
+      }
+      EXPECT_TRUE(std::binary_search(sel.row_blocks[static_cast<size_t>(j)].begin(),
+                                     sel.row_blocks[static_cast<size_t>(j)].end(), 4));
+    }
+    std::vector<std::vector<float>> full(static_cast<size_t>(next_n), std::vector<float>(static_cast<size_t>(entries), 1.0f));
+    ASSERT_TRUE(observe_union(*p, 0, sel, full, entries, next_n).ok());
+    ASSERT_TRUE(p->commit(0).ok());
+    ++step;
+  }
+  EXPECT_EQ(p->memory_bytes(), p->state(0).memory_bytes() + 12 * kHisaBytesPerBlock);
+  // A bad view is refused.
+  HisaView bad{cache.bytes.data(), 8, cache.table.data(), 90, q.data(), w.data(), kHeads, -1};
+  StepInput in{step, 90, 1};
+  in.hisa = &bad;
+  EXPECT_NE(p->select(0, in, &sel).message().find("page_size"), std::string::npos);
+  std::vector<int32_t> broken = cache.table;
+  broken[22] = 1000;
+  HisaView oob{cache.bytes.data(), 4, broken.data(), 92, q.data(), w.data(), kHeads,
+               static_cast<int64_t>(cache.table.size())};
+  in.num_entries = 92;
+  in.hisa = &oob;
+  EXPECT_EQ(p->select(0, in, &sel).code(), StatusCode::kOutOfRange);
+}
+
+}  // namespace
+}  // namespace spin

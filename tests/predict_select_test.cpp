@@ -1,0 +1,252 @@
+// Tests of selection through the predictors: forced blocks, exact budget, the prediction fill and
+// its tie rule, the unknown-block recency default, exploration counts, `stalest` and `uniform`.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "predict/testing.h"
+#include "spin/predict.h"
+
+namespace spin {
+namespace {
+
+using testing::observe_union;
+
+// Blocks of 4 entries, top-k 4 (one block), 2 sinks, 3 locals, 50 % sparsity.
+PredictorConfig base_config() {
+  PredictorConfig c;
+  c.page_size = 4;
+  c.topk = 4;
+  c.sink_blocks = 2;
+  c.local_blocks = 3;
+  c.target_sparsity = 0.5;
+  return c;
+}
+
+std::unique_ptr<BlockPredictor> make(const char* name, const PredictorConfig& c,
+                                     int32_t layers = 1, int64_t request = 0) {
+  auto r = make_predictor(name, c, layers, request);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
+// All-keep scores of 20 blocks: every entry of block b equals v[b].
+std::vector<float> block_scores(const std::vector<float>& v, int32_t e) {
+  std::vector<float> s;
+  for (float x : v) s.insert(s.end(), static_cast<size_t>(e), x);
+  return s;
+}
+
+bool contains(const std::vector<int32_t>& v, int32_t b) {
+  return std::binary_search(v.begin(), v.end(), b);
+}
+
+// Step 0 with every block scored (the caller may score more than the selection), committed.
+void observe_all(BlockPredictor& p, int64_t step, const std::vector<float>& full,
+                 int64_t num_entries) {
+  Selection sel;
+  ASSERT_TRUE(p.select(0, {step, num_entries, 1}, &sel).ok());
+  Selection everything;
+  for (int32_t b = 0; b < blocks_for_entries(p.config(), num_entries); ++b)
+    everything.blocks.push_back(b);
+  ASSERT_TRUE(observe_union(p, 0, everything, {full}, num_entries, 1).ok());
+  ASSERT_TRUE(p.commit(0).ok());
+}
+
+TEST(PredictSelect, ForcedBlocksAndRecencyDefault) {
+  auto p = make("ema-slot", base_config());
+  Selection sel;
+  ASSERT_TRUE(p->select(0, {0, 80, 1}, &sel).ok());  // 20 blocks, budget 10
+  // Nothing known yet: forced {0,1,17,18,19}, then the newest of the rest.
+  EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 1, 12, 13, 14, 15, 16, 17, 18, 19}));
+  EXPECT_EQ(sel.blocks, sel.row_blocks[0]);
+  EXPECT_EQ(sel.row_budget[0], 10);
+  EXPECT_EQ(sel.row_explored[0], 0);
+}
+
+TEST(PredictSelect, PredictionFillAndTies) {
+  std::vector<float> v(20, 0.0f);
+  v[5] = 10;
+  v[3] = 8;
+  v[9] = 8;
+  v[11] = 6;
+  // top-4 = block 5: kth = max = 10, spread = 10. x: block 5 → 0; 3, 9 → -1/6; 11 → -0.4/1.4;
+  // every other block → -1/2.
+  for (int32_t budget : {7, 8, 10}) {
+    PredictorConfig c = base_config();
+    c.explicit_budget_blocks = budget;
+    auto p = make("ema-slot", c);
+    observe_all(*p, 0, block_scores(v, 4), 80);
+    EXPECT_NEAR(p->state(0).slot(9), -1.0 / 6.0, 1e-6);
+    EXPECT_NEAR(p->state(0).slot(11), -0.4 / 1.4, 1e-6);
+    Selection sel;
+    StepInput in{1, 80, 1};
+    in.want_scores = true;
+    ASSERT_TRUE(p->select(0, in, &sel).ok());
+    std::vector<int32_t> want;
+    if (budget == 7) want = {0, 1, 3, 5, 17, 18, 19};            // 3 beats 9 on the tie
+    if (budget == 8) want = {0, 1, 3, 5, 9, 17, 18, 19};
+    if (budget == 10) want = {0, 1, 2, 3, 5, 9, 11, 17, 18, 19};  // then 2: lowest of the -1/2s
+    EXPECT_EQ(sel.row_blocks[0], want) << budget;
+    ASSERT_EQ(sel.row_scores[0].size(), 20u);
+    EXPECT_NEAR(sel.row_scores[0][5], 0.0, 1e-6);
+    EXPECT_NEAR(sel.row_scores[0][2], -0.5, 1e-6);
+    ASSERT_TRUE(p->commit(0).code() == StatusCode::kFailedPrecondition);  // rows not observed
+  }
+}
+
+TEST(PredictSelect, SmallContextsKeepEverything) {
+  PredictorConfig c;  // top-k needs 32 blocks
+  auto p = make("spin", c);
+  Selection sel;
+  ASSERT_TRUE(p->select(0, {0, 64 * 20 + 5, 1}, &sel).ok());  // 21 blocks ≤ 32
+  EXPECT_EQ(sel.row_blocks[0].size(), 21u);
+  EXPECT_EQ(sel.row_blocks[0].back(), 20);
+  // Zero entries: nothing to select, and the protocol still runs.
+  auto q = make("spin", c);
+  ASSERT_TRUE(q->select(0, {0, 0, 1}, &sel).ok());
+  EXPECT_TRUE(sel.blocks.empty());
+  RowScores empty;
+  ASSERT_TRUE(q->observe(0, 0, empty).ok());
+  ASSERT_TRUE(q->commit(0).ok());
+}
+
+TEST(PredictSelect, CombineMaxAndWeighted) {
+  std::vector<float> v(20, 0.0f);
+  v[5] = 10;
+  v[18] = 6;
+  for (Combine comb : {Combine::kMax, Combine::kWeighted}) {
+    PredictorConfig c = base_config();
+    c.combine = comb;
+    c.combine_weight = 0.25;
+    auto p = make("spin", c);
+    observe_all(*p, 0, block_scores(v, 4), 80);
+    const BlockState& st = p->state(0);
+    Selection sel;
+    StepInput in{1, 84, 1};  // one more block appended: block 20 is new (never seen)
+    in.want_scores = true;
+    ASSERT_TRUE(p->select(0, in, &sel).ok());
+    const std::vector<float>& s = sel.row_scores[0];
+    ASSERT_EQ(s.size(), 21u);
+    // Block 0 now sits at distance 20, which no row has observed yet: slot only.
+    EXPECT_FLOAT_EQ(s[0], st.slot(0));
+    EXPECT_FALSE(st.offset_known(offset_bucket(20)));
+    for (int32_t b = 1; b < 20; ++b) {
+      const int32_t bucket = offset_bucket(20 - b);
+      ASSERT_TRUE(st.offset_known(bucket)) << b;
+      const float want = comb == Combine::kMax
+                             ? std::max(st.slot(b), st.offset(bucket))
+                             : 0.25f * st.slot(b) + 0.75f * st.offset(bucket);
+      EXPECT_FLOAT_EQ(s[static_cast<size_t>(b)], want) << b;
+    }
+    // Block 20 was never observed: its prior is the offset at distance 0 (was block 19's).
+    EXPECT_FLOAT_EQ(s[20], st.offset(0));
+  }
+}
+
+TEST(PredictSelect, ExplorationCount) {
+  struct Case {
+    double ratio;
+    int32_t explored;
+  };
+  // budget 10, forced 5: E = round(ratio·10), at most 5.
+  for (const Case k : {Case{0.0, 0}, Case{0.1, 1}, Case{0.2, 2}, Case{0.25, 3}, Case{0.44, 4},
+                       Case{1.0, 5}}) {
+    PredictorConfig c = base_config();
+    c.explore_ratio = k.ratio;
+    auto p = make("spin", c);
+    Selection sel;
+    ASSERT_TRUE(p->select(0, {0, 80, 1}, &sel).ok());
+    EXPECT_EQ(sel.row_explored[0], k.explored) << k.ratio;
+    EXPECT_EQ(sel.row_blocks[0].size(), 10u);
+    // Only spin explores.
+    auto q = make("ema-slot", c);
+    ASSERT_TRUE(q->select(0, {0, 80, 1}, &sel).ok());
+    EXPECT_EQ(sel.row_explored[0], 0);
+  }
+}
+
+TEST(PredictSelect, StalestPicksTheOldest) {
+  PredictorConfig c = base_config();
+  c.explore_policy = ExplorePolicy::kStalest;
+  c.explore_ratio = 0.2;  // E = 2 of budget 10
+  std::vector<float> v(20, 0.0f);
+  v[5] = 10;
+  v[4] = -50;  // 4 and 7 look useless, so prediction alone would never pick them
+  v[7] = -50;
+  auto p = make("spin", c);
+  observe_all(*p, 0, block_scores(v, 4), 80);
+  // Step 1 scores every block but 4 and 7: they stay at last_seen 0, the rest move to 1.
+  Selection sel;
+  ASSERT_TRUE(p->select(0, {1, 80, 1}, &sel).ok());
+  Selection most;
+  for (int32_t b = 0; b < 20; ++b)
+    if (b != 4 && b != 7) most.blocks.push_back(b);
+  ASSERT_TRUE(observe_union(*p, 0, most, {block_scores(v, 4)}, 80, 1).ok());
+  ASSERT_TRUE(p->commit(0).ok());
+  EXPECT_EQ(p->state(0).last_seen(4), 0);
+  EXPECT_EQ(p->state(0).last_seen(6), 1);
+  ASSERT_TRUE(p->select(0, {2, 80, 1}, &sel).ok());
+  EXPECT_EQ(sel.row_explored[0], 2);
+  EXPECT_TRUE(contains(sel.row_blocks[0], 4));
+  EXPECT_TRUE(contains(sel.row_blocks[0], 7));
+  ASSERT_TRUE(observe_union(*p, 0, sel, {block_scores(v, 4)}, 80, 1).ok());
+  ASSERT_TRUE(p->commit(0).ok());
+  // The context grows to 24 blocks: 20 is new and not forced (21..23 are), so never-seen 20 is
+  // the stalest; the second pick is the oldest seen block, lowest index on ties.
+  std::vector<float> w = v;
+  w.resize(24, 0.0f);
+  ASSERT_TRUE(p->select(0, {3, 96, 1}, &sel).ok());
+  EXPECT_TRUE(contains(sel.row_blocks[0], 20));
+  int32_t oldest = -1;
+  for (int32_t b = 2; b < 20 && oldest < 0; ++b)
+    if (p->state(0).last_seen(b) == 1) oldest = b;  // the oldest after steps 0..2
+  ASSERT_GE(oldest, 0);
+  EXPECT_TRUE(contains(sel.row_blocks[0], oldest)) << oldest;
+}
+
+TEST(PredictSelect, UniformExplorationIsKeyedAndDeterministic) {
+  PredictorConfig c = base_config();
+  c.explore_ratio = 0.5;  // 100 blocks, budget 50: E = 25
+  Selection a, b;
+  auto p = make("spin", c, 2, 7);
+  auto q = make("spin", c, 2, 7);
+  ASSERT_TRUE(p->select(1, {3, 400, 1}, &a).ok());
+  ASSERT_TRUE(q->select(1, {3, 400, 1}, &b).ok());
+  EXPECT_EQ(a.blocks, b.blocks);
+  EXPECT_EQ(a.row_explored[0], 25);
+  // Another seed, request, layer or step draws another subset.
+  int differ = 0;
+  for (int variant = 0; variant < 4; ++variant) {
+    PredictorConfig d = c;
+    int64_t request = 7, step = 3;
+    int32_t layer = 1;
+    if (variant == 0) d.seed = 1;
+    if (variant == 1) request = 8;
+    if (variant == 2) layer = 0;
+    if (variant == 3) step = 4;
+    auto r = make("spin", d, 2, request);
+    ASSERT_TRUE(r->select(layer, {step, 400, 1}, &b).ok());
+    differ += a.blocks != b.blocks;
+  }
+  EXPECT_EQ(differ, 4);
+}
+
+TEST(PredictSelect, RandomAndAllKeep) {
+  PredictorConfig c = base_config();
+  auto r = make("random", c);
+  Selection sel;
+  ASSERT_TRUE(r->select(0, {0, 400, 1}, &sel).ok());  // 100 blocks, budget 50
+  ASSERT_EQ(sel.row_blocks[0].size(), 50u);
+  for (int32_t b : {0, 1, 97, 98, 99}) EXPECT_TRUE(contains(sel.row_blocks[0], b));
+  // Not simply the newest blocks.
+  EXPECT_LT(sel.row_blocks[0][2], 40);
+  auto k = make("all-keep", c);
+  ASSERT_TRUE(k->select(0, {0, 401, 1}, &sel).ok());
+  EXPECT_EQ(sel.row_blocks[0].size(), 101u);
+}
+
+}  // namespace
+}  // namespace spin

@@ -57,4 +57,19 @@ struct TopkBenchOptions {
 };
 int run_topk_bench(const TopkBenchOptions& options);
 
+struct PredictorBenchOptions {
+  std::vector<int64_t> contexts = {8192, 32768, 131072, 524288};
+  std::string predictor = "spin";
+  double sparsity = 0.5;
+  int steps = 200;
+  int threads = 0;
+  double min_seconds = 0.3;
+  std::string json_path;
+};
+int run_predictor_bench(const PredictorBenchOptions& options);
+
+// Median time of the full (all-keep) indexer at the V3.2 shape, rows 1 — the denominator of
+// every overhead ratio.
+double time_full_indexer_us(int64_t context, int threads, double min_seconds);
+
 }  // namespace spin::bench

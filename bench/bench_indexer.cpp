@@ -77,6 +77,26 @@ std::vector<int32_t> pick_blocks(int32_t n_blocks, double sparsity, uint64_t see
 
 }  // namespace
 
+double time_full_indexer_us(int64_t context, int threads, double min_seconds) {
+  Problem prob = make_problem(context, 1);
+  const int64_t ctx_len = context;
+  IndexerParams params;
+  params.key_cache = prob.cache.data();
+  params.page_size = kPageSize;
+  params.num_pages = prob.num_pages;
+  params.block_table = prob.block_table.data();
+  params.block_table_stride = prob.num_pages;
+  params.batch = 1;
+  params.context_lens = &ctx_len;
+  params.num_heads = kHeads;
+  params.q = prob.q.data();
+  params.weights = prob.weights.data();
+  params.logits = prob.logits.data();
+  params.logits_stride = context;
+  params.logits_cols = context;
+  return time_it([&] { (void)indexer_scores(params, {IndexerImpl::kAuto, threads}); }, min_seconds).median_us;
+}
+
 int run_indexer_bench(const IndexerBenchOptions& options) {
   IndexerImpl impl = IndexerImpl::kAuto;
   if (options.impl == "avx512bf16") impl = IndexerImpl::kAvx512Bf16;

@@ -6,6 +6,8 @@
 #include <memory>
 #include <vector>
 
+#include "core/rng.h"
+#include "predict/kselect.h"
 #include "predict/testing.h"
 #include "spin/predict.h"
 
@@ -246,6 +248,36 @@ TEST(PredictSelect, RandomAndAllKeep) {
   auto k = make("all-keep", c);
   ASSERT_TRUE(k->select(0, {0, 401, 1}, &sel).ok());
   EXPECT_EQ(sel.row_blocks[0].size(), 101u);
+}
+
+// select_smallest against a full sort, on random, sorted, reversed, organ-pipe and few-valued
+// (distinct after packing the index) inputs, for every k.
+TEST(PredictSelect, SelectSmallestMatchesSort) {
+  CounterRng rng(stream_key(77));
+  for (int iter = 0; iter < 300; ++iter) {
+    const int64_t n = 1 + static_cast<int64_t>(rng.below(iter < 100 ? 40 : 3000));
+    std::vector<uint64_t> keys(static_cast<size_t>(n));
+    const int shape = iter % 5;
+    for (int64_t i = 0; i < n; ++i) {
+      uint64_t v = rng.next_u64() >> 32;
+      if (shape == 1) v = static_cast<uint64_t>(i);
+      if (shape == 2) v = static_cast<uint64_t>(n - i);
+      if (shape == 3) v = static_cast<uint64_t>(std::min(i, n - i));
+      if (shape == 4) v = rng.below(3);
+      keys[static_cast<size_t>(i)] = v << 32 | static_cast<uint64_t>(i);
+    }
+    std::vector<uint64_t> sorted = keys;
+    std::sort(sorted.begin(), sorted.end());
+    for (int64_t k : {int64_t{0}, int64_t{1}, n / 3, n / 2, n - 1, n,
+                      static_cast<int64_t>(rng.below(static_cast<uint64_t>(n)))}) {
+      std::vector<uint64_t> a = keys;
+      select_smallest(a.data(), n, k);
+      std::sort(a.begin(), a.begin() + k);
+      ASSERT_TRUE(std::equal(a.begin(), a.begin() + k, sorted.begin())) << n << " " << k;
+      std::sort(a.begin(), a.end());
+      ASSERT_EQ(a, sorted);  // a permutation
+    }
+  }
 }
 
 }  // namespace

@@ -146,6 +146,16 @@ int main(int argc, char** argv) {
   bench_topk->add_option("--min-time", topk.min_seconds, "seconds of timed runs per point");
   bench_topk->add_option("--json", topk.json_path, "write one JSON record per point to FILE");
 
+  spin::bench::PredictorBenchOptions predictor_bench;
+  int64_t predictor_context = 0;
+  CLI::App* bench_predictor = bench->add_subcommand("predictor", "select + observe cost vs the full indexer");
+  bench_predictor->add_option("--context", predictor_context, "run one context size instead of 8K–512K");
+  bench_predictor->add_option("--predictor", predictor_bench.predictor, "predictor name");
+  bench_predictor->add_option("--sparsity", predictor_bench.sparsity, "target sparsity");
+  bench_predictor->add_option("--steps", predictor_bench.steps, "timed decode steps");
+  bench_predictor->add_option("--threads", predictor_bench.threads, "indexer threads (0 = all)");
+  bench_predictor->add_option("--json", predictor_bench.json_path, "write one JSON record per point to FILE");
+
   CLI11_PARSE(app, argc, argv);
 
   if (eval_cmd->parsed()) {
@@ -262,6 +272,10 @@ int main(int argc, char** argv) {
   if (bench_indexer->parsed()) {
     if (indexer_context > 0) indexer.contexts = {indexer_context};
     return spin::bench::run_indexer_bench(indexer);
+  }
+  if (bench_predictor->parsed()) {
+    if (predictor_context > 0) predictor_bench.contexts = {predictor_context};
+    return spin::bench::run_predictor_bench(predictor_bench);
   }
   if (bench_topk->parsed()) {
     if (topk_context > 0) topk.contexts = {topk_context};

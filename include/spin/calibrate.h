@@ -9,8 +9,8 @@
 //   salience_sigma  spread of stable per-entry salience (both ↑; moves Pearson most at short
 //                   context, where head_spread hardly matters).
 // No single pair separates the two statistics at both context lengths (found by probing), so the
-// fit is a damped Gauss–Newton over all three with a finite-difference Jacobian and minimum-norm
-// steps, each candidate measured on a shortened run (steps, layers). Deterministic.
+// fit is a damped Gauss–Newton over all three (finite-difference Jacobian, minimum-norm steps,
+// backtracking), each candidate measured on a shortened run (steps, layers). Deterministic.
 #pragma once
 
 #include <functional>
@@ -41,7 +41,7 @@ Result<CalibrationMeasurement> measure_calibration(const WorkloadParams& params)
 struct CalibrationOptions {
   int32_t steps = 24;   // decode steps per candidate
   int32_t layers = 2;   // indexer layers per candidate
-  int iterations = 6;       // Gauss–Newton iterations (4 measurements each)
+  int iterations = 10;      // Gauss–Newton iterations (4–8 measurements each)
   double tolerance = 0.005;  // stop when both statistics are this close
   std::function<void(const std::string& line)> progress;
 };

@@ -73,13 +73,18 @@ Result<CalibrationResult> calibrate(const CalibrationTarget& target, const Calib
     return std::array<double, 2>{m->pearson, m->topk_recall};
   };
   // Damped Gauss–Newton on the two statistics over three knobs (in units of each knob's scale):
-  // a finite-difference Jacobian J (2×3), then the minimum-norm step J^T (J J^T)^-1 · error.
+  // a finite-difference Jacobian J (2×3), the minimum-norm step J^T (J J^T)^-1 · error, then
+  // backtracking (halve the step until the error shrinks). The best point seen is kept.
+  auto error_of = [&](const std::array<double, 2>& y) {
+    return std::max(std::fabs(target.pearson - y[0]), std::fabs(target.topk_recall - y[1]));
+  };
+  auto y = measure(params);
+  if (!y.ok()) return y.status();
+  std::array<double, 2> current = y.value();
   for (int iteration = 0; iteration < options.iterations; ++iteration) {
-    auto y = measure(params);
-    if (!y.ok()) return y.status();
-    const double e0 = target.pearson - y.value()[0];
-    const double e1 = target.topk_recall - y.value()[1];
-    if (std::fabs(e0) < options.tolerance && std::fabs(e1) < options.tolerance) break;
+    if (error_of(current) < options.tolerance) break;
+    const double e0 = target.pearson - current[0];
+    const double e1 = target.topk_recall - current[1];
     double J[2][3];
     for (size_t k = 0; k < ks.size(); ++k) {
       WorkloadParams probe = params;
@@ -88,8 +93,8 @@ Result<CalibrationResult> calibrate(const CalibrationTarget& target, const Calib
       probe.*ks[k].field += up ? h : -h;
       auto yk = measure(probe);
       if (!yk.ok()) return yk.status();
-      J[0][k] = (yk.value()[0] - y.value()[0]) / (up ? 0.25 : -0.25);
-      J[1][k] = (yk.value()[1] - y.value()[1]) / (up ? 0.25 : -0.25);
+      J[0][k] = (yk.value()[0] - current[0]) / (up ? 0.25 : -0.25);
+      J[1][k] = (yk.value()[1] - current[1]) / (up ? 0.25 : -0.25);
     }
     const double a = J[0][0] * J[0][0] + J[0][1] * J[0][1] + J[0][2] * J[0][2] + 1e-9;
     const double b = J[0][0] * J[1][0] + J[0][1] * J[1][1] + J[0][2] * J[1][2];
@@ -98,11 +103,28 @@ Result<CalibrationResult> calibrate(const CalibrationTarget& target, const Calib
     if (std::fabs(det) < 1e-12) break;  // the knobs no longer move the statistics independently
     const double u0 = (d * e0 - b * e1) / det;
     const double u1 = (-b * e0 + a * e1) / det;
-    for (size_t k = 0; k < ks.size(); ++k) {
-      double step = J[0][k] * u0 + J[1][k] * u1;  // in scale units
-      step = std::clamp(step, -2.0, 2.0);          // damping: never more than two scales at once
-      params.*ks[k].field = std::clamp(params.*ks[k].field + step * ks[k].scale, ks[k].lo, ks[k].hi);
+    bool improved = false;
+    for (double damping = 1.0; damping > 0.05 && !improved; damping *= 0.5) {
+      WorkloadParams trial = params;
+      // Scale units; shrink the whole vector (keeping its direction) to at most one scale.
+      double step[3], largest = 0;
+      for (size_t k = 0; k < ks.size(); ++k) {
+        step[k] = damping * (J[0][k] * u0 + J[1][k] * u1);
+        largest = std::max(largest, std::fabs(step[k]));
+      }
+      for (size_t k = 0; k < ks.size(); ++k) {
+        const double s = largest > 1.0 ? step[k] / largest : step[k];
+        trial.*ks[k].field = std::clamp(params.*ks[k].field + s * ks[k].scale, ks[k].lo, ks[k].hi);
+      }
+      auto yt = measure(trial);
+      if (!yt.ok()) return yt.status();
+      if (error_of(yt.value()) < error_of(current)) {
+        params = trial;
+        current = yt.value();
+        improved = true;
+      }
     }
+    if (!improved) break;  // a local minimum of the achievable error
   }
   auto final_measure = measure_calibration(params);
   if (!final_measure.ok()) return final_measure.status();

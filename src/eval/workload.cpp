@@ -309,6 +309,8 @@ Result<WorkloadParams> scenario_params(std::string_view name) {
     p.layers = 4;
     p.segment_tokens = 3000;
     p.num_topics = 24;
+    p.query_noise = 9.0;  // calibration starting point (long contexts churn more)
+    p.head_spread = 9.0;
   } else if (base == "agentic") {
     p.prompt_tokens = 30000;
     p.steps = 64;

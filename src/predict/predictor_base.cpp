@@ -7,9 +7,9 @@
 //      step, so MTP rows explore the same blocks and the union stays small; `stalest`: oldest last_seen first,
 //      never-seen oldest of all, ties to the lower index;
 //   3. prediction: the highest rank() p[b] fill the rest, ties to the lower index.
-// nth_element over keys that are a strict total order (value, then index) makes the chosen set
-// unique, so it does not depend on the standard library's algorithm; the set is then emitted in
-// index order.
+// Selecting the smallest keys (kselect.h) where a key is (value, then index) — a strict total
+// order — makes the chosen set unique, independent of the selection algorithm; the set is then
+// emitted in index order.
 #include "predict/predictor_base.h"
 
 #include <algorithm>
@@ -21,6 +21,7 @@
 
 #include "core/errors.h"
 #include "core/rng.h"
+#include "predict/kselect.h"
 
 namespace spin {
 namespace {
@@ -30,6 +31,9 @@ uint32_t float_order(float v) {
   const uint32_t bits = std::bit_cast<uint32_t>(v + 0.0f);  // + 0 turns -0 into +0
   return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
 }
+
+// NaN and -inf from a predictor (e.g. a NaN in a cached key) would break the strict order.
+float sanitize(float v) { return v >= -FLT_MAX ? v : -FLT_MAX; }
 
 }  // namespace
 
@@ -145,12 +149,16 @@ Status PredictorBase::select(int32_t layer, const StepInput& in, Selection* out)
   }
 
   // Union of the rows' sets, in index order.
-  out->blocks.clear();
   std::fill(mark_.begin(), mark_.begin() + static_cast<ptrdiff_t>(n_max), uint8_t{0});
   for (size_t j = 0; j < rows; ++j)
     for (const int32_t b : out->row_blocks[j]) mark_[static_cast<size_t>(b)] = 1;
-  for (size_t b = 0; b < n_max; ++b)
-    if (mark_[b]) out->blocks.push_back(static_cast<int32_t>(b));
+  out->blocks.resize(n_max);
+  size_t count = 0;
+  for (size_t b = 0; b < n_max; ++b) {
+    out->blocks[count] = static_cast<int32_t>(b);
+    count += mark_[b] != 0;
+  }
+  out->blocks.resize(count);
 
   // Success: only now does the protocol state move.
   open_ = true;
@@ -176,21 +184,20 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
   const auto rank_once = [&]() -> Status {
     if (!ranked) {
       SPIN_RETURN_IF_ERROR(rank(ctx, p));
-      // NaN/-inf from a predictor (e.g. a NaN in a cached key) would break the strict order.
-      for (int64_t b = 0; b < n; ++b)
-        if (!(p[b] >= -FLT_MAX)) p[b] = -FLT_MAX;
       ranked = true;
     }
     return ok_status();
   };
   if (scores) {
     SPIN_RETURN_IF_ERROR(rank_once());
-    scores->assign(p, p + n);
+    scores->resize(static_cast<size_t>(n));
+    for (int64_t b = 0; b < n; ++b) (*scores)[static_cast<size_t>(b)] = sanitize(p[b]);
   }
 
   const int64_t budget = budget_blocks(config_, n);
   if (f == Fill::kAll || budget >= n) {
-    for (int64_t b = 0; b < n; ++b) blocks->push_back(static_cast<int32_t>(b));
+    blocks->resize(static_cast<size_t>(n));
+    for (int64_t b = 0; b < n; ++b) (*blocks)[static_cast<size_t>(b)] = static_cast<int32_t>(b);
     return ok_status();
   }
 
@@ -203,8 +210,10 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
   // integers — no indirection, and the block index in the low half is the tie rule.
   uint64_t* keys = keys_.data();
   int64_t n_cand = 0;
-  for (int64_t b = 0; b < n; ++b)
-    if (!mark[b]) keys[n_cand++] = static_cast<uint64_t>(b);
+  for (int64_t b = 0; b < n; ++b) {  // branch-free compaction: marks are unpredictable
+    keys[n_cand] = static_cast<uint64_t>(b);
+    n_cand += mark[b] == 0;
+  }
   int64_t left = budget - (n - n_cand);  // budget_blocks() guarantees forced ≤ budget
 
   // 2. Exploration (or the whole fill, for random).
@@ -232,7 +241,7 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
         keys[i] = age << 32 | keys[i];
       }
     }
-    std::nth_element(keys, keys + n_explore, keys + n_cand);
+    select_smallest(keys, n_cand, n_explore);
     for (int64_t i = 0; i < n_explore; ++i) mark[keys[i] & 0xFFFFFFFFu] = 2;
     left -= n_explore;
     *explored = static_cast<int32_t>(n_explore);
@@ -245,14 +254,20 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
     const int64_t n_rest = n_cand - n_explore;
     for (int64_t i = 0; i < n_rest; ++i) {
       const uint64_t b = rest[i] & 0xFFFFFFFFu;
-      rest[i] = static_cast<uint64_t>(~float_order(p[b])) << 32 | b;
+      rest[i] = static_cast<uint64_t>(~float_order(sanitize(p[b]))) << 32 | b;
     }
-    std::nth_element(rest, rest + left, rest + n_rest);
+    select_smallest(rest, n_rest, left);
     for (int64_t i = 0; i < left; ++i) mark[rest[i] & 0xFFFFFFFFu] = 3;
   }
 
-  for (int64_t b = 0; b < n; ++b)
-    if (mark[b]) blocks->push_back(static_cast<int32_t>(b));
+  blocks->resize(static_cast<size_t>(n));
+  int32_t* o = blocks->data();
+  int64_t count = 0;
+  for (int64_t b = 0; b < n; ++b) {
+    o[count] = static_cast<int32_t>(b);
+    count += mark[b] != 0;
+  }
+  blocks->resize(static_cast<size_t>(count));
   return ok_status();
 }
 

@@ -116,7 +116,8 @@ TEST(PredictConfig, ValidateRejectsEachBadField) {
       {"exceeds", [](PredictorConfig& c) { c.page_size = 4096, c.block_pages = 1024; }},
       {"topk", [](PredictorConfig& c) { c.topk = 0; }},
       {"pooling", [](PredictorConfig& c) { c.pooling = static_cast<Pooling>(9); }},
-      {"explore_policy", [](PredictorConfig& c) { c.explore_policy = static_cast<ExplorePolicy>(7); }},
+      {"explore_policy",
+       [](PredictorConfig& c) { c.explore_policy = static_cast<ExplorePolicy>(7); }},
       {"combine", [](PredictorConfig& c) { c.combine = static_cast<Combine>(7); }},
       {"mtp_update", [](PredictorConfig& c) { c.mtp_update = static_cast<MtpUpdate>(7); }},
   };
@@ -142,10 +143,10 @@ TEST(PredictBudget, Rules) {
   PredictorConfig c;  // topk 2048, E 64: top-k needs 32 blocks; forced 3
   EXPECT_EQ(blocks_for_topk(c), 32);
   EXPECT_EQ(budget_blocks(c, 0), 0);
-  EXPECT_EQ(budget_blocks(c, 10), 10);        // n ≤ 32: every block
-  EXPECT_EQ(budget_blocks(c, 40), 32);        // 0.7·40 = 28 → clamped up to 32
-  EXPECT_EQ(budget_blocks(c, 100), 70);       // exactly 70, not 71 (float guard)
-  EXPECT_EQ(budget_blocks(c, 2048), 1434);    // ceil(1433.6)
+  EXPECT_EQ(budget_blocks(c, 10), 10);      // n ≤ 32: every block
+  EXPECT_EQ(budget_blocks(c, 40), 32);      // 0.7·40 = 28 → clamped up to 32
+  EXPECT_EQ(budget_blocks(c, 100), 70);     // exactly 70, not 71 (float guard)
+  EXPECT_EQ(budget_blocks(c, 2048), 1434);  // ceil(1433.6)
   c.target_sparsity = 0.5;
   EXPECT_EQ(budget_blocks(c, 101), 51);
   c.explicit_budget_blocks = 5;

@@ -29,7 +29,8 @@ PredictorConfig mtp_config(MtpUpdate mode) {
   return c;
 }
 
-std::unique_ptr<BlockPredictor> make(const char* name, const PredictorConfig& c, int32_t layers = 1) {
+std::unique_ptr<BlockPredictor> make(const char* name, const PredictorConfig& c,
+                                     int32_t layers = 1) {
   auto r = make_predictor(name, c, layers, 3);
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   return std::move(r).value();
@@ -52,7 +53,7 @@ TEST(PredictMtp, RowsHaveTheirOwnVisibilityAndTheUnionCoversThem) {
   ASSERT_TRUE(p->select(0, {0, 41, 3}, &sel).ok());
   ASSERT_EQ(sel.row_blocks.size(), 3u);
   EXPECT_EQ(sel.row_budget, (std::vector<int32_t>{5, 5, 6}));  // ceil(0.5·10), ceil(0.5·11)
-  EXPECT_EQ(sel.row_blocks[0].back(), 9);   // each row's newest block is forced
+  EXPECT_EQ(sel.row_blocks[0].back(), 9);                      // each row's newest block is forced
   EXPECT_EQ(sel.row_blocks[2].back(), 10);
   std::vector<int32_t> u;
   for (const auto& r : sel.row_blocks) u.insert(u.end(), r.begin(), r.end());
@@ -65,8 +66,8 @@ TEST(PredictMtp, RowsHaveTheirOwnVisibilityAndTheUnionCoversThem) {
 PooledRow pooled(const PredictorConfig& c, const std::vector<float>& full, int64_t visible,
                  const std::vector<int32_t>& blocks) {
   const std::vector<float> row = testing::masked_row(full, visible, blocks, c.block_entries());
-  RowScores r{row.data(), static_cast<int64_t>(row.size()), visible, blocks.data(),
-              static_cast<int64_t>(blocks.size()), nullptr};
+  RowScores r{row.data(),    static_cast<int64_t>(row.size()),    visible,
+              blocks.data(), static_cast<int64_t>(blocks.size()), nullptr};
   PooledRow out;
   EXPECT_TRUE(pool_row(c, r, &out).ok());
   return out;

@@ -28,8 +28,18 @@ PredictorConfig small_config(Pooling pooling, int32_t entries_per_block, int32_t
 // Row of 12 columns, 10 visible, blocks of 4. Block 0 = [1, 5, -inf, 2], block 1 not scored,
 // block 2 = [3, 4 | NaN garbage past `visible`]. Scored values 1,5,2,3,4; top-3 = {5, 4, 3}.
 struct HandRow {
-  std::vector<float> scores = {1, 5, kNegInf, 2, kNegInf, kNegInf, kNegInf, kNegInf, 3, 4,
-                               std::numeric_limits<float>::quiet_NaN(), 7};
+  std::vector<float> scores = {1,
+                               5,
+                               kNegInf,
+                               2,
+                               kNegInf,
+                               kNegInf,
+                               kNegInf,
+                               kNegInf,
+                               3,
+                               4,
+                               std::numeric_limits<float>::quiet_NaN(),
+                               7};
   std::vector<int32_t> blocks = {0, 2};
   RowScores row() const {
     RowScores r;
@@ -229,7 +239,8 @@ TEST(PredictPooling, TopkPositionsAgreeWithInternalSelection) {
   for (int iter = 0; iter < 400; ++iter) {
     const int32_t e = static_cast<int32_t>(1 + rng.below(9));
     const int64_t cols = static_cast<int64_t>(rng.below(300));
-    const int64_t visible = cols == 0 ? 0 : static_cast<int64_t>(rng.below(static_cast<uint64_t>(cols) + 1));
+    const int64_t visible =
+        cols == 0 ? 0 : static_cast<int64_t>(rng.below(static_cast<uint64_t>(cols) + 1));
     const int32_t k = static_cast<int32_t>(1 + rng.below(40));
     const Pooling pooling = static_cast<Pooling>(rng.below(4));
     PredictorConfig c = small_config(pooling, e, k);
@@ -241,8 +252,8 @@ TEST(PredictPooling, TopkPositionsAgreeWithInternalSelection) {
       blocks.push_back(b);
       for (int64_t p = b * e; p < std::min<int64_t>((b + 1) * e, cols); ++p)
         // Few distinct values: many ties; some -inf (masked); negative values too.
-        s[static_cast<size_t>(p)] = rng.below(6) == 0 ? kNegInf
-                                                      : static_cast<float>(rng.below(7)) - 3.0f;
+        s[static_cast<size_t>(p)] =
+            rng.below(6) == 0 ? kNegInf : static_cast<float>(rng.below(7)) - 3.0f;
     }
     // Columns outside scored blocks hold -inf, as the kernel writes them.
     RowScores r{s.data(), cols, visible, blocks.data(), static_cast<int64_t>(blocks.size()),

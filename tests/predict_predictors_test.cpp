@@ -200,7 +200,8 @@ struct Cache {
       const float scale = quantize_e4m3_block128(x.data(), base + o * 128);
       std::memcpy(base + ps * 128 + 4 * o, &scale, 4);
       std::vector<float> deq(128);
-      for (int d = 0; d < 128; ++d) deq[static_cast<size_t>(d)] = e4m3_to_float(base[o * 128 + d]) * scale;
+      for (int d = 0; d < 128; ++d)
+        deq[static_cast<size_t>(d)] = e4m3_to_float(base[o * 128 + d]) * scale;
       keys.push_back(deq);
     }
   }
@@ -211,13 +212,16 @@ double hisa_reference(const Cache& c, int32_t e, int64_t committed, int32_t b, c
                       const float* w, int32_t heads) {
   std::vector<double> mean(128, 0.0);
   int64_t n = 0;
-  for (int64_t pos = int64_t{b} * e; pos < std::min<int64_t>((b + 1) * int64_t{e}, committed); ++pos, ++n)
-    for (int d = 0; d < 128; ++d) mean[static_cast<size_t>(d)] += c.keys[static_cast<size_t>(pos)][static_cast<size_t>(d)];
+  for (int64_t pos = int64_t{b} * e; pos < std::min<int64_t>((b + 1) * int64_t{e}, committed);
+       ++pos, ++n)
+    for (int d = 0; d < 128; ++d)
+      mean[static_cast<size_t>(d)] += c.keys[static_cast<size_t>(pos)][static_cast<size_t>(d)];
   for (double& m : mean) m /= static_cast<double>(n);
   double total = 0;
   for (int32_t h = 0; h < heads; ++h) {
     double dot = 0;
-    for (int d = 0; d < 128; ++d) dot += e4m3_to_float(q[h * 128 + d]) * mean[static_cast<size_t>(d)];
+    for (int d = 0; d < 128; ++d)
+      dot += e4m3_to_float(q[h * 128 + d]) * mean[static_cast<size_t>(d)];
     total += w[h] * std::max(0.0, dot);
   }
   return total;
@@ -253,9 +257,15 @@ TEST(PredictPredictors, HisaPooledKeysIncrementalAndExact) {
   EXPECT_EQ(p->select(0, {0, 40, 1}, &sel).code(), StatusCode::kInvalidArgument);  // no view
   int64_t step = 0;
   // Plain steps that grow the context (60 → 70 → 71 entries), then an MTP step (next_n 2).
-  for (const auto& [entries, next_n] : std::vector<std::pair<int64_t, int32_t>>{
-           {60, 1}, {70, 1}, {71, 1}, {81, 2}, {90, 2}}) {
-    HisaView view{cache.bytes.data(), 4, cache.table.data(), entries, q.data(), w.data(), kHeads,
+  for (const auto& [entries, next_n] :
+       std::vector<std::pair<int64_t, int32_t>>{{60, 1}, {70, 1}, {71, 1}, {81, 2}, {90, 2}}) {
+    HisaView view{cache.bytes.data(),
+                  4,
+                  cache.table.data(),
+                  entries,
+                  q.data(),
+                  w.data(),
+                  kHeads,
                   static_cast<int64_t>(cache.table.size())};
     StepInput in{step, entries, next_n};
     in.hisa = &view;
@@ -277,7 +287,8 @@ TEST(PredictPredictors, HisaPooledKeysIncrementalAndExact) {
       EXPECT_TRUE(std::binary_search(sel.row_blocks[static_cast<size_t>(j)].begin(),
                                      sel.row_blocks[static_cast<size_t>(j)].end(), 4));
     }
-    std::vector<std::vector<float>> full(static_cast<size_t>(next_n), std::vector<float>(static_cast<size_t>(entries), 1.0f));
+    std::vector<std::vector<float>> full(static_cast<size_t>(next_n),
+                                         std::vector<float>(static_cast<size_t>(entries), 1.0f));
     ASSERT_TRUE(observe_union(*p, 0, sel, full, entries, next_n).ok());
     ASSERT_TRUE(p->commit(0).ok());
     ++step;
@@ -290,8 +301,9 @@ TEST(PredictPredictors, HisaPooledKeysIncrementalAndExact) {
   EXPECT_NE(p->select(0, in, &sel).message().find("page_size"), std::string::npos);
   std::vector<int32_t> broken = cache.table;
   broken[22] = 1000;
-  HisaView oob{cache.bytes.data(), 4, broken.data(), 92, q.data(), w.data(), kHeads,
-               static_cast<int64_t>(cache.table.size())};
+  HisaView oob{
+      cache.bytes.data(), 4,        broken.data(), 92,
+      q.data(),           w.data(), kHeads,        static_cast<int64_t>(cache.table.size())};
   in.num_entries = 92;
   in.hisa = &oob;
   EXPECT_EQ(p->select(0, in, &sel).code(), StatusCode::kOutOfRange);

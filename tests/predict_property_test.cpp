@@ -88,7 +88,7 @@ bool is_full_layer(const std::string& name, int32_t layer) {
 
 TEST(PredictProperty, RandomConfigurations) {
   const std::vector<std::string>& names = predictor_names();
-  const int kIters = 1200;
+  const int kIters = 2000;
   int64_t checked_rows = 0, oracle_checks = 0;
   for (int iter = 0; iter < kIters; ++iter) {
     CounterRng rng(stream_key(2026, static_cast<uint64_t>(iter)));
@@ -98,7 +98,8 @@ TEST(PredictProperty, RandomConfigurations) {
     const int32_t layers = static_cast<int32_t>(1 + rng.below(4));
     const int32_t next_n = static_cast<int32_t>(1 + rng.below(4));
     const int steps = static_cast<int>(2 + rng.below(3));
-    const int64_t max_blocks = static_cast<int64_t>(rng.below(4) == 0 ? rng.below(6) : 1 + rng.below(160));
+    const int64_t max_blocks =
+        static_cast<int64_t>(rng.below(4) == 0 ? rng.below(6) : 1 + rng.below(160));
     int64_t entries = std::min<int64_t>(max_blocks * e, 1000) + static_cast<int64_t>(rng.below(3));
     const int64_t request = static_cast<int64_t>(rng.below(1000));
     const int32_t heads = static_cast<int32_t>(1 + rng.below(3));
@@ -133,8 +134,14 @@ TEST(PredictProperty, RandomConfigurations) {
           const auto t = testing::true_topk(f, row_visible_entries(entries, next_n, j), c.topk);
           std::copy(t.begin(), t.end(), top.begin() + static_cast<ptrdiff_t>(j) * c.topk);
         }
-        HisaView view{hisa.cache.data(), c.page_size, hisa.table.data(), entries, hisa.q.data(),
-                      hisa.w.data(), heads, static_cast<int64_t>(hisa.table.size())};
+        HisaView view{hisa.cache.data(),
+                      c.page_size,
+                      hisa.table.data(),
+                      entries,
+                      hisa.q.data(),
+                      hisa.w.data(),
+                      heads,
+                      static_cast<int64_t>(hisa.table.size())};
         StepInput in{step, entries, next_n};
         in.true_topk = top.data();
         in.hisa = &view;
@@ -155,7 +162,8 @@ TEST(PredictProperty, RandomConfigurations) {
             const auto& rb = sel.row_blocks[static_cast<size_t>(j)];
             const int64_t n = blocks_for_entries(c, row_visible_entries(entries, next_n, j));
             const int64_t want = is_full_layer(name, layer) ? n : budget_blocks(c, n);
-            ASSERT_EQ(static_cast<int64_t>(rb.size()), want) << name << " row " << j << " " << where;
+            ASSERT_EQ(static_cast<int64_t>(rb.size()), want)
+                << name << " row " << j << " " << where;
             for (size_t i = 0; i < rb.size(); ++i) {
               ASSERT_GE(rb[i], 0);
               ASSERT_LT(rb[i], n);
@@ -187,8 +195,8 @@ TEST(PredictProperty, RandomConfigurations) {
             ASSERT_TRUE(testing::observe_union(*twins[pi], layer, sel, full, entries, next_n).ok());
           }
         }
-        const size_t oi = static_cast<size_t>(
-            std::find(names.begin(), names.end(), "oracle") - names.begin());
+        const size_t oi =
+            static_cast<size_t>(std::find(names.begin(), names.end(), "oracle") - names.begin());
         for (size_t pi = 0; pi < names.size(); ++pi) {
           for (size_t j = 0; j < oracle_recall[pi].size(); ++j) {
             ASSERT_LE(oracle_recall[pi][j], oracle_recall[oi][j] + 1e-12)

@@ -27,8 +27,8 @@ PredictorConfig base_config() {
   return c;
 }
 
-std::unique_ptr<BlockPredictor> make(const char* name, const PredictorConfig& c,
-                                     int32_t layers = 1, int64_t request = 0) {
+std::unique_ptr<BlockPredictor> make(const char* name, const PredictorConfig& c, int32_t layers = 1,
+                                     int64_t request = 0) {
   auto r = make_predictor(name, c, layers, request);
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   return std::move(r).value();
@@ -88,7 +88,7 @@ TEST(PredictSelect, PredictionFillAndTies) {
     in.want_scores = true;
     ASSERT_TRUE(p->select(0, in, &sel).ok());
     std::vector<int32_t> want;
-    if (budget == 7) want = {0, 1, 3, 5, 17, 18, 19};            // 3 beats 9 on the tie
+    if (budget == 7) want = {0, 1, 3, 5, 17, 18, 19};  // 3 beats 9 on the tie
     if (budget == 8) want = {0, 1, 3, 5, 9, 17, 18, 19};
     if (budget == 10) want = {0, 1, 2, 3, 5, 9, 11, 17, 18, 19};  // then 2: lowest of the -1/2s
     EXPECT_EQ(sel.row_blocks[0], want) << budget;
@@ -138,9 +138,8 @@ TEST(PredictSelect, CombineMaxAndWeighted) {
     for (int32_t b = 1; b < 20; ++b) {
       const int32_t bucket = offset_bucket(20 - b);
       ASSERT_TRUE(st.offset_known(bucket)) << b;
-      const float want = comb == Combine::kMax
-                             ? std::max(st.slot(b), st.offset(bucket))
-                             : 0.25f * st.slot(b) + 0.75f * st.offset(bucket);
+      const float want = comb == Combine::kMax ? std::max(st.slot(b), st.offset(bucket))
+                                               : 0.25f * st.slot(b) + 0.75f * st.offset(bucket);
       EXPECT_FLOAT_EQ(s[static_cast<size_t>(b)], want) << b;
     }
     // Block 20 was never observed: its prior is the offset at distance 0 (was block 19's).
@@ -154,8 +153,8 @@ TEST(PredictSelect, ExplorationCount) {
     int32_t explored;
   };
   // budget 10, forced 5: E = round(ratio·10), at most 5.
-  for (const Case k : {Case{0.0, 0}, Case{0.1, 1}, Case{0.2, 2}, Case{0.25, 3}, Case{0.44, 4},
-                       Case{1.0, 5}}) {
+  for (const Case k :
+       {Case{0.0, 0}, Case{0.1, 1}, Case{0.2, 2}, Case{0.25, 3}, Case{0.44, 4}, Case{1.0, 5}}) {
     PredictorConfig c = base_config();
     c.explore_ratio = k.ratio;
     auto p = make("spin", c);

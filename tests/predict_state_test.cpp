@@ -81,8 +81,8 @@ TEST(PredictState, OffsetEmaAtDistances) {
   EXPECT_NEAR(s.offset(0), 1.0, 1e-6);
   EXPECT_NEAR(s.offset(2), 0.5, 1e-6);
   s.apply(make_row(10, {8, 10}, {0.25f, 0.0f}), 1);  // the row moved on: d still 2 and 0
-  EXPECT_NEAR(s.offset(0), 0.9, 1e-6);    // 0.9·1 + 0.1·0
-  EXPECT_NEAR(s.offset(2), 0.475, 1e-6);  // 0.9·0.5 + 0.1·0.25
+  EXPECT_NEAR(s.offset(0), 0.9, 1e-6);               // 0.9·1 + 0.1·0
+  EXPECT_NEAR(s.offset(2), 0.475, 1e-6);             // 0.9·0.5 + 0.1·0.25
   EXPECT_EQ(s.offset_updates(0), 2);
   // Slot 8 and 10 were first seen: x itself. Block 9 is unchanged.
   EXPECT_NEAR(s.slot(8), 0.25, 1e-6);

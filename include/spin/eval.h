@@ -30,6 +30,7 @@ struct EvalOptions {
   bool quick = false;                  // shorter runs, fewer points: ≤ 2 minutes
   std::string out_dir = "spin-report";
   uint64_t seed = 1;
+  int requests = 0;                    // requests (seeds) per scenario; 0 = 3, or 1 with quick
   int threads = 0;
   PredictorConfig base_config;         // printed with the results; sweeps vary target_sparsity
   // Progress lines (stage, fraction done); the CLI draws them.

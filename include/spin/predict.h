@@ -36,10 +36,10 @@ namespace spin {
 // ---------------------------------------------------------------------------------------------
 // Enums and their names (the names are what configs, CLIs and reports use).
 
-enum class Pooling { kMax, kMean, kTopkHits, kLse };           // "max" "mean" "topk-hits" "lse"
-enum class ExplorePolicy { kUniform, kStalest };               // "uniform" "stalest"
-enum class Combine { kMax, kWeighted };                        // "max" "weighted"
-enum class MtpUpdate { kPrefix, kRow0, kAllRows };             // "prefix" "row0" "all-rows"
+enum class Pooling { kMax, kMean, kTopkHits, kLse };  // "max" "mean" "topk-hits" "lse"
+enum class ExplorePolicy { kUniform, kStalest };      // "uniform" "stalest"
+enum class Combine { kMax, kWeighted };               // "max" "weighted"
+enum class MtpUpdate { kPrefix, kRow0, kAllRows };    // "prefix" "row0" "all-rows"
 
 const char* pooling_name(Pooling v);
 const char* explore_policy_name(ExplorePolicy v);
@@ -76,7 +76,7 @@ inline constexpr int32_t kNeverSeen = -1;
 struct PredictorConfig {
   // Budget. 0.3 = the low end of the 30–40 % block sparsity the SPIN paper reports with quality
   // preserved, so the default errs toward quality.
-  double target_sparsity = 0.3;        // [0, 1): budget = ceil((1 - s) · n_blocks)
+  double target_sparsity = 0.3;         // [0, 1): budget = ceil((1 - s) · n_blocks)
   int32_t explicit_budget_blocks = -1;  // ≥ 0 overrides target_sparsity; -1 = use sparsity
   int32_t sink_blocks = 1;              // forced: the first blocks (attention sinks)
   int32_t local_blocks = 2;             // forced: the newest blocks (hold never-scored entries)
@@ -86,15 +86,15 @@ struct PredictorConfig {
   // State updates: slot[b] ← (1-alpha)·slot[b] + alpha·x, offset[bucket] likewise with beta.
   double alpha = 0.5;
   double beta = 0.1;
-  Combine combine = Combine::kMax;      // p[b] = max(slot, offset) or w·slot + (1-w)·offset
-  double combine_weight = 0.5;          // w of Combine::kWeighted
+  Combine combine = Combine::kMax;  // p[b] = max(slot, offset) or w·slot + (1-w)·offset
+  double combine_weight = 0.5;      // w of Combine::kWeighted
   Pooling pooling = Pooling::kMax;
   MtpUpdate mtp_update = MtpUpdate::kPrefix;
   // Geometry.
-  int32_t page_size = 64;               // entries per cache page
-  int32_t block_pages = 1;              // pages per block
-  int32_t topk = 2048;                  // the indexer's top-k (V3.2: 2048)
-  uint64_t seed = 0;                    // keys every random draw with (request, layer, step)
+  int32_t page_size = 64;   // entries per cache page
+  int32_t block_pages = 1;  // pages per block
+  int32_t topk = 2048;      // the indexer's top-k (V3.2: 2048)
+  uint64_t seed = 0;        // keys every random draw with (request, layer, step)
 
   int32_t block_entries() const { return page_size * block_pages; }
 
@@ -124,9 +124,9 @@ int64_t blocks_for_entries(const PredictorConfig& config, int64_t entries);
 // Observation: one row's indexer scores, and their pooling into per-block values x[b].
 
 struct RowScores {
-  const float* scores = nullptr;         // [num_cols] request-local positions; -inf = not scored
-  int64_t num_cols = 0;                  // width of `scores` (≥ visible; columns ≥ visible unread)
-  int64_t visible = 0;                   // entries this row sees
+  const float* scores = nullptr;  // [num_cols] request-local positions; -inf = not scored
+  int64_t num_cols = 0;           // width of `scores` (≥ visible; columns ≥ visible unread)
+  int64_t visible = 0;            // entries this row sees
   const int32_t* scored_blocks = nullptr;  // [num_scored_blocks] strictly ascending block ids
                                            // (an MTP step's union; blocks past `visible` skipped)
   int64_t num_scored_blocks = 0;
@@ -147,13 +147,13 @@ struct RowScores {
 //   topk-hits: (block's entries in the row's top-k) / E → x in [0, 1]
 struct PooledRow {
   int64_t visible = 0;
-  int64_t newest_block = -1;            // block of the row's last visible entry; -1 if none
-  int64_t scored_entries = 0;           // finite scored entries seen
+  int64_t newest_block = -1;   // block of the row's last visible entry; -1 if none
+  int64_t scored_entries = 0;  // finite scored entries seen
   double kth_score = 0.0;
   double max_score = 0.0;
-  std::vector<int32_t> blocks;          // observed blocks (≥ 1 finite entry), ascending
-  std::vector<float> x;                 // pooled, normalised value per observed block
-  std::vector<int32_t> topk_hits;       // entries of the block in the row's top-k
+  std::vector<int32_t> blocks;     // observed blocks (≥ 1 finite entry), ascending
+  std::vector<float> x;            // pooled, normalised value per observed block
+  std::vector<int32_t> topk_hits;  // entries of the block in the row's top-k
   void clear();
 };
 
@@ -181,7 +181,8 @@ Status pool_row(const PredictorConfig& config, const RowScores& row, PooledRow* 
 class BlockState {
  public:
   BlockState() = default;
-  BlockState(double alpha, double beta) : alpha_(static_cast<float>(alpha)), beta_(static_cast<float>(beta)) {}
+  BlockState(double alpha, double beta)
+      : alpha_(static_cast<float>(alpha)), beta_(static_cast<float>(beta)) {}
 
   // Grows to n_blocks (new blocks: never seen). Never shrinks; amortised O(new blocks).
   void ensure_blocks(int64_t n_blocks);
@@ -223,24 +224,24 @@ class BlockState {
 // The flat view hisa needs to pool keys and score them (DESIGN.md §3 layouts): page p's bytes at
 // p·page_size·132; entry o's 128 e4m3 values at +o·128, its fp32 scale at +page_size·128 + 4·o.
 struct HisaView {
-  const uint8_t* key_cache = nullptr;   // this layer's paged indexer key cache
-  int32_t page_size = 0;                // must equal PredictorConfig::page_size
+  const uint8_t* key_cache = nullptr;    // this layer's paged indexer key cache
+  int32_t page_size = 0;                 // must equal PredictorConfig::page_size
   const int32_t* block_table = nullptr;  // [ceil(num_entries / page_size)] logical → physical page
-  int64_t num_entries = 0;              // must equal StepInput::num_entries
-  const uint8_t* q = nullptr;           // [next_n, heads, 128] e4m3 (scales folded into w)
-  const float* w = nullptr;             // [next_n, heads]
+  int64_t num_entries = 0;               // must equal StepInput::num_entries
+  const uint8_t* q = nullptr;            // [next_n, heads, 128] e4m3 (scales folded into w)
+  const float* w = nullptr;              // [next_n, heads]
   int32_t heads = 0;
-  int64_t num_cache_pages = -1;         // physical pages in key_cache, to check block_table; -1: unchecked
+  int64_t num_cache_pages = -1;  // physical pages in key_cache, to check block_table; -1: unchecked
 };
 
 struct StepInput {
-  int64_t step = 0;                     // decode step of this request: ≥ 0, < 2^31, increasing
-  int64_t num_entries = 0;              // entries in this layer's cache incl. the step's rows
-  int32_t next_n = 1;                   // rows this step, 1..kMaxNextN
+  int64_t step = 0;                      // decode step of this request: ≥ 0, < 2^31, increasing
+  int64_t num_entries = 0;               // entries in this layer's cache incl. the step's rows
+  int32_t next_n = 1;                    // rows this step, 1..kMaxNextN
   const int64_t* row_visible = nullptr;  // optional [next_n] override of row_visible_entries (V4)
-  const int32_t* true_topk = nullptr;   // oracle: [next_n, topk] this step's true top-k, -1 padded
-  const HisaView* hisa = nullptr;       // hisa: the query and the cache
-  bool want_scores = false;             // fill Selection::row_scores
+  const int32_t* true_topk = nullptr;    // oracle: [next_n, topk] this step's true top-k, -1 padded
+  const HisaView* hisa = nullptr;        // hisa: the query and the cache
+  bool want_scores = false;              // fill Selection::row_scores
 };
 
 struct Selection {

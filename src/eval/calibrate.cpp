@@ -22,18 +22,28 @@ const std::vector<CalibrationTarget>& paper_targets() {
   return targets;
 }
 
-Result<CalibrationMeasurement> measure_calibration(const WorkloadParams& params) {
-  auto trace = generate_workload(params);
-  if (!trace.ok()) return trace.status();
-  auto scored = score_trace(trace.value());
-  if (!scored.ok()) return scored.status();
-  ReplayOptions options;
-  options.predictor = "prev-iter";
-  options.open_loop = true;
-  auto result = replay(trace.value(), *scored.value(), options);
-  if (!result.ok()) return result.status();
-  const TraceFacts facts = trace_facts(*scored.value(), params.page_size);
-  return CalibrationMeasurement{result->quality.pearson().mean(), facts.prev_step_topk_recall, facts.topk_block_share};
+Result<CalibrationMeasurement> measure_calibration(const WorkloadParams& params, int seeds) {
+  QualityStats pearson(params.topk);
+  CalibrationMeasurement m;
+  for (int i = 0; i < seeds; ++i) {
+    WorkloadParams p = params;
+    p.seed = params.seed + static_cast<uint64_t>(i);
+    auto trace = generate_workload(p);
+    if (!trace.ok()) return trace.status();
+    auto scored = score_trace(trace.value());
+    if (!scored.ok()) return scored.status();
+    ReplayOptions options;
+    options.predictor = "prev-iter";
+    options.open_loop = true;
+    auto result = replay(trace.value(), *scored.value(), options);
+    if (!result.ok()) return result.status();
+    pearson.merge(result->quality);
+    const TraceFacts facts = trace_facts(*scored.value(), p.page_size);
+    m.topk_recall += facts.prev_step_topk_recall / seeds;
+    m.topk_block_share += facts.topk_block_share / seeds;
+  }
+  m.pearson = pearson.pearson().mean();
+  return m;
 }
 
 namespace {
@@ -59,11 +69,9 @@ Result<CalibrationResult> calibrate(const CalibrationTarget& target, const Calib
   auto base = scenario_params(target.scenario);
   if (!base.ok()) return base.status();
   WorkloadParams params = base.value();
-  params.steps = options.steps;
-  params.layers = options.layers;
   const std::vector<Knob>& ks = knobs();
   auto measure = [&](const WorkloadParams& p) -> Result<std::array<double, 2>> {
-    auto m = measure_calibration(p);
+    auto m = measure_calibration(p, options.seeds);
     if (!m.ok()) return m.status();
     if (options.progress) {
       std::string line = " ";
@@ -126,10 +134,8 @@ Result<CalibrationResult> calibrate(const CalibrationTarget& target, const Calib
     }
     if (!improved) break;  // a local minimum of the achievable error
   }
-  auto final_measure = measure_calibration(params);
+  auto final_measure = measure_calibration(params, options.seeds);
   if (!final_measure.ok()) return final_measure.status();
-  params.steps = base->steps;
-  params.layers = base->layers;
   return CalibrationResult{target, params, final_measure.value()};
 }
 

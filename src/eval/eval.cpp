@@ -203,6 +203,7 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
     return io_error("cannot create output directory {}", o.out_dir);
   }
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  const int requests = o.requests > 0 ? o.requests : (o.quick ? 1 : 3);
   const auto started = std::chrono::steady_clock::now();
   json results = {{"seed", o.seed}, {"quick", o.quick}, {"config", o.base_config.to_string()}};
   json calibration = json::array(), predictors = json::array(), sweep = json::array(), mtp = json::array(),
@@ -225,52 +226,75 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
       params->layers = std::min(params->layers, 2);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    report("generating", 0.0);
-    auto trace = generate_workload(params.value());
-    if (!trace.ok()) return trace.status();
-    report("scoring (all-keep)", 0.05);
-    ScoreOptions score_options;
-    score_options.threads = threads;
-    score_options.progress = [&](int64_t done, int64_t total) {
-      report("scoring (all-keep)", 0.05 + 0.2 * static_cast<double>(done) / static_cast<double>(total));
-    };
-    auto scored = score_trace(trace.value(), score_options);
-    if (!scored.ok()) return scored.status();
-    const auto t1 = std::chrono::steady_clock::now();
     const bool mtp_scenario = params->next_n > 1;
     const std::vector<Job> jobs = jobs_for(mtp_scenario, o);
     std::vector<JobResult> out(jobs.size());
-    std::vector<Status> errors(jobs.size());
-    int64_t finished = 0;
-    // Jobs are independent replays; each result lands in its own slot, so the order in which
-    // threads finish them never shows in the results.
+    for (JobResult& r : out) r.quality = QualityStats(params->topk);
+    TraceFacts facts;
+    double generate_s = 0;
+    // Each request is an independent trace (seed, seed+1, ...); its samples are merged in
+    // request order, so the statistics do not depend on thread timing.
+    for (int request = 0; request < requests; ++request) {
+      const double r0 = static_cast<double>(request) / requests, r1 = 1.0 / requests;
+      auto stage = [&](const std::string& what, double f) {
+        report(fmt::format("request {}/{}: {}", request + 1, requests, what), r0 + r1 * f);
+      };
+      WorkloadParams request_params = params.value();
+      request_params.seed = o.seed + static_cast<uint64_t>(request);
+      const auto g0 = std::chrono::steady_clock::now();
+      stage("generating", 0.0);
+      auto trace = generate_workload(request_params);
+      if (!trace.ok()) return trace.status();
+      ScoreOptions score_options;
+      score_options.threads = threads;
+      score_options.progress = [&](int64_t done, int64_t total) {
+        stage("scoring (all-keep)", 0.05 + 0.2 * static_cast<double>(done) / static_cast<double>(total));
+      };
+      auto scored = score_trace(trace.value(), score_options);
+      if (!scored.ok()) return scored.status();
+      generate_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count();
+      std::vector<JobResult> part(jobs.size());
+      std::vector<Status> errors(jobs.size());
+      int64_t finished = 0;
+      // Jobs are independent replays; each result lands in its own slot, so the order in which
+      // threads finish them never shows in the results.
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      ReplayOptions ro;
-      ro.predictor = jobs[j].predictor;
-      ro.config = jobs[j].config;
-      ro.open_loop = jobs[j].open_loop;
-      auto r = replay(trace.value(), *scored.value(), ro);
-      if (r.ok()) {
-        out[j] = {r->quality, r->predictor_seconds};
-      } else {
-        errors[j] = r.status();
-      }
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        ReplayOptions ro;
+        ro.predictor = jobs[j].predictor;
+        ro.config = jobs[j].config;
+        ro.open_loop = jobs[j].open_loop;
+        auto r = replay(trace.value(), *scored.value(), ro);
+        if (r.ok()) {
+          part[j] = {r->quality, r->predictor_seconds};
+        } else {
+          errors[j] = r.status();
+        }
 #pragma omp critical
-      {
-        ++finished;
-        report(fmt::format("replaying {}/{}", finished, jobs.size()),
-               0.25 + 0.75 * static_cast<double>(finished) / static_cast<double>(jobs.size()));
+        {
+          ++finished;
+          stage(fmt::format("replaying {}/{}", finished, jobs.size()),
+                0.25 + 0.75 * static_cast<double>(finished) / static_cast<double>(jobs.size()));
+        }
       }
-    }
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      if (!errors[j].ok()) {
-        return Status(errors[j].code(), fmt::format("{} / {}: {}", name, jobs[j].label, errors[j].message()));
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        if (!errors[j].ok()) {
+          return Status(errors[j].code(), fmt::format("{} / {}: {}", name, jobs[j].label, errors[j].message()));
+        }
+        out[j].quality.merge(part[j].quality);
+        out[j].predictor_seconds += part[j].predictor_seconds;
       }
+      const TraceFacts f = trace_facts(*scored.value(), o.base_config.block_entries());
+      // Means over requests (each request has the same number of samples).
+      facts.samples += f.samples;
+      facts.exact_by_construction += f.exact_by_construction;
+      facts.topk_block_share += f.topk_block_share / requests;
+      facts.prev_step_topk_recall += f.prev_step_topk_recall / requests;
+      facts.mean_visible_entries += f.mean_visible_entries / requests;
     }
     const auto t2 = std::chrono::steady_clock::now();
-    const TraceFacts facts = trace_facts(*scored.value(), o.base_config.block_entries());
-    results["scenarios"][name] = {{"workload", params->to_string()},
+    results["scenarios"][name] = {{"requests", requests},
+                                  {"workload", params->to_string()},
                                   {"steps", params->steps},
                                   {"layers", params->layers},
                                   {"next_n", params->next_n},
@@ -279,8 +303,8 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
                                   {"samples", facts.samples},
                                   {"exact_by_construction", facts.exact_by_construction},
                                   {"topk_block_share", facts.topk_block_share}};
-    timing[name] = {{"generate_and_score_s", std::chrono::duration<double>(t1 - t0).count()},
-                    {"replay_s", std::chrono::duration<double>(t2 - t1).count()}};
+    timing[name] = {{"generate_and_score_s", generate_s},
+                    {"replay_s", std::chrono::duration<double>(t2 - t0).count() - generate_s}};
     // Oracle recall per sparsity, for the gap column.
     std::map<double, double> oracle;
     for (size_t j = 0; j < jobs.size(); ++j) {
@@ -330,7 +354,7 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
 
   // ---- report.md ------------------------------------------------------------------------------
   std::string md = "# spin eval report\n\n";
-  md += fmt::format("Seed {}{}. Predictor config (sweeps vary target_sparsity): `{}`\n\n", o.seed,
+  md += fmt::format("Seed {}, {} request(s) per scenario{}. Predictor config (sweeps vary target_sparsity): `{}`\n\n", o.seed, requests,
                     o.quick ? ", quick mode" : "", o.base_config.to_string());
   md += "Every number is measured against all-keep (the full indexer) on the same trace; recall is token-level "
         "top-k recall, miss = 1 − recall, percentiles are nearest-rank. Rows whose context holds ≤ topk entries are "

@@ -29,9 +29,8 @@ constexpr NameOf<ExplorePolicy> kExploreNames[] = {{ExplorePolicy::kUniform, "un
                                                    {ExplorePolicy::kStalest, "stalest"}};
 constexpr NameOf<Combine> kCombineNames[] = {{Combine::kMax, "max"},
                                              {Combine::kWeighted, "weighted"}};
-constexpr NameOf<MtpUpdate> kMtpNames[] = {{MtpUpdate::kPrefix, "prefix"},
-                                           {MtpUpdate::kRow0, "row0"},
-                                           {MtpUpdate::kAllRows, "all-rows"}};
+constexpr NameOf<MtpUpdate> kMtpNames[] = {
+    {MtpUpdate::kPrefix, "prefix"}, {MtpUpdate::kRow0, "row0"}, {MtpUpdate::kAllRows, "all-rows"}};
 
 template <typename E, size_t N>
 const char* name_in(const NameOf<E> (&table)[N], E v) {
@@ -225,8 +224,8 @@ int64_t budget_blocks(const PredictorConfig& config, int64_t n_blocks) {
     b = static_cast<int64_t>(std::ceil(raw - 1e-9));
   }
   // Never below what top-k needs, nor below the forced blocks (so they always fit).
-  const int64_t forced = std::min<int64_t>(
-      n_blocks, static_cast<int64_t>(config.sink_blocks) + config.local_blocks);
+  const int64_t forced =
+      std::min<int64_t>(n_blocks, static_cast<int64_t>(config.sink_blocks) + config.local_blocks);
   b = std::max({b, blocks_for_topk(config), forced});
   return std::min(b, n_blocks);
 }

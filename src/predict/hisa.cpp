@@ -12,14 +12,15 @@
 namespace spin {
 namespace {
 
-constexpr int64_t kDim = kIndexerHeadDim;       // 128 e4m3 values per entry
-constexpr int64_t kEntryBytes = kDim + 4;       // + one fp32 scale: 132 bytes per entry
+constexpr int64_t kDim = kIndexerHeadDim;  // 128 e4m3 values per entry
+constexpr int64_t kEntryBytes = kDim + 4;  // + one fp32 scale: 132 bytes per entry
 static_assert(kEntryBytes == 132, "DESIGN.md §3: 128 e4m3 bytes + 4 scale bytes per entry");
 
 const std::array<float, 256>& e4m3_lut() {
   static const std::array<float, 256> lut = [] {
     std::array<float, 256> t{};
-    for (int c = 0; c < 256; ++c) t[static_cast<size_t>(c)] = e4m3_to_float(static_cast<uint8_t>(c));
+    for (int c = 0; c < 256; ++c)
+      t[static_cast<size_t>(c)] = e4m3_to_float(static_cast<uint8_t>(c));
     return t;
   }();
   return lut;
@@ -46,8 +47,7 @@ Status check_hisa_view(const PredictorConfig& config, const HisaView& v, int64_t
                             v.num_entries, num_entries);
   if (v.heads < 1 || v.heads > 1024)
     return invalid_argument("hisa: heads {} is outside the supported 1..1024", v.heads);
-  if (v.q == nullptr || v.w == nullptr)
-    return invalid_argument("hisa: the view's q or w is null");
+  if (v.q == nullptr || v.w == nullptr) return invalid_argument("hisa: the view's q or w is null");
   if (num_entries > 0 && (v.key_cache == nullptr || v.block_table == nullptr))
     return invalid_argument("hisa: the view's key_cache or block_table is null");
   return ok_status();
@@ -62,8 +62,8 @@ Status HisaKeys::update(const PredictorConfig& config, const HisaView& v,
     count_.resize(static_cast<size_t>(nb), 0);
     sum_.resize(static_cast<size_t>(nb * kDim), 0.0f);
   }
-  const int64_t first = complete_ < nb ? complete_ * e + count_[static_cast<size_t>(complete_)]
-                                       : committed_entries;
+  const int64_t first =
+      complete_ < nb ? complete_ * e + count_[static_cast<size_t>(complete_)] : committed_entries;
   if (first >= committed_entries) return ok_status();
   // Check every page about to be read before touching a sum, so an error leaves them consistent.
   for (int64_t page = first / ps; page <= (committed_entries - 1) / ps; ++page) {
@@ -102,7 +102,8 @@ void HisaKeys::score(const HisaView& v, int32_t row, int64_t n_blocks, float* p,
   for (int64_t i = 0; i < heads * kDim; ++i) q[static_cast<size_t>(i)] = lut[qrow[i]];
   const float* w = v.w + static_cast<int64_t>(row) * heads;
   for (int64_t b = 0; b < n_blocks; ++b) {
-    const int32_t count = b < static_cast<int64_t>(count_.size()) ? count_[static_cast<size_t>(b)] : 0;
+    const int32_t count =
+        b < static_cast<int64_t>(count_.size()) ? count_[static_cast<size_t>(b)] : 0;
     if (count == 0) {
       p[b] = FLT_MAX;
       continue;

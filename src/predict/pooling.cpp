@@ -143,16 +143,17 @@ Status pool_row_impl(const PredictorConfig& config, const RowScores& row, Pooled
   const int32_t* sb = row.scored_blocks;
   const int64_t nsb = row.num_scored_blocks;
   for (int64_t i = 0; i < nsb; ++i) {
-    if (sb[i] < 0)
-      return out_of_range("scored block {} (list index {}) is negative", sb[i], i);
+    if (sb[i] < 0) return out_of_range("scored block {} (list index {}) is negative", sb[i], i);
     if (i > 0 && sb[i] <= sb[i - 1])
       return invalid_argument("scored blocks must be strictly ascending: {} follows {} at index {}",
                               sb[i], sb[i - 1], i);
   }
   // Only the listed blocks the row can see matter: [0, nvis) of the list. Blocks past them are
   // skipped, not refused: an MTP union holds later rows' newest blocks, beyond earlier rows' view.
-  const int64_t nvis = std::lower_bound(sb, sb + nsb, static_cast<int32_t>(
-                                            std::min<int64_t>(vis_blocks, INT32_MAX))) - sb;
+  const int64_t nvis =
+      std::lower_bound(sb, sb + nsb,
+                       static_cast<int32_t>(std::min<int64_t>(vis_blocks, INT32_MAX))) -
+      sb;
 
   const bool own_topk = row.topk_positions == nullptr;
   std::vector<int32_t>& hits = out->topk_hits;
@@ -280,10 +281,10 @@ Status pool_row_impl(const PredictorConfig& config, const RowScores& row, Pooled
         break;
     }
     out->blocks.push_back(sb[i]);
-    out->x.push_back(config.pooling == Pooling::kTopkHits
-                         ? static_cast<float>(static_cast<double>(block_hits) /
-                                              static_cast<double>(e))
-                         : squash(r));
+    out->x.push_back(
+        config.pooling == Pooling::kTopkHits
+            ? static_cast<float>(static_cast<double>(block_hits) / static_cast<double>(e))
+            : squash(r));
     if (own_topk) {
       hits.push_back(static_cast<int32_t>(block_hits));
     } else {

@@ -4,8 +4,8 @@
 //   2. exploration (explores() only): E = min(round(explore_ratio·B), B - forced) of the rest,
 //      `uniform`: the E smallest counter hashes rng.at(b) (top 32 bits) with rng keyed on (seed,
 //      request, layer, step) — a uniformly random subset, and the same draw for every row of a
-//      step, so MTP rows explore the same blocks and the union stays small; `stalest`: oldest last_seen first,
-//      never-seen oldest of all, ties to the lower index;
+//      step, so MTP rows explore the same blocks and the union stays small; `stalest`: oldest
+//      last_seen first, never-seen oldest of all, ties to the lower index;
 //   3. prediction: the highest rank() p[b] fill the rest, ties to the lower index.
 // Selecting the smallest keys (kselect.h) where a key is (value, then index) — a strict total
 // order — makes the chosen set unique, independent of the selection algorithm; the set is then
@@ -86,8 +86,7 @@ Status PredictorBase::check_step_input(int32_t layer, const StepInput& in) const
   // last_seen is stored as int32 (8 bytes of state per block, not 12).
   if (in.step < 0 || in.step > INT32_MAX)
     return invalid_argument("{}: step {} is outside [0, 2^31)", name_, in.step);
-  if (in.num_entries < 0)
-    return invalid_argument("{}: num_entries {} < 0", name_, in.num_entries);
+  if (in.num_entries < 0) return invalid_argument("{}: num_entries {} < 0", name_, in.num_entries);
   if (in.row_visible) {
     for (int32_t j = 0; j < in.next_n; ++j)
       if (in.row_visible[j] < 0 || in.row_visible[j] > in.num_entries)
@@ -221,8 +220,8 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
   if (f == Fill::kRandom) {
     n_explore = left;
   } else if (explores()) {
-    n_explore = std::min<int64_t>(
-        std::llround(config_.explore_ratio * static_cast<double>(budget)), left);
+    n_explore =
+        std::min<int64_t>(std::llround(config_.explore_ratio * static_cast<double>(budget)), left);
   }
   if (n_explore > 0) {
     if (f == Fill::kRandom || config_.explore_policy == ExplorePolicy::kUniform) {
@@ -276,9 +275,10 @@ Status PredictorBase::observe(int32_t layer, int32_t row, const RowScores& score
     return invalid_argument("{}: layer {} is outside [0, {})", name_, layer, num_layers_);
   Layer& l = layers_[static_cast<size_t>(layer)];
   if (!open_ || !l.selected)
-    return failed_precondition("{}: observe(layer {}) without a select of that layer in an open "
-                               "step; the protocol is select → observe every row → commit",
-                               name_, layer);
+    return failed_precondition(
+        "{}: observe(layer {}) without a select of that layer in an open "
+        "step; the protocol is select → observe every row → commit",
+        name_, layer);
   if (row < 0 || row >= open_next_n_)
     return invalid_argument("{}: row {} is outside the open step's {} rows", name_, row,
                             open_next_n_);
@@ -287,9 +287,10 @@ Status PredictorBase::observe(int32_t layer, int32_t row, const RowScores& score
                                row, open_step_);
   const size_t ur = static_cast<size_t>(row);
   if (scores.visible != l.visible[ur])
-    return invalid_argument("{}: layer {} row {}: visible {} differs from the {} entries the row "
-                            "saw at select",
-                            name_, layer, row, scores.visible, l.visible[ur]);
+    return invalid_argument(
+        "{}: layer {} row {}: visible {} differs from the {} entries the row "
+        "saw at select",
+        name_, layer, row, scores.visible, l.visible[ur]);
   SPIN_RETURN_IF_ERROR(pool_row(config_, scores, &l.pending[ur], &pool_scratch_));
   l.observed |= 1u << row;
   return ok_status();
@@ -298,12 +299,14 @@ Status PredictorBase::observe(int32_t layer, int32_t row, const RowScores& score
 Status PredictorBase::commit(int32_t accepted) {
   if (!open_) {
     if (last_committed_ >= 0)
-      return failed_precondition("{}: nothing pending: step {} was already committed; select the "
-                                 "next step first",
-                                 name_, last_committed_);
-    return failed_precondition("{}: nothing pending: no step is open (select, observe every row, "
-                               "then commit)",
-                               name_);
+      return failed_precondition(
+          "{}: nothing pending: step {} was already committed; select the "
+          "next step first",
+          name_, last_committed_);
+    return failed_precondition(
+        "{}: nothing pending: no step is open (select, observe every row, "
+        "then commit)",
+        name_);
   }
   if (accepted < 0 || accepted >= open_next_n_)
     return invalid_argument("{}: accepted {} is outside 0..{} (next_n - 1)", name_, accepted,
@@ -314,9 +317,10 @@ Status PredictorBase::commit(int32_t accepted) {
     if (!l.selected || l.observed == all_rows) continue;
     int32_t j = 0;
     while (l.observed >> j & 1u) ++j;
-    return failed_precondition("{}: commit of step {}: layer {} row {} was selected but not "
-                               "observed",
-                               name_, open_step_, li, j);
+    return failed_precondition(
+        "{}: commit of step {}: layer {} row {} was selected but not "
+        "observed",
+        name_, open_step_, li, j);
   }
 
   // Replay: prefix-valid rows 0..accepted in order (default), row 0 only, or every row.

@@ -53,7 +53,10 @@ class PredictorBase : public BlockPredictor {
   static float unknown_score(int64_t distance) { return -2.0f - static_cast<float>(distance); }
   static void fill_unknown(float* p, int64_t n_blocks);
 
-  virtual Fill fill(int32_t layer) const { (void)layer; return Fill::kRanked; }
+  virtual Fill fill(int32_t layer) const {
+    (void)layer;
+    return Fill::kRanked;
+  }
   virtual bool explores() const { return false; }
   // Once per select, before any row: predictor-specific checks of `in`, cache updates.
   virtual Status prepare(int32_t layer, const StepInput& in);
@@ -77,7 +80,8 @@ class PredictorBase : public BlockPredictor {
     return layers_[layer].prev_topk_hits;
   }
   static int64_t row_visible(const StepInput& in, int32_t row) {
-    return in.row_visible ? in.row_visible[row] : row_visible_entries(in.num_entries, in.next_n, row);
+    return in.row_visible ? in.row_visible[row]
+                          : row_visible_entries(in.num_entries, in.next_n, row);
   }
 
  private:
@@ -92,8 +96,8 @@ class PredictorBase : public BlockPredictor {
   };
 
   Status check_step_input(int32_t layer, const StepInput& in) const;
-  Status select_row(const RowContext& ctx, Fill f, std::vector<int32_t>* blocks,
-                    int32_t* explored, std::vector<float>* scores);
+  Status select_row(const RowContext& ctx, Fill f, std::vector<int32_t>* blocks, int32_t* explored,
+                    std::vector<float>* scores);
 
   std::string name_;
   PredictorConfig config_;

@@ -142,17 +142,19 @@ class OraclePredictor final : public PredictorBase {
  protected:
   Status prepare(int32_t, const StepInput& in) override {
     if (in.true_topk == nullptr)
-      return invalid_argument("oracle: StepInput::true_topk is null; the oracle ranks blocks by "
-                              "this step's true top-k ([next_n, topk] positions, -1 padded)");
+      return invalid_argument(
+          "oracle: StepInput::true_topk is null; the oracle ranks blocks by "
+          "this step's true top-k ([next_n, topk] positions, -1 padded)");
     const int32_t k = config().topk;
     for (int32_t j = 0; j < in.next_n; ++j) {
       const int64_t vis = row_visible(in, j);
       for (int32_t t = 0; t < k; ++t) {
         const int32_t pos = in.true_topk[static_cast<int64_t>(j) * k + t];
         if (pos != -1 && (pos < 0 || pos >= vis))
-          return out_of_range("oracle: true_topk[{}][{}] = {} is outside row {}'s {} visible "
-                              "entries",
-                              j, t, pos, j, vis);
+          return out_of_range(
+              "oracle: true_topk[{}][{}] = {} is outside row {}'s {} visible "
+              "entries",
+              j, t, pos, j, vis);
       }
     }
     return ok_status();
@@ -281,8 +283,8 @@ class HisaPredictor final : public PredictorBase {
 
 const std::vector<std::string>& predictor_names() {
   static const std::vector<std::string> kNames = {
-      "all-keep", "random",     "prev-iter", "prev-layer", "ema-slot",     "ema-offset",
-      "spin",     "oracle",     "step-reuse", "hisa",      "indexcache-2", "indexcache-4"};
+      "all-keep", "random", "prev-iter",  "prev-layer", "ema-slot",     "ema-offset",
+      "spin",     "oracle", "step-reuse", "hisa",       "indexcache-2", "indexcache-4"};
   return kNames;
 }
 

@@ -20,7 +20,8 @@ inline std::vector<float> masked_row(const std::vector<float>& full, int64_t vis
   for (const int32_t b : blocks) {
     const int64_t begin = static_cast<int64_t>(b) * block_entries;
     const int64_t end = std::min<int64_t>(begin + block_entries, visible);
-    for (int64_t p = begin; p < end; ++p) row[static_cast<size_t>(p)] = full[static_cast<size_t>(p)];
+    for (int64_t p = begin; p < end; ++p)
+      row[static_cast<size_t>(p)] = full[static_cast<size_t>(p)];
   }
   return row;
 }
@@ -54,7 +55,8 @@ inline std::vector<int32_t> true_topk(const std::vector<float>& full, int64_t vi
   const size_t keep = std::min(pos.size(), static_cast<size_t>(k));
   std::partial_sort(pos.begin(), pos.begin() + static_cast<ptrdiff_t>(keep), pos.end(),
                     [&](int32_t a, int32_t b) {
-                      const float sa = full[static_cast<size_t>(a)], sb = full[static_cast<size_t>(b)];
+                      const float sa = full[static_cast<size_t>(a)],
+                                  sb = full[static_cast<size_t>(b)];
                       return sa > sb || (sa == sb && a < b);
                     });
   pos.resize(keep);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <fstream>
 #include <unistd.h>
@@ -57,7 +58,7 @@ struct Knob {
 const std::vector<Knob>& knobs() {
   static const std::vector<Knob> k = {
       {&WorkloadParams::query_noise, "query_noise", 0.0, 16.0, 2.0},
-      {&WorkloadParams::head_spread, "head_spread", 0.0, 12.0, 2.0},
+      {&WorkloadParams::head_spread, "head_spread", 0.0, 24.0, 2.0},
       {&WorkloadParams::salience_sigma, "salience_sigma", 0.05, 2.0, 0.3},
   };
   return k;
@@ -70,6 +71,13 @@ Result<CalibrationResult> calibrate(const CalibrationTarget& target, const Calib
   if (!base.ok()) return base.status();
   WorkloadParams params = base.value();
   const std::vector<Knob>& ks = knobs();
+  auto error_of = [&](const std::array<double, 2>& y) {
+    return std::max(std::fabs(target.pearson - y[0]), std::fabs(target.topk_recall - y[1]));
+  };
+  // Every measurement — steps and finite-difference probes alike — competes for the result.
+  WorkloadParams best = params;
+  CalibrationMeasurement best_m;
+  double best_error = std::numeric_limits<double>::infinity();
   auto measure = [&](const WorkloadParams& p) -> Result<std::array<double, 2>> {
     auto m = measure_calibration(p, options.seeds);
     if (!m.ok()) return m.status();
@@ -78,14 +86,17 @@ Result<CalibrationResult> calibrate(const CalibrationTarget& target, const Calib
       for (const Knob& k : ks) line += fmt::format(" {}={:.4f}", k.name, p.*k.field);
       options.progress(line + fmt::format(" → pearson {:.4f}, topk recall {:.4f}", m->pearson, m->topk_recall));
     }
-    return std::array<double, 2>{m->pearson, m->topk_recall};
+    const std::array<double, 2> y = {m->pearson, m->topk_recall};
+    if (error_of(y) < best_error) {
+      best_error = error_of(y);
+      best = p;
+      best_m = m.value();
+    }
+    return y;
   };
   // Damped Gauss–Newton on the two statistics over three knobs (in units of each knob's scale):
   // a finite-difference Jacobian J (2×3), the minimum-norm step J^T (J J^T)^-1 · error, then
   // backtracking (halve the step until the error shrinks). The best point seen is kept.
-  auto error_of = [&](const std::array<double, 2>& y) {
-    return std::max(std::fabs(target.pearson - y[0]), std::fabs(target.topk_recall - y[1]));
-  };
   auto y = measure(params);
   if (!y.ok()) return y.status();
   std::array<double, 2> current = y.value();
@@ -134,9 +145,7 @@ Result<CalibrationResult> calibrate(const CalibrationTarget& target, const Calib
     }
     if (!improved) break;  // a local minimum of the achievable error
   }
-  auto final_measure = measure_calibration(params, options.seeds);
-  if (!final_measure.ok()) return final_measure.status();
-  return CalibrationResult{target, params, final_measure.value()};
+  return CalibrationResult{target, best, best_m};
 }
 
 Status write_calibration(const std::string& path, const std::vector<CalibrationResult>& results,

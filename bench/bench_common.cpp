@@ -1,6 +1,8 @@
 // Benchmark plumbing: timing loop, machine peak, machine description, atomic JSON output.
 #include "bench_common.h"
 
+#include "core/atomic_file.h"
+
 #include <immintrin.h>
 #include <omp.h>
 #include <unistd.h>
@@ -105,28 +107,15 @@ nlohmann::json machine_json(int threads) {
           {"hardware_threads", omp_get_num_procs()}};
 }
 
-bool write_json_atomic(const std::string& path, const nlohmann::json& records, std::string* error) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) {
-      *error = "cannot open " + tmp + " for writing";
-      return false;
-    }
-    out << records.dump(2) << "\n";
-    out.flush();
-    if (!out) {
-      *error = "write to " + tmp + " failed";
-      std::remove(tmp.c_str());
-      return false;
-    }
+int finish_records(const std::string& path, const nlohmann::json& records) {
+  if (path.empty()) return 0;
+  const Status status = write_file_atomic(path, records.dump(2) + "\n");
+  if (!status.ok()) {
+    std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
+    return 1;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    *error = "cannot rename " + tmp + " to " + path;
-    std::remove(tmp.c_str());
-    return false;
-  }
-  return true;
+  std::printf("\nwrote %zu records to %s\n", records.size(), path.c_str());
+  return 0;
 }
 
 }  // namespace spin::bench

@@ -34,8 +34,8 @@ MachinePeak measure_peak(int threads);
 nlohmann::json machine_json(int threads);
 std::string cpu_model();
 
-// Writes `records` (a JSON array) atomically: temp file in the same directory, then rename.
-bool write_json_atomic(const std::string& path, const nlohmann::json& records, std::string* error);
+// Writes `records` (a JSON array) atomically to `path` unless it is empty; the exit code.
+int finish_records(const std::string& path, const nlohmann::json& records);
 
 struct IndexerBenchOptions {
   std::vector<int64_t> contexts = {8192, 32768, 131072, 524288};

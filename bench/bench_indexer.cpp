@@ -63,6 +63,26 @@ Problem make_problem(int64_t entries, int rows) {
   return p;
 }
 
+// One request scoring every entry of `prob` with `rows` query rows.
+IndexerParams full_params(Problem& prob, const int64_t* ctx_len, int rows) {
+  IndexerParams params;
+  params.key_cache = prob.cache.data();
+  params.page_size = kPageSize;
+  params.num_pages = prob.num_pages;
+  params.block_table = prob.block_table.data();
+  params.block_table_stride = prob.num_pages;
+  params.batch = 1;
+  params.context_lens = ctx_len;
+  params.next_n = rows;
+  params.num_heads = kHeads;
+  params.q = prob.q.data();
+  params.weights = prob.weights.data();
+  params.logits = prob.logits.data();
+  params.logits_stride = prob.entries;
+  params.logits_cols = prob.entries;
+  return params;
+}
+
 // Exactly ceil((1-s)·n_blocks) blocks, drawn uniformly without replacement, sorted.
 std::vector<int32_t> pick_blocks(int32_t n_blocks, double sparsity, uint64_t seed) {
   const int32_t keep = static_cast<int32_t>(std::ceil((1.0 - sparsity) * n_blocks - 1e-9));
@@ -80,20 +100,7 @@ std::vector<int32_t> pick_blocks(int32_t n_blocks, double sparsity, uint64_t see
 double time_full_indexer_us(int64_t context, int threads, double min_seconds) {
   Problem prob = make_problem(context, 1);
   const int64_t ctx_len = context;
-  IndexerParams params;
-  params.key_cache = prob.cache.data();
-  params.page_size = kPageSize;
-  params.num_pages = prob.num_pages;
-  params.block_table = prob.block_table.data();
-  params.block_table_stride = prob.num_pages;
-  params.batch = 1;
-  params.context_lens = &ctx_len;
-  params.num_heads = kHeads;
-  params.q = prob.q.data();
-  params.weights = prob.weights.data();
-  params.logits = prob.logits.data();
-  params.logits_stride = context;
-  params.logits_cols = context;
+  const IndexerParams params = full_params(prob, &ctx_len, 1);
   return time_it([&] { (void)indexer_scores(params, {IndexerImpl::kAuto, threads}); }, min_seconds).median_us;
 }
 
@@ -120,21 +127,7 @@ int run_indexer_bench(const IndexerBenchOptions& options) {
     for (int rows : options.rows) {
       Problem prob = make_problem(context, rows);
       const int64_t ctx_len = context;  // entries incl. this step's rows: the last row sees all
-      IndexerParams params;
-      params.key_cache = prob.cache.data();
-      params.page_size = kPageSize;
-      params.num_pages = prob.num_pages;
-      params.block_table = prob.block_table.data();
-      params.block_table_stride = prob.num_pages;
-      params.batch = 1;
-      params.context_lens = &ctx_len;
-      params.next_n = rows;
-      params.num_heads = kHeads;
-      params.q = prob.q.data();
-      params.weights = prob.weights.data();
-      params.logits = prob.logits.data();
-      params.logits_stride = context;
-      params.logits_cols = context;
+      const IndexerParams params = full_params(prob, &ctx_len, rows);
       double full_us = 0;
       for (double sparsity : options.sparsities) {
         std::vector<int32_t> blocks;
@@ -179,15 +172,7 @@ int run_indexer_bench(const IndexerBenchOptions& options) {
       }
     }
   }
-  if (!options.json_path.empty()) {
-    std::string error;
-    if (!write_json_atomic(options.json_path, records, &error)) {
-      fmt::print(stderr, "error: {}\n", error);
-      return 1;
-    }
-    fmt::print("\nwrote {} records to {}\n", records.size(), options.json_path);
-  }
-  return 0;
+  return finish_records(options.json_path, records);
 }
 
 }  // namespace spin::bench

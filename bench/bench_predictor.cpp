@@ -92,15 +92,7 @@ int run_predictor_bench(const PredictorBenchOptions& options) {
                    {"config", config.to_string()}});
     records.push_back(record);
   }
-  if (!options.json_path.empty()) {
-    std::string error;
-    if (!write_json_atomic(options.json_path, records, &error)) {
-      fmt::print(stderr, "error: {}\n", error);
-      return 1;
-    }
-    fmt::print("\nwrote {} records to {}\n", records.size(), options.json_path);
-  }
-  return 0;
+  return finish_records(options.json_path, records);
 }
 
 }  // namespace spin::bench

@@ -61,15 +61,7 @@ int run_topk_bench(const TopkBenchOptions& options) {
                    {"speedup_vs_nth_element", nth.median_us / radix.median_us}, {"mentries_per_s", rate}});
     records.push_back(record);
   }
-  if (!options.json_path.empty()) {
-    std::string error;
-    if (!write_json_atomic(options.json_path, records, &error)) {
-      fmt::print(stderr, "error: {}\n", error);
-      return 1;
-    }
-    fmt::print("\nwrote {} records to {}\n", records.size(), options.json_path);
-  }
-  return 0;
+  return finish_records(options.json_path, records);
 }
 
 }  // namespace spin::bench

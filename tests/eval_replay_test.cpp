@@ -98,15 +98,18 @@ TEST(Replay, AllKeepClosedLoopIsExact) {
 
 TEST(Replay, OracleBoundsEveryPredictorAndSparsityIsRealised) {
   const Replayed r = scored_small();
-  const double oracle = run(r, "oracle", 0.5).quality.recall().mean();
+  const ReplayResult oracle_run = run(r, "oracle", 0.5);
+  const double oracle = oracle_run.quality.recall().mean();
+  const double oracle_blocks = oracle_run.quality.block_recall().mean();
+  EXPECT_LT(oracle, 1.0);  // at 50 % sparsity this workload cannot be exact: the test has teeth
   for (const char* p : {"spin", "prev-iter", "ema-slot", "random", "step-reuse", "hisa"}) {
     const ReplayResult res = run(r, p, 0.5);
     EXPECT_LE(res.quality.recall().mean(), oracle + 1e-12) << p;
+    EXPECT_LE(res.quality.block_recall().mean(), oracle_blocks + 1e-12) << p;
     EXPECT_NEAR(res.quality.sparsity().mean(), 0.5, 0.03) << p;  // forced/rounding keep it close
   }
   const TraceFacts facts = trace_facts(*r.scored, 64);
-  EXPECT_GT(facts.topk_block_share, 0.0);
-  EXPECT_LE(facts.topk_block_share, 1.0);
+  EXPECT_GT(facts.topk_block_share, 0.5);  // a 6K context with k = 2048: top-k touches most blocks
   EXPECT_GT(facts.prev_step_topk_recall, 0.0);
 }
 

@@ -113,6 +113,16 @@ TEST(Topk, PadsWithMinusOneAndHonoursRowLengths) {
   }
 }
 
+// Exactly k finite scores followed by -inf: the "everything finite is selected" path must not
+// write a (k+1)-th slot — neither into the next row nor past the buffer (the last row).
+TEST(Topk, ExactlyKFiniteThenMinusInfStaysInItsRow) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::vector<float> scores = {1, 2, ninf, 5, 3, ninf};
+  for (TopkImpl impl : {TopkImpl::kRadix, TopkImpl::kReference}) {
+    EXPECT_EQ(run_topk(scores, 2, 3, 2, impl), (std::vector<int32_t>{0, 1, 0, 1}));
+  }
+}
+
 TEST(Topk, DeterministicAcrossThreads) {
   CounterRng rng(stream_key(77));
   std::vector<float> scores(8 * 20000);

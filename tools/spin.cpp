@@ -10,6 +10,7 @@
 #include "bench_common.h"
 #include "spin/calibrate.h"
 #include "spin/eval.h"
+#include "spin/files.h"
 #include "spin/replay.h"
 #include "spin/trace.h"
 #include "spin/workload.h"
@@ -212,8 +213,7 @@ int main(int argc, char** argv) {
     }
     fmt::print("{}\n", out.dump(2));
     if (!replay_json.empty()) {
-      std::string error;
-      if (!spin::bench::write_json_atomic(replay_json, out, &error)) return fail({spin::StatusCode::kIoError, error});
+      if (spin::Status s = spin::write_file_atomic(replay_json, out.dump(2) + "\n"); !s.ok()) return fail(s);
     }
     if (!replay_dump.empty()) {
       if (spin::Status s = spin::write_topk_dump(replay_dump, trace.value(), result.value()); !s.ok()) return fail(s);

@@ -41,7 +41,7 @@ struct TraceFacts {
   int64_t exact_by_construction = 0;   // rows whose context holds ≤ topk entries
   double topk_block_share = 0;         // mean share of visible blocks holding ≥ 1 top-k entry
   double prev_step_topk_recall = 0;    // mean |TopK_{t-1} ∩ TopK_t| / k (row 0, steps ≥ 1)
-  int64_t mean_visible_entries = 0;
+  double mean_visible_entries = 0;
 };
 TraceFacts trace_facts(const ScoredTrace& scored, int32_t block_entries);
 

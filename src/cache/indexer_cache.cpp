@@ -66,9 +66,14 @@ Status RequestPages::reserve(int64_t num_entries, int32_t page_size, PageAllocat
 }
 
 Status RequestPages::release_all(PageAllocator& allocator) {
-  for (int32_t page : pages_) SPIN_RETURN_IF_ERROR(allocator.release(page));
+  // Release every page even if one fails, so nothing leaks; report the first failure.
+  Status first = ok_status();
+  for (int32_t page : pages_) {
+    Status s = allocator.release(page);
+    if (!s.ok() && first.ok()) first = std::move(s);
+  }
   pages_.clear();
-  return ok_status();
+  return first;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -10,9 +10,8 @@
 #include <cmath>
 #include <limits>
 #include <cstdio>
-#include <fstream>
-#include <unistd.h>
 
+#include "core/atomic_file.h"
 #include "core/errors.h"
 #include "spin/replay.h"
 
@@ -163,20 +162,7 @@ Status write_calibration(const std::string& path, const std::vector<CalibrationR
         {"target", {{"pearson", r.target.pearson}, {"topk_recall", r.target.topk_recall}}},
         {"achieved", {{"pearson", r.achieved.pearson}, {"topk_recall", r.achieved.topk_recall}}}};
   }
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << doc.dump(2) << "\n";
-    if (!out.flush()) {
-      std::remove(tmp.c_str());
-      return io_error("cannot write {}", tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return io_error("cannot rename {} to {}", tmp, path);
-  }
-  return ok_status();
+  return write_file_atomic(path, doc.dump(2) + "\n");
 }
 
 }  // namespace spin

@@ -5,7 +5,6 @@
 #include <nlohmann/json.hpp>
 #include <omp.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -15,6 +14,7 @@
 #include <map>
 #include <set>
 
+#include "core/atomic_file.h"
 #include "core/errors.h"
 #include "spin/calibrate.h"
 #include "spin/replay.h"
@@ -118,23 +118,6 @@ json quality_json(const QualityStats& q) {
           {"block_sparsity_mean", num(q.block_sparsity().mean())},
           {"pearson_mean", num(q.pearson().mean())},
           {"topk_recall_mean", num(q.topk_recall().mean())}};
-}
-
-Status write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    if (!out.flush()) {
-      std::remove(tmp.c_str());
-      return io_error("cannot write {}", tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return io_error("cannot rename {} to {}", tmp, path);
-  }
-  return ok_status();
 }
 
 // One PNG per base scenario: mean recall and p99 miss against realised sparsity.
@@ -284,7 +267,8 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
         out[j].quality.merge(part[j].quality);
         out[j].predictor_seconds += part[j].predictor_seconds;
       }
-      const TraceFacts f = trace_facts(*scored.value(), o.base_config.block_entries());
+      // Blocks as replay() sees them: the trace's page size, the config's pages per block.
+      const TraceFacts f = trace_facts(*scored.value(), trace->meta.page_size * o.base_config.block_pages);
       // Means over requests (each request has the same number of samples).
       facts.samples += f.samples;
       facts.exact_by_construction += f.exact_by_construction;
@@ -363,8 +347,8 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
         "recall | target | blocks with ≥1 top-k entry |\n|---|---:|---:|---:|---:|---:|---:|\n";
   for (const json& c : calibration) {
     auto v = [](const json& x) { return x.is_number() ? cell(x.get<double>()) : std::string("–"); };
-    md += fmt::format("| {} | {} | {} | {} | {} | {} | {:.1f}% |\n", c["scenario"].get<std::string>(),
-                      c["mean_visible_entries"].get<int64_t>(), v(c["pearson"]), v(c["target_pearson"]),
+    md += fmt::format("| {} | {:.0f} | {} | {} | {} | {} | {:.1f}% |\n", c["scenario"].get<std::string>(),
+                      c["mean_visible_entries"].get<double>(), v(c["pearson"]), v(c["target_pearson"]),
                       v(c["topk_recall"]), v(c["target_topk_recall"]), 100 * c["topk_block_share"].get<double>());
   }
   md += fmt::format("\n## Predictor comparison (open loop, block recall at {:.0f}% sparsity)\n\n", 100 * kComparisonSparsity);
@@ -433,8 +417,8 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
   md += fmt::format("\nTotal time {:.1f} s on {} threads.\n", timing["total_s"].get<double>(), threads);
   summary.report_md = md;
   summary.results_path = o.out_dir + "/results.json";
-  SPIN_RETURN_IF_ERROR(write_text_atomic(o.out_dir + "/report.md", md));
-  SPIN_RETURN_IF_ERROR(write_text_atomic(summary.results_path, results.dump(2) + "\n"));
+  SPIN_RETURN_IF_ERROR(write_file_atomic(o.out_dir + "/report.md", md));
+  SPIN_RETURN_IF_ERROR(write_file_atomic(summary.results_path, results.dump(2) + "\n"));
   return summary;
 }
 

@@ -150,7 +150,8 @@ TraceFacts trace_facts(const ScoredTrace& st, int32_t block_entries) {
   const int64_t measured = facts.samples - facts.exact_by_construction;
   facts.topk_block_share = measured > 0 ? share_sum / static_cast<double>(measured) : 0.0;
   facts.prev_step_topk_recall = recall_n > 0 ? recall_sum / static_cast<double>(recall_n) : 0.0;
-  facts.mean_visible_entries = facts.samples > 0 ? visible_sum / facts.samples : 0;
+  facts.mean_visible_entries =
+      facts.samples > 0 ? static_cast<double>(visible_sum) / static_cast<double>(facts.samples) : 0.0;
   return facts;
 }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/atomic_file.h"
 #include "core/errors.h"
 
 namespace spin::st {
@@ -330,83 +331,6 @@ Result<TensorView> SafetensorsFile::tensor(std::string_view name) const {
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-namespace {
-
-Status write_all(int fd, const void* data, size_t n, const std::string& tmp) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    const size_t chunk = std::min<size_t>(n, size_t{1} << 30);
-    const ssize_t w = ::write(fd, p, chunk);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return io_error("cannot write {}: {}", tmp, std::strerror(errno));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return ok_status();
-}
-
-std::string parent_dir(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-// Owns the temporary file until it is renamed; removes it otherwise.
-class TempFile {
- public:
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-  Status create(const std::string& target) {
-    static std::atomic<uint64_t> counter{0};
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      std::string p = fmt::format("{}.tmp-{}-{}", target, static_cast<long>(::getpid()),
-                                  counter.fetch_add(1));
-      // 0666 filtered by the umask: the same permissions a plain open() would give the file.
-      const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-      if (fd >= 0) {
-        fd_ = fd;
-        path_ = std::move(p);
-        return ok_status();
-      }
-      if (errno != EEXIST) {
-        return io_error("cannot create temporary file {} next to {}: {}", p, target,
-                        std::strerror(errno));
-      }
-    }
-    return io_error("cannot create a unique temporary file next to {}", target);
-  }
-  int fd() const { return fd_; }
-  const std::string& path() const { return path_; }
-  Status commit(const std::string& target) {
-    if (::fsync(fd_) != 0) return io_error("cannot fsync {}: {}", path_, std::strerror(errno));
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) return io_error("cannot close {}: {}", path_, std::strerror(errno));
-    if (::rename(path_.c_str(), target.c_str()) != 0) {
-      return io_error("cannot rename {} to {}: {}", path_, target, std::strerror(errno));
-    }
-    path_.clear();  // renamed: nothing left to remove
-    // Make the rename itself durable; a failure here does not undo a complete, renamed file.
-    const int dfd = ::open(parent_dir(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      (void)::fsync(dfd);
-      ::close(dfd);
-    }
-    return ok_status();
-  }
-
- private:
-  int fd_ = -1;
-  std::string path_;
-};
-
-}  // namespace
-
 Status write_safetensors(const std::string& path, std::span<const TensorSpec> tensors,
                          const std::map<std::string, std::string>& metadata) {
   // Validate everything before touching the file system.
@@ -471,14 +395,14 @@ Status write_safetensors(const std::string& path, std::span<const TensorSpec> te
   header.append((8 - header.size() % 8) % 8, ' ');
   const uint64_t header_len = header.size();
 
-  TempFile tmp;
+  AtomicFile tmp;
   SPIN_RETURN_IF_ERROR(tmp.create(path));
   uint8_t len_bytes[8];
   std::memcpy(len_bytes, &header_len, 8);
-  SPIN_RETURN_IF_ERROR(write_all(tmp.fd(), len_bytes, 8, tmp.path()));
-  SPIN_RETURN_IF_ERROR(write_all(tmp.fd(), header.data(), header.size(), tmp.path()));
+  SPIN_RETURN_IF_ERROR(tmp.write(len_bytes, 8));
+  SPIN_RETURN_IF_ERROR(tmp.write(header.data(), header.size()));
   for (const TensorSpec* t : order) {
-    SPIN_RETURN_IF_ERROR(write_all(tmp.fd(), t->data, t->nbytes, tmp.path()));
+    SPIN_RETURN_IF_ERROR(tmp.write(t->data, t->nbytes));
   }
   return tmp.commit(path);
 }

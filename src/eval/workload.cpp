@@ -267,6 +267,7 @@ Status apply_calibration(const std::string& base, WorkloadParams& p) {
   std::vector<Point> points;
   for (const auto& [name, entry] : table["scenarios"].items()) {
     if (table["scenarios"].contains(base) && name != base) continue;  // its own calibration wins
+    if (!entry.is_object() || !entry.contains("params") || !entry["params"].is_object()) continue;
     Point pt{std::log(entry.value("prompt_tokens", 1.0)), {}};
     for (const auto& [key, value] : entry["params"].items()) {
       pt.knobs[key] = std::stod(value.is_string() ? value.get<std::string>() : value.dump());

@@ -103,7 +103,7 @@ void topk_row_radix(const float* scores, int64_t n, int32_t k, int32_t* out, Rad
   const int64_t finite = n - hist[0];
   if (finite <= k) {  // every finite score is selected
     int32_t w = 0;
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < n && w < k; ++i) {  // w < k: out has exactly k slots
       out[w] = static_cast<int32_t>(i);
       w += score_key(scores[i]) != 0;
     }

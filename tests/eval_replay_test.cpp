@@ -96,6 +96,21 @@ TEST(Replay, AllKeepClosedLoopIsExact) {
   }
 }
 
+TEST(Replay, WarmStartObservesPrefillAndSkipsItsSamples) {
+  const Replayed r = scored_small();
+  const WorkloadParams p = small_params();
+  ReplayOptions o;
+  o.predictor = "spin";
+  o.config.target_sparsity = 0.5;
+  const ReplayResult warm = replay(r.trace, *r.scored, o).value();
+  o.warm_start = false;
+  const ReplayResult cold = replay(r.trace, *r.scored, o).value();
+  EXPECT_EQ(warm.quality.samples(), int64_t{p.steps - 1} * p.layers);
+  EXPECT_EQ(cold.quality.samples(), int64_t{p.steps} * p.layers);
+  // A cold first step is a guess from nothing; the warm run never has one.
+  EXPECT_GT(warm.quality.recall().mean(), cold.quality.recall().mean());
+}
+
 TEST(Replay, OracleBoundsEveryPredictorAndSparsityIsRealised) {
   const Replayed r = scored_small();
   const ReplayResult oracle_run = run(r, "oracle", 0.5);

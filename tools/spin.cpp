@@ -92,6 +92,8 @@ int main(int argc, char** argv) {
   replay_cmd->add_option("--pooling", replay_pooling, "max | mean | topk-hits | lse");
   replay_cmd->add_option("--mtp-update", replay_mtp, "prefix | row0 | all-rows");
   replay_cmd->add_flag("--open-loop", replay.open_loop, "the predictor sees every step's full scores");
+  bool replay_cold = false;
+  replay_cmd->add_flag("--cold-start", replay_cold, "do not give step 0's full scores (prefill) to the predictor");
   replay_cmd->add_option("--set", replay_sets, "other config fields, key=value");
   replay_cmd->add_option("--json", replay_json, "write the metrics as one JSON object");
   replay_cmd->add_option("--dump-topk", replay_dump, "write layer.{l}.topk i32 [steps, next_n, topk] (safetensors)");
@@ -193,6 +195,7 @@ int main(int argc, char** argv) {
     auto scored = spin::score_trace(trace.value(), so);
     if (!scored.ok()) return fail(scored.status());
     replay.keep_topk = !replay_dump.empty();
+    replay.warm_start = !replay_cold;
     replay.progress = [&](int64_t d, int64_t t) { progress.update("replaying " + replay.predictor, 0.5 + 0.5 * static_cast<double>(d) / static_cast<double>(t)); };
     auto result = spin::replay(trace.value(), *scored.value(), replay);
     progress.done();

@@ -12,7 +12,8 @@
 //                 budget — mean recall, p99 miss, realised sparsity, gap to the oracle;
 //   mtp           MTP scenarios: prefix vs row0 vs all-rows replay, mean recall and p99 miss;
 //   pooling       spin with max / mean / topk-hits / lse pooling.
-// Deterministic: the same options give an identical results.json apart from its "timing" keys.
+// Step 0 of every trace stands for prefill (ReplayOptions::warm_start): observed in full by every
+// predictor, not counted. Deterministic: the same options give an identical results.json apart from its "timing" keys.
 #pragma once
 
 #include <cstdint>

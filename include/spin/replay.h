@@ -50,6 +50,11 @@ struct ReplayOptions {
   PredictorConfig config;   // page_size and topk are taken from the trace
   bool open_loop = false;
   bool keep_topk = false;   // keep every row's closed-loop top-k (for --dump-topk)
+  // Step 0 stands for prefill: DSA prefill scores every prompt entry anyway, so an engine has the
+  // last prompt token's full indexer row before its first decode step. With warm_start the
+  // predictor observes step 0 in full and step 0 is not counted as a sample (otherwise every
+  // predictor's first step is a cold guess that dominates p99 miss). Same for every predictor.
+  bool warm_start = true;
   std::function<void(int64_t done, int64_t total)> progress;  // after each step
 };
 

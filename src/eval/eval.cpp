@@ -342,7 +342,8 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
                     o.quick ? ", quick mode" : "", o.base_config.to_string());
   md += "Every number is measured against all-keep (the full indexer) on the same trace; recall is token-level "
         "top-k recall, miss = 1 − recall, percentiles are nearest-rank. Rows whose context holds ≤ topk entries are "
-        "exact by construction and excluded (counted in results.json).\n\n";
+        "exact by construction and excluded (counted in results.json). Step 0 of each trace stands for prefill: every "
+        "predictor observes its full scores (prefill computed them anyway) and it is not a sample.\n\n";
   md += "## Calibration (all-keep, prev-iter open loop)\n\n| scenario | visible entries | Pearson | target | top-k "
         "recall | target | blocks with ≥1 top-k entry |\n|---|---:|---:|---:|---:|---:|---:|\n";
   for (const json& c : calibration) {

@@ -244,7 +244,10 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
         RowScores rs;
         rs.num_cols = visible;
         rs.visible = visible;
-        if (!options.open_loop) {
+        // Warm start: the first step's row is what prefill already scored in full (the last
+        // prompt token's indexer row), so every predictor observes it whole and it is not a sample.
+        const bool prefill_step = options.warm_start && s == 0;
+        if (!options.open_loop && !prefill_step) {
           // Closed loop: only the union's blocks were scored (what the masked kernel writes).
           keep.assign(static_cast<size_t>(n_blocks), 0);
           for (int32_t b : sel.blocks) {
@@ -287,11 +290,14 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
           q.block_recall = block_recall(sel.row_blocks[j], st.truth[i], E);
           q.scored_entries = scored_entries_in(sel.row_blocks[j], visible, E);
           q.scored_blocks = blocks_within(sel.row_blocks[j], visible, E);
+          if (prefill_step && options.keep_topk && !options.open_loop) {
+            result.topk[l][static_cast<size_t>(s * next_n + j)] = st.truth[i];  // everything was scored
+          }
           if (s > 0 && (options.predictor == "prev-iter" || options.predictor == "step-reuse")) {
             q.topk_recall = recall(st.truth[st.index(l, s - 1, j)], st.truth[i]);
           }
         }
-        result.quality.add(q);
+        if (!prefill_step) result.quality.add(q);
         t0 = Clock::now();
         SPIN_RETURN_IF_ERROR(predictor->observe(l, j, rs));
         predictor_seconds += std::chrono::duration<double>(Clock::now() - t0).count();

@@ -20,7 +20,8 @@ TEST(PredictConfig, DefaultsAreValidAndDocumented) {
   EXPECT_EQ(c.explore_policy, ExplorePolicy::kUniform);
   EXPECT_DOUBLE_EQ(c.alpha, 0.5);
   EXPECT_DOUBLE_EQ(c.beta, 0.1);
-  EXPECT_EQ(c.combine, Combine::kMax);
+  EXPECT_EQ(c.combine, Combine::kWeighted);  // by ablation; see predict.h
+  EXPECT_EQ(c.combine_weight, 0.8);
   EXPECT_EQ(c.pooling, Pooling::kMax);
   EXPECT_EQ(c.mtp_update, MtpUpdate::kPrefix);
   EXPECT_EQ(c.page_size, 64);

@@ -91,7 +91,16 @@ std::vector<Job> jobs_for(bool mtp_scenario, const EvalOptions& o) {
   for (Pooling pooling : {Pooling::kMax, Pooling::kMean, Pooling::kTopkHits, Pooling::kLse}) {
     PredictorConfig c = with(kMtpSparsity);
     c.pooling = pooling;
-    jobs.push_back({Section::kPooling, pooling_name(pooling), "spin", c, false});
+    jobs.push_back({Section::kPooling, std::string("pooling=") + pooling_name(pooling), "spin", c, false});
+  }
+  // The combine rule (slot vs offset): the ablation behind the default.
+  for (const auto& [combine, weight] : std::vector<std::pair<Combine, double>>{
+           {Combine::kMax, 0.0}, {Combine::kWeighted, 0.5}, {Combine::kWeighted, 0.8}, {Combine::kWeighted, 1.0}}) {
+    PredictorConfig c = with(kMtpSparsity);
+    c.combine = combine;
+    if (combine == Combine::kWeighted) c.combine_weight = weight;
+    const std::string label = combine == Combine::kMax ? "combine=max" : fmt::format("combine=weighted {:.1f}", weight);
+    jobs.push_back({Section::kPooling, label, "spin", c, false});
   }
   return jobs;
 }
@@ -400,7 +409,7 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
                       mtp[i]["label"].get<std::string>(), cell(d(mtp[i]["recall_mean"])), cell(d(mtp[i]["miss_p99"])),
                       cell(d(mtp[i + 1]["recall_mean"])), cell(d(mtp[i + 1]["miss_p99"])));
   }
-  md += fmt::format("\n## Pooling ablation (spin, {:.0f}% sparsity, closed loop)\n\n| scenario | pooling | mean recall | p99 miss | block recall |\n|---|---|---:|---:|---:|\n",
+  md += fmt::format("\n## Ablation: pooling and combine (spin, {:.0f}% sparsity, closed loop)\n\n| scenario | variant | mean recall | p99 miss | block recall |\n|---|---|---:|---:|---:|\n",
                     100 * kMtpSparsity);
   for (const json& r : pooling) {
     auto d = [](const json& x) { return x.is_number() ? x.get<double>() : NAN; };

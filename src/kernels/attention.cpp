@@ -1,0 +1,276 @@
+// Sparse MLA attention front end: the latent cache (entry encoding, paged writes), argument
+// validation (once, in a fixed order) and dispatch. The math lives in the implementations; see
+// spin/attention.h for what is computed.
+//
+// The LatentCache lives here rather than in src/cache because only the attention kernels read it
+// so far; it uses the same page tables (spin/cache.h's RequestPages) as the indexer cache.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "core/errors.h"
+#include "kernels/attention_internal.h"
+#include "spin/attention.h"
+
+namespace spin {
+
+const char* latent_dtype_name(LatentDtype dtype) {
+  switch (dtype) {
+    case LatentDtype::kBf16: return "bf16";
+    case LatentDtype::kFp8: return "fp8";
+  }
+  return "unknown";
+}
+
+const char* attention_impl_name(AttentionImpl impl) {
+  switch (impl) {
+    case AttentionImpl::kAuto: return "auto";
+    case AttentionImpl::kAvx512Bf16: return "avx512bf16";
+    case AttentionImpl::kPortable: return "portable";
+    case AttentionImpl::kReference: return "reference";
+  }
+  return "unknown";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry encoding
+
+void encode_latent_entry(LatentDtype dtype, const float* values, uint8_t* entry) {
+  if (dtype == LatentDtype::kBf16) {
+    for (int32_t d = 0; d < kMlaHeadDim; ++d) {
+      const uint16_t bits = bf16_from_float(values[d]);
+      std::memcpy(entry + 2 * d, &bits, 2);
+    }
+    return;
+  }
+  for (int32_t t = 0; t < kMlaNumTiles; ++t) {
+    const float scale = quantize_e4m3_block128(values + t * kMlaTileDim,
+                                               entry + LatentPageLayout::kFp8LatentOffset + t * kMlaTileDim);
+    std::memcpy(entry + LatentPageLayout::kFp8ScaleOffset + 4 * t, &scale, 4);
+  }
+  for (int32_t j = 0; j < kMlaRopeDim; ++j) {
+    const uint16_t bits = bf16_from_float(values[kMlaLatentDim + j]);
+    std::memcpy(entry + LatentPageLayout::kFp8RopeOffset + 2 * j, &bits, 2);
+  }
+}
+
+void decode_latent_entry(LatentDtype dtype, const uint8_t* entry, float* values) {
+  if (dtype == LatentDtype::kBf16) {
+    for (int32_t d = 0; d < kMlaHeadDim; ++d) {
+      uint16_t bits;
+      std::memcpy(&bits, entry + 2 * d, 2);
+      values[d] = bf16_to_float(bits);
+    }
+    return;
+  }
+  for (int32_t t = 0; t < kMlaNumTiles; ++t) {
+    float scale;
+    std::memcpy(&scale, entry + LatentPageLayout::kFp8ScaleOffset + 4 * t, 4);
+    for (int32_t d = t * kMlaTileDim; d < (t + 1) * kMlaTileDim; ++d) {
+      values[d] = e4m3_to_float(entry[LatentPageLayout::kFp8LatentOffset + d]) * scale;
+    }
+  }
+  for (int32_t j = 0; j < kMlaRopeDim; ++j) {
+    uint16_t bits;
+    std::memcpy(&bits, entry + LatentPageLayout::kFp8RopeOffset + 2 * j, 2);
+    values[kMlaLatentDim + j] = bf16_to_float(bits);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// LatentCache
+
+void LatentCache::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
+
+Result<LatentCache> LatentCache::create(LatentDtype dtype, int32_t page_size, int32_t num_pages) {
+  if (dtype != LatentDtype::kBf16 && dtype != LatentDtype::kFp8) {
+    return invalid_argument("latent dtype {} is not supported (bf16 = 0, fp8 = 1)", static_cast<int32_t>(dtype));
+  }
+  if (page_size <= 0) return invalid_argument("page_size must be ≥ 1, got {}", page_size);
+  if (num_pages <= 0) return invalid_argument("num_pages must be ≥ 1, got {}", num_pages);
+  const LatentPageLayout layout{dtype, page_size};
+  const size_t bytes = static_cast<size_t>(layout.page_bytes()) * static_cast<size_t>(num_pages);
+  const size_t rounded = (bytes + 63) / 64 * 64;  // aligned_alloc wants a multiple of the alignment
+  auto* raw = static_cast<uint8_t*>(std::aligned_alloc(64, rounded));
+  if (raw == nullptr) {
+    return resource_exhausted("cannot allocate {} bytes for {} latent pages of {} {} entries", bytes, num_pages,
+                              page_size, latent_dtype_name(dtype));
+  }
+  std::memset(raw, 0, rounded);
+  return LatentCache(layout, num_pages, std::unique_ptr<uint8_t[], FreeDeleter>(raw));
+}
+
+Status LatentCache::check_span(const int32_t* pages, int64_t num_pages_in_table, int64_t first_position,
+                               int64_t count) const {
+  if (count < 0) return invalid_argument("count must be ≥ 0, got {}", count);
+  if (first_position < 0) return invalid_argument("first_position must be ≥ 0, got {}", first_position);
+  if (count == 0) return ok_status();
+  if (pages == nullptr) return invalid_argument("page table is null");
+  const int64_t last_page = (first_position + count - 1) / layout_.page_size;
+  if (last_page >= num_pages_in_table) {
+    return out_of_range("positions [{}, {}) need logical page {}, but the page table has {} pages", first_position,
+                        first_position + count, last_page, num_pages_in_table);
+  }
+  for (int64_t lp = first_position / layout_.page_size; lp <= last_page; ++lp) {
+    if (pages[lp] < 0 || pages[lp] >= num_pages_) {
+      return out_of_range("logical page {} maps to physical page {}, outside the cache's [0, {})", lp, pages[lp],
+                          num_pages_);
+    }
+  }
+  return ok_status();
+}
+
+Status LatentCache::write(const int32_t* pages, int64_t num_pages_in_table, int64_t first_position,
+                          const float* entries, int64_t count) {
+  SPIN_RETURN_IF_ERROR(check_span(pages, num_pages_in_table, first_position, count));
+  if (count > 0 && entries == nullptr) return invalid_argument("entries is null");
+  for (int64_t i = 0; i < count * kMlaHeadDim; ++i) {
+    if (!std::isfinite(entries[i])) {
+      return invalid_argument("entry {} dim {} is {}; latent and rope values must be finite", i / kMlaHeadDim,
+                              i % kMlaHeadDim, entries[i]);
+    }
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t pos = first_position + i;
+    uint8_t* page = data_.get() + pages[pos / layout_.page_size] * layout_.page_bytes();
+    encode_latent_entry(layout_.dtype, entries + i * kMlaHeadDim,
+                        page + layout_.entry_offset(static_cast<int32_t>(pos % layout_.page_size)));
+  }
+  return ok_status();
+}
+
+Status LatentCache::read_entry(const int32_t* pages, int64_t num_pages_in_table, int64_t position,
+                               float* values) const {
+  SPIN_RETURN_IF_ERROR(check_span(pages, num_pages_in_table, position, 1));
+  if (values == nullptr) return invalid_argument("values is null");
+  const uint8_t* page = data_.get() + pages[position / layout_.page_size] * layout_.page_bytes();
+  decode_latent_entry(layout_.dtype, page + layout_.entry_offset(static_cast<int32_t>(position % layout_.page_size)),
+                      values);
+  return ok_status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+
+namespace {
+
+// Checks one index list of one row; `what` names the list in messages.
+Status check_row_indices(const SparseAttentionParams& p, const char* what, const int32_t* idx, int32_t count,
+                         int64_t row) {
+  const int32_t b = static_cast<int32_t>(row / p.next_n);
+  const int64_t capacity = int64_t{p.block_table_stride} * p.page_size;
+  for (int32_t i = 0; i < count; ++i) {
+    const int32_t s = idx[i];
+    if (s == -1) continue;
+    if (s < -1) {
+      return invalid_argument("{}[{}][{}] = {}: an index is a request-local entry position ≥ 0, or -1 to skip",
+                              what, row, i, s);
+    }
+    if (p.visible_entries != nullptr && s >= p.visible_entries[row]) {
+      return out_of_range("{}[{}][{}] = {} but row {} (request {}, row {} of {}) sees only entries [0, {})", what,
+                          row, i, s, row, b, row % p.next_n, p.next_n, p.visible_entries[row]);
+    }
+    if (s >= capacity) {
+      return out_of_range("{}[{}][{}] = {} needs logical page {}, but block_table_stride is {}", what, row, i, s,
+                          s / p.page_size, p.block_table_stride);
+    }
+    const int64_t lp = s / p.page_size;
+    const int32_t phys = p.block_table[int64_t{b} * p.block_table_stride + lp];
+    if (phys < 0 || phys >= p.num_pages) {
+      return out_of_range("block_table[{}][{}] = {} (for {}[{}][{}] = {}) is outside the cache's pages [0, {})", b,
+                          lp, phys, what, row, i, s, p.num_pages);
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status validate_sparse_attention_params(const SparseAttentionParams& p) {
+  // Sizes first, then pointers, then contents — so the first error is the most basic one.
+  if (p.dtype != LatentDtype::kBf16 && p.dtype != LatentDtype::kFp8) {
+    return invalid_argument("dtype {} is not a latent cache dtype (bf16 = 0, fp8 = 1)", static_cast<int32_t>(p.dtype));
+  }
+  if (p.page_size < 1) return invalid_argument("page_size must be ≥ 1, got {}", p.page_size);
+  if (p.num_pages < 0) return invalid_argument("num_pages must be ≥ 0, got {}", p.num_pages);
+  if (p.block_table_stride < 0) {
+    return invalid_argument("block_table_stride must be ≥ 0, got {}", p.block_table_stride);
+  }
+  if (p.batch < 0) return invalid_argument("batch must be ≥ 0, got {}", p.batch);
+  if (p.next_n < 1 || p.next_n > kMaxNextN) {
+    return invalid_argument("next_n (rows per request) must be in [1, {}], got {}", kMaxNextN, p.next_n);
+  }
+  if (p.num_heads < 1 || p.num_heads > kMaxAttentionHeads) {
+    return invalid_argument("num_heads must be in [1, {}], got {}", kMaxAttentionHeads, p.num_heads);
+  }
+  if (p.topk < 0) return invalid_argument("topk must be ≥ 0, got {}", p.topk);
+  if (p.n_extra < 0) return invalid_argument("n_extra must be ≥ 0, got {}", p.n_extra);
+  if (int64_t{p.topk} + p.n_extra > std::numeric_limits<int32_t>::max()) {
+    return invalid_argument("topk + n_extra = {} does not fit in int32", int64_t{p.topk} + p.n_extra);
+  }
+  if (!std::isfinite(p.softmax_scale)) {
+    return invalid_argument("softmax_scale is {}; it must be finite (e.g. 576^-0.5)", p.softmax_scale);
+  }
+  if (p.batch == 0) return ok_status();
+  if (p.q == nullptr) return invalid_argument("q is null");
+  if (p.out == nullptr) return invalid_argument("out is null");
+  if (p.topk > 0 && p.indices == nullptr) return invalid_argument("indices is null but topk is {}", p.topk);
+  if (p.n_extra > 0 && p.extra_indices == nullptr) {
+    return invalid_argument("extra_indices is null but n_extra is {}", p.n_extra);
+  }
+  const int64_t rows = int64_t{p.batch} * p.next_n;
+  const int64_t q_values = rows * p.num_heads * kMlaHeadDim;
+  for (int64_t i = 0; i < q_values; ++i) {
+    if ((p.q[i] & 0x7F80) == 0x7F80) {  // bf16 exponent all ones: inf or NaN
+      return invalid_argument("q[{}][{}][{}] is {}; q must be finite", i / (int64_t{p.num_heads} * kMlaHeadDim),
+                              (i / kMlaHeadDim) % p.num_heads, i % kMlaHeadDim, bf16_to_float(p.q[i]));
+    }
+  }
+  bool any_valid = false;
+  for (int64_t i = 0; i < rows * p.topk && !any_valid; ++i) any_valid = p.indices[i] >= 0;
+  for (int64_t i = 0; i < rows * p.n_extra && !any_valid; ++i) any_valid = p.extra_indices[i] >= 0;
+  if (any_valid && p.block_table == nullptr) return invalid_argument("block_table is null");
+  if (any_valid && p.latent_cache == nullptr) return invalid_argument("latent_cache is null");
+  for (int64_t row = 0; row < rows; ++row) {
+    if (p.visible_entries != nullptr && p.visible_entries[row] < 0) {
+      return invalid_argument("visible_entries[{}] = {} is negative", row, p.visible_entries[row]);
+    }
+    SPIN_RETURN_IF_ERROR(check_row_indices(p, "indices", p.indices + row * p.topk, p.topk, row));
+    SPIN_RETURN_IF_ERROR(check_row_indices(p, "extra_indices", p.extra_indices + row * p.n_extra, p.n_extra, row));
+  }
+  return ok_status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch
+
+AttentionImpl attention_best_impl() {
+  return detail::attention_cpu_has_avx512bf16() ? AttentionImpl::kAvx512Bf16 : AttentionImpl::kPortable;
+}
+
+Status sparse_attention(const SparseAttentionParams& params, const AttentionOptions& options) {
+  SPIN_RETURN_IF_ERROR(validate_sparse_attention_params(params));
+  if (options.num_threads < 0) return invalid_argument("num_threads must be ≥ 0, got {}", options.num_threads);
+  if (options.heads_per_task != 0 && options.heads_per_task != 16 && options.heads_per_task != 32 &&
+      options.heads_per_task != 64) {
+    return invalid_argument("heads_per_task must be 0 (auto), 16, 32 or 64, got {}", options.heads_per_task);
+  }
+  const AttentionImpl impl = options.impl == AttentionImpl::kAuto ? attention_best_impl() : options.impl;
+  if (impl == AttentionImpl::kAvx512Bf16 && !detail::attention_cpu_has_avx512bf16()) {
+    return invalid_argument("impl avx512bf16 requested but this CPU lacks AVX-512 BF16; use auto or portable");
+  }
+  if (params.batch == 0) return ok_status();
+  const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
+  switch (impl) {
+    case AttentionImpl::kReference: detail::attention_run_reference(params); break;
+    case AttentionImpl::kAvx512Bf16: detail::attention_run_avx512bf16(params, threads, options.heads_per_task); break;
+    default: detail::attention_run_portable(params, threads); break;
+  }
+  return ok_status();
+}
+
+}  // namespace spin

@@ -68,6 +68,26 @@ struct PredictorBenchOptions {
 };
 int run_predictor_bench(const PredictorBenchOptions& options);
 
+struct DecodeBenchOptions {
+  std::string model = "deepseek-v3.2";
+  std::vector<int64_t> contexts = {32768, 131072};  // indexer entries per request
+  int32_t batch = 8;
+  int32_t layers = 2;
+  int steps = 6;
+  int warmup = 2;
+  std::vector<double> sparsities = {0.3, 0.4, 0.5};
+  std::string predictor = "spin";
+  int32_t next_n = 1;
+  double acceptance_rate = 0.7;
+  std::string latent = "fp8";
+  bool attn_err = true;
+  double path_share = 0.5;
+  int threads = 0;
+  uint64_t seed = 1;
+  std::string json_path;
+};
+int run_decode_bench(const DecodeBenchOptions& options);
+
 // Median time of the full (all-keep) indexer at the V3.2 shape, rows 1 — the denominator of
 // every overhead ratio.
 double time_full_indexer_us(int64_t context, int threads, double min_seconds);

@@ -159,6 +159,23 @@ int main(int argc, char** argv) {
   bench_predictor->add_option("--threads", predictor_bench.threads, "indexer threads (0 = all)");
   bench_predictor->add_option("--json", predictor_bench.json_path, "write one JSON record per point to FILE");
 
+  spin::bench::DecodeBenchOptions decode;
+  int64_t decode_context = 0;
+  CLI::App* bench_decode = bench->add_subcommand("decode", "batched decode steps: predictor vs all-keep, stage breakdown");
+  bench_decode->add_option("--model", decode.model, "deepseek-v3.2 | deepseek-v4-flash | deepseek-v4-pro");
+  bench_decode->add_option("--context", decode_context, "indexer entries per request (default: 32K and 128K)");
+  bench_decode->add_option("--batch", decode.batch, "concurrent requests");
+  bench_decode->add_option("--layers", decode.layers, "indexer layers simulated (stated in the output)");
+  bench_decode->add_option("--steps", decode.steps, "timed decode steps");
+  bench_decode->add_option("--sparsity", decode.sparsities, "target sparsities of the predictor runs");
+  bench_decode->add_option("--predictor", decode.predictor, "predictor name");
+  bench_decode->add_option("--next-n", decode.next_n, "rows per request (MTP verification)");
+  bench_decode->add_option("--acceptance", decode.acceptance_rate, "MTP draft acceptance rate");
+  bench_decode->add_option("--latent", decode.latent, "fp8 | bf16 latent cache");
+  bench_decode->add_option("--path-share", decode.path_share, "share of a full model step the attention path takes (projection only)");
+  bench_decode->add_option("--threads", decode.threads, "threads (0 = all)");
+  bench_decode->add_option("--json", decode.json_path, "write one JSON record per run to FILE");
+
   CLI11_PARSE(app, argc, argv);
 
   if (eval_cmd->parsed()) {
@@ -279,6 +296,10 @@ int main(int argc, char** argv) {
   if (bench_predictor->parsed()) {
     if (predictor_context > 0) predictor_bench.contexts = {predictor_context};
     return spin::bench::run_predictor_bench(predictor_bench);
+  }
+  if (bench_decode->parsed()) {
+    if (decode_context > 0) decode.contexts = {decode_context};
+    return spin::bench::run_decode_bench(decode);
   }
   if (bench_topk->parsed()) {
     if (topk_context > 0) topk.contexts = {topk_context};

@@ -1,0 +1,518 @@
+// Batched DSA decode engine (see spin/engine.h for what a step does and what is simulated).
+#include "spin/engine.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/errors.h"
+#include "core/rng.h"
+#include "spin/cache.h"
+#include "spin/indexer.h"
+#include "spin/topk.h"
+
+namespace spin {
+
+const std::vector<std::string>& model_preset_names() {
+  static const std::vector<std::string> names = {"deepseek-v3.2", "deepseek-v4-flash", "deepseek-v4-pro"};
+  return names;
+}
+
+Result<ModelPreset> model_preset(const std::string& name) {
+  // Shapes from shared/reference/dsa_indexer_spec.md §1.1 and §2.2.
+  if (name == "deepseek-v3.2") return ModelPreset{name, 61, 61, 64, 2048, 64, 1, 128, 0};
+  if (name == "deepseek-v4-flash") return ModelPreset{name, 43, 21, 64, 512, 64, 4, 64, 128};
+  if (name == "deepseek-v4-pro") return ModelPreset{name, 61, 30, 64, 1024, 64, 4, 128, 128};
+  return invalid_argument("unknown model preset '{}' (deepseek-v3.2, deepseek-v4-flash, deepseek-v4-pro)", name);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+enum : uint64_t { kTagIndexKey = 11, kTagLatent, kTagIndexQuery, kTagAttnQuery, kTagAccept };
+
+int64_t entries_for_tokens(const EngineConfig& c, int64_t tokens) { return tokens / c.model.compress_ratio; }
+
+int64_t pages_per_request(const EngineConfig& c, int64_t max_tokens) {
+  const int64_t entries = entries_for_tokens(c, max_tokens + c.next_n) + 1;
+  return (entries + c.model.page_size - 1) / c.model.page_size;
+}
+
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? int64_t{pages} * page : int64_t{1} << 34;
+}
+
+// Random e4m3 code that is never a NaN code.
+inline uint8_t random_code(uint64_t bits) {
+  const uint8_t c = static_cast<uint8_t>(bits);
+  return (c & 0x7F) == 0x7F ? static_cast<uint8_t>(c & 0xFE) : c;
+}
+
+}  // namespace
+
+int64_t engine_memory_bytes(const EngineConfig& c, int32_t requests, int64_t max_tokens) {
+  const int64_t pages = int64_t{requests} * pages_per_request(c, max_tokens) + requests;
+  const LatentPageLayout latent{c.latent_dtype, c.model.page_size};
+  const int64_t cache = pages * c.layers * (IndexerPageLayout{c.model.page_size}.page_bytes() + latent.page_bytes());
+  const int64_t rows = int64_t{requests} * c.next_n;
+  const int64_t max_entries = entries_for_tokens(c, max_tokens + c.next_n) + 1;
+  const int64_t logits = rows * max_entries * 4 * (c.measure_attn_err ? 2 : 1);
+  const int64_t attention = rows * c.model.attn_heads * (kMlaLatentDim * 4 * (c.measure_attn_err ? 2 : 1) + kMlaHeadDim * 2);
+  const int64_t blocks = (max_entries + c.model.page_size - 1) / c.model.page_size;
+  const int64_t predictor = int64_t{requests} * c.layers * blocks * (16 + 516);  // state + hisa's pooled keys
+  return cache + logits + attention + predictor;
+}
+
+struct DecodeEngine::Impl {
+  EngineConfig cfg;
+  int32_t max_requests = 0;
+  int64_t max_tokens = 0;
+  PageAllocator allocator{0};
+  std::vector<IndexerKeyCache> index_caches;  // per layer
+  std::vector<LatentCache> latent_caches;     // per layer
+  struct Request {
+    int64_t id = 0;
+    int64_t tokens = 0;  // accepted tokens in the cache
+    int64_t step = 0;
+    RequestPages pages;
+    std::unique_ptr<BlockPredictor> predictor;  // null for all-keep
+    std::vector<std::vector<float>> last_out;   // [layer][rows · heads · 512]
+  };
+  std::vector<Request> requests;
+  int threads = 1;
+  IndexerImpl indexer_impl = IndexerImpl::kAuto;
+  TopkImpl topk_impl = TopkImpl::kAuto;
+  AttentionImpl attention_impl = AttentionImpl::kAuto;
+  // Step scratch, reused.
+  std::vector<int32_t> block_table, block_ids, block_offsets, topk_out, topk_full, extra;
+  std::vector<int64_t> ctx_lens, row_lens, row_visible;
+  std::vector<uint8_t> q_index;
+  std::vector<float> w_index, logits, logits_full, out, out_full;
+  std::vector<uint16_t> q_attn;
+  std::vector<Selection> selections;
+
+  Request* find(int64_t id) {
+    for (Request& r : requests) {
+      if (r.id == id) return &r;
+    }
+    return nullptr;
+  }
+
+  // Writes random entries [first, last) of every layer for request r (keys and latents keyed on
+  // seed, layer, request and position, so any two engines with the same seed hold the same data).
+  void fill_entries(const Request& r, int64_t first, int64_t last) {
+    const int32_t page_size = cfg.model.page_size;
+    const IndexerPageLayout ilayout{page_size};
+    for (int32_t l = 0; l < cfg.layers; ++l) {
+      uint8_t* icache = index_caches[l].data();
+      uint8_t* lcache = latent_caches[l].data();
+      const LatentPageLayout llayout = latent_caches[l].layout();
+#pragma omp parallel for schedule(static) num_threads(threads)
+      for (int64_t e = first; e < last; ++e) {
+        const int32_t phys = r.pages.pages()[e / page_size];
+        const int32_t o = static_cast<int32_t>(e % page_size);
+        CounterRng rng(stream_key(cfg.seed, kTagIndexKey, l, r.id, e));
+        uint8_t* key = icache + phys * ilayout.page_bytes() + ilayout.value_offset(o);
+        for (int d = 0; d < kIndexerHeadDim; d += 8) {
+          const uint64_t bits = rng.next_u64();
+          for (int i = 0; i < 8; ++i) key[d + i] = random_code(bits >> (8 * i));
+        }
+        const float scale = std::ldexp(1.0f, -static_cast<int>(rng.below(6)));
+        std::memcpy(icache + phys * ilayout.page_bytes() + ilayout.scale_offset(o), &scale, 4);
+        uint8_t* entry = lcache + phys * llayout.page_bytes() + llayout.entry_offset(o);
+        CounterRng lrng(stream_key(cfg.seed, kTagLatent, l, r.id, e));
+        if (llayout.dtype == LatentDtype::kFp8) {
+          for (int d = 0; d < kMlaLatentDim; d += 8) {
+            const uint64_t bits = lrng.next_u64();
+            for (int i = 0; i < 8; ++i) entry[LatentPageLayout::kFp8LatentOffset + d + i] = random_code(bits >> (8 * i));
+          }
+          for (int t = 0; t < kMlaNumTiles; ++t) {
+            const float s = 1.0f / 256;  // a UE8M0 power of two
+            std::memcpy(entry + LatentPageLayout::kFp8ScaleOffset + 4 * t, &s, 4);
+          }
+          for (int j = 0; j < kMlaRopeDim; ++j) {
+            const uint16_t v = bf16_from_float(static_cast<float>(lrng.uniform() * 2 - 1));
+            std::memcpy(entry + LatentPageLayout::kFp8RopeOffset + 2 * j, &v, 2);
+          }
+        } else {
+          for (int d = 0; d < kMlaHeadDim; ++d) {
+            const uint16_t v = bf16_from_float(static_cast<float>(lrng.uniform() * 2 - 1));
+            std::memcpy(entry + 2 * d, &v, 2);
+          }
+        }
+      }
+    }
+  }
+};
+
+DecodeEngine::DecodeEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DecodeEngine::~DecodeEngine() = default;
+
+Result<std::unique_ptr<DecodeEngine>> DecodeEngine::create(const EngineConfig& config, int32_t requests,
+                                                           int64_t max_tokens, int64_t memory_limit_bytes) {
+  EngineConfig c = config;
+  if (c.layers < 1 || c.layers > c.model.indexer_layers) {
+    return invalid_argument("layers must be in [1, {}] for {}, got {}", c.model.indexer_layers, c.model.name, c.layers);
+  }
+  if (c.next_n < 1 || c.next_n > kMaxNextN) return invalid_argument("next_n must be in [1, {}], got {}", kMaxNextN, c.next_n);
+  if (!(c.acceptance_rate >= 0 && c.acceptance_rate <= 1)) {
+    return invalid_argument("acceptance_rate must be in [0, 1], got {}", c.acceptance_rate);
+  }
+  if (requests < 1 || max_tokens < 1) return invalid_argument("requests and max_tokens must be ≥ 1");
+  c.predictor_config.page_size = c.model.page_size;
+  c.predictor_config.topk = c.model.topk;
+  SPIN_RETURN_IF_ERROR(c.predictor_config.validate());
+  if (c.predictor != "all-keep") {
+    auto probe = make_predictor(c.predictor, c.predictor_config, c.layers, 0);
+    if (!probe.ok()) return probe.status();
+  }
+  const int64_t need = engine_memory_bytes(c, requests, max_tokens);
+  const int64_t limit = memory_limit_bytes > 0 ? memory_limit_bytes : physical_memory_bytes() / 10 * 8;
+  if (need > limit) {
+    return resource_exhausted(
+        "{} requests × {} tokens × {} layers of {} need {:.2f} GiB, more than the {:.2f} GiB available "
+        "(use fewer layers, a shorter context, a smaller batch or --latent fp8)",
+        requests, max_tokens, c.layers, c.model.name, static_cast<double>(need) / (1 << 30),
+        static_cast<double>(limit) / (1 << 30));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = c;
+  impl->max_requests = requests;
+  impl->max_tokens = max_tokens;
+  impl->threads = c.threads > 0 ? c.threads : omp_get_max_threads();
+  if (c.reference_kernels) {
+    impl->indexer_impl = IndexerImpl::kReference;
+    impl->topk_impl = TopkImpl::kReference;
+    impl->attention_impl = AttentionImpl::kReference;
+  }
+  const int64_t pages = c.pool_pages > 0 ? c.pool_pages : int64_t{requests} * pages_per_request(c, max_tokens) + requests;
+  if (pages > INT32_MAX) return invalid_argument("{} pages exceed int32 page ids", pages);
+  impl->allocator = PageAllocator(static_cast<int32_t>(pages));
+  for (int32_t l = 0; l < c.layers; ++l) {
+    auto icache = IndexerKeyCache::create(c.model.page_size, static_cast<int32_t>(pages));
+    if (!icache.ok()) return icache.status();
+    impl->index_caches.push_back(std::move(icache).value());
+    auto lcache = LatentCache::create(c.latent_dtype, c.model.page_size, static_cast<int32_t>(pages));
+    if (!lcache.ok()) return lcache.status();
+    impl->latent_caches.push_back(std::move(lcache).value());
+  }
+  return std::unique_ptr<DecodeEngine>(new DecodeEngine(std::move(impl)));
+}
+
+Status DecodeEngine::add_request(int64_t request_id, int64_t prompt_tokens) {
+  Impl& m = *impl_;
+  if (m.find(request_id) != nullptr) return invalid_argument("request {} is already active", request_id);
+  if (static_cast<int32_t>(m.requests.size()) >= m.max_requests) {
+    return resource_exhausted("the engine was created for {} concurrent requests", m.max_requests);
+  }
+  if (prompt_tokens < 1 || prompt_tokens > m.max_tokens) {
+    return invalid_argument("prompt_tokens must be in [1, {}], got {}", m.max_tokens, prompt_tokens);
+  }
+  Impl::Request r;
+  r.id = request_id;
+  r.tokens = prompt_tokens;
+  // Room for the prompt and this step's rows; later steps grow it one page at a time.
+  SPIN_RETURN_IF_ERROR(r.pages.reserve(entries_for_tokens(m.cfg, prompt_tokens + m.cfg.next_n) + 1,
+                                       m.cfg.model.page_size, m.allocator));
+  if (m.cfg.predictor != "all-keep") {
+    auto p = make_predictor(m.cfg.predictor, m.cfg.predictor_config, m.cfg.layers, request_id);
+    if (!p.ok()) {
+      (void)r.pages.release_all(m.allocator);
+      return p.status();
+    }
+    r.predictor = std::move(p).value();
+  }
+  r.last_out.resize(static_cast<size_t>(m.cfg.layers));
+  m.fill_entries(r, 0, entries_for_tokens(m.cfg, prompt_tokens));
+  m.requests.push_back(std::move(r));
+  return ok_status();
+}
+
+Status DecodeEngine::retire(int64_t request_id) {
+  Impl& m = *impl_;
+  for (auto it = m.requests.begin(); it != m.requests.end(); ++it) {
+    if (it->id == request_id) {
+      Status s = it->pages.release_all(m.allocator);
+      m.requests.erase(it);
+      return s;
+    }
+  }
+  return invalid_argument("request {} is not active", request_id);
+}
+
+int32_t DecodeEngine::active_requests() const { return static_cast<int32_t>(impl_->requests.size()); }
+int32_t DecodeEngine::free_pages() const { return impl_->allocator.num_free(); }
+const EngineConfig& DecodeEngine::config() const { return impl_->cfg; }
+int64_t DecodeEngine::tokens(int64_t request_id) const {
+  for (const auto& r : impl_->requests) {
+    if (r.id == request_id) return r.tokens;
+  }
+  return -1;
+}
+const std::vector<float>* DecodeEngine::last_output(int64_t request_id, int32_t layer) const {
+  for (const auto& r : impl_->requests) {
+    if (r.id == request_id && layer >= 0 && layer < static_cast<int32_t>(r.last_out.size())) return &r.last_out[layer];
+  }
+  return nullptr;
+}
+
+Status DecodeEngine::step(StepStats* stats) {
+  Impl& m = *impl_;
+  const EngineConfig& c = m.cfg;
+  *stats = StepStats{};
+  const auto step_start = Clock::now();
+  const int32_t batch = static_cast<int32_t>(m.requests.size());
+  if (batch == 0) return ok_status();
+  const int32_t next_n = c.next_n;
+  const int64_t rows = int64_t{batch} * next_n;
+  const int32_t H = c.model.attn_heads;
+  const int32_t HI = c.model.index_heads;
+  const int32_t page_size = c.model.page_size;
+
+  // 1. Append this step's next_n tokens (their keys and latents) to every request's caches.
+  auto t0 = Clock::now();
+  int64_t max_entries = 1;
+  int32_t max_pages = 1;
+  m.ctx_lens.assign(static_cast<size_t>(batch), 0);
+  for (int32_t b = 0; b < batch; ++b) {
+    Impl::Request& r = m.requests[b];
+    if (r.tokens + next_n > m.max_tokens + next_n) {
+      return out_of_range("request {} reached the engine's max_tokens ({})", r.id, m.max_tokens);
+    }
+    const int64_t ctx = r.tokens + next_n;
+    const int64_t before = entries_for_tokens(c, r.tokens);
+    const int64_t after = entries_for_tokens(c, ctx);
+    SPIN_RETURN_IF_ERROR(r.pages.reserve(after + 1, page_size, m.allocator));
+    m.fill_entries(r, before, after);
+    m.ctx_lens[b] = ctx;
+    max_entries = std::max(max_entries, after);
+    max_pages = std::max(max_pages, static_cast<int32_t>(r.pages.pages().size()));
+  }
+  m.block_table.assign(static_cast<size_t>(batch) * max_pages, 0);
+  for (int32_t b = 0; b < batch; ++b) {
+    const auto& pages = m.requests[b].pages.pages();
+    std::copy(pages.begin(), pages.end(), m.block_table.begin() + int64_t{b} * max_pages);
+  }
+  m.row_lens.resize(static_cast<size_t>(rows));
+  for (int32_t b = 0; b < batch; ++b) {
+    for (int32_t j = 0; j < next_n; ++j) {
+      m.row_lens[b * next_n + j] = indexer_visible_entries(m.ctx_lens[b], next_n, j, c.model.compress_ratio);
+    }
+  }
+  stats->cache_ms += ms_since(t0);
+
+  const int32_t K = c.model.topk;
+  const int32_t n_extra = std::min<int32_t>(c.model.window, static_cast<int32_t>(max_entries));
+  m.logits.resize(static_cast<size_t>(rows) * max_entries);
+  m.topk_out.resize(static_cast<size_t>(rows) * K);
+  m.out.resize(static_cast<size_t>(rows) * H * kMlaLatentDim);
+  m.q_index.resize(static_cast<size_t>(rows) * HI * kIndexerHeadDim);
+  m.w_index.resize(static_cast<size_t>(rows) * HI);
+  m.q_attn.resize(static_cast<size_t>(rows) * H * kMlaHeadDim);
+  m.extra.assign(static_cast<size_t>(rows) * std::max(n_extra, 1), -1);
+  m.selections.resize(static_cast<size_t>(batch));
+  const bool predicted = c.predictor != "all-keep";
+
+  for (int32_t l = 0; l < c.layers; ++l) {
+    // Queries of this layer (random, keyed on seed, layer, request and position).
+    t0 = Clock::now();
+#pragma omp parallel for schedule(static) num_threads(m.threads)
+    for (int64_t row = 0; row < rows; ++row) {
+      const Impl::Request& r = m.requests[row / next_n];
+      const int64_t position = m.ctx_lens[row / next_n] - next_n + row % next_n;
+      CounterRng qi(stream_key(c.seed, kTagIndexQuery, l, r.id, position));
+      uint8_t* q = m.q_index.data() + row * HI * kIndexerHeadDim;
+      for (int64_t i = 0; i < int64_t{HI} * kIndexerHeadDim; i += 8) {
+        const uint64_t bits = qi.next_u64();
+        for (int k = 0; k < 8; ++k) q[i + k] = random_code(bits >> (8 * k));
+      }
+      for (int32_t h = 0; h < HI; ++h) m.w_index[row * HI + h] = static_cast<float>(qi.uniform() * 0.02);
+      CounterRng qa(stream_key(c.seed, kTagAttnQuery, l, r.id, position));
+      uint16_t* qv = m.q_attn.data() + row * H * kMlaHeadDim;
+      for (int64_t i = 0; i < int64_t{H} * kMlaHeadDim; ++i) qv[i] = bf16_from_float(static_cast<float>(qa.uniform() - 0.5));
+      // V4: the newest `window` entries of the row (cost-equivalent stand-in for the SWA window).
+      for (int32_t i = 0; i < n_extra; ++i) {
+        const int64_t e = m.row_lens[row] - 1 - i;
+        m.extra[row * n_extra + i] = e >= 0 ? static_cast<int32_t>(e) : -1;
+      }
+    }
+    stats->cache_ms += ms_since(t0);
+
+    // 2. Predictor: which blocks to score.
+    t0 = Clock::now();
+    if (predicted) {
+      m.block_ids.clear();
+      m.block_offsets.assign(1, 0);
+      for (int32_t b = 0; b < batch; ++b) {
+        Impl::Request& r = m.requests[b];
+        HisaView hisa;
+        hisa.key_cache = m.index_caches[l].data();
+        hisa.page_size = page_size;
+        hisa.block_table = r.pages.pages().data();
+        hisa.num_entries = entries_for_tokens(c, m.ctx_lens[b]);
+        hisa.q = m.q_index.data() + int64_t{b} * next_n * HI * kIndexerHeadDim;
+        hisa.w = m.w_index.data() + int64_t{b} * next_n * HI;
+        hisa.heads = HI;
+        hisa.num_cache_pages = m.allocator.num_pages();
+        StepInput in;
+        in.step = r.step;
+        in.num_entries = hisa.num_entries;
+        in.next_n = next_n;
+        in.row_visible = c.model.compress_ratio > 1 ? m.row_lens.data() + int64_t{b} * next_n : nullptr;
+        in.hisa = &hisa;
+        SPIN_RETURN_IF_ERROR(r.predictor->select(l, in, &m.selections[b]));
+        m.block_ids.insert(m.block_ids.end(), m.selections[b].blocks.begin(), m.selections[b].blocks.end());
+        m.block_offsets.push_back(static_cast<int32_t>(m.block_ids.size()));
+      }
+    }
+    stats->predictor_ms += ms_since(t0);
+
+    // 3. Indexer over the selected blocks (all blocks for all-keep), all requests in one call.
+    IndexerParams ip;
+    ip.key_cache = m.index_caches[l].data();
+    ip.page_size = page_size;
+    ip.num_pages = m.allocator.num_pages();
+    ip.block_table = m.block_table.data();
+    ip.block_table_stride = max_pages;
+    ip.batch = batch;
+    ip.context_lens = m.ctx_lens.data();
+    ip.next_n = next_n;
+    ip.compress_ratio = c.model.compress_ratio;
+    ip.num_heads = HI;
+    ip.q = m.q_index.data();
+    ip.weights = m.w_index.data();
+    ip.logits = m.logits.data();
+    ip.logits_stride = max_entries;
+    ip.logits_cols = max_entries;
+    if (predicted) {
+      ip.block_ids = m.block_ids.data();
+      ip.block_offsets = m.block_offsets.data();
+      ip.block_pages = c.predictor_config.block_pages;
+    }
+    t0 = Clock::now();
+    SPIN_RETURN_IF_ERROR(indexer_scores(ip, {m.indexer_impl, m.threads}));
+    stats->indexer_ms += ms_since(t0);
+
+    // 4. Top-k per row.
+    TopkParams tp{m.logits.data(), max_entries, static_cast<int32_t>(rows), max_entries, m.row_lens.data(), K,
+                  m.topk_out.data(), K};
+    t0 = Clock::now();
+    SPIN_RETURN_IF_ERROR(topk(tp, {m.topk_impl, m.threads}));
+    stats->topk_ms += ms_since(t0);
+
+    // 5. Sparse MLA attention over the top-k (+ window).
+    SparseAttentionParams ap;
+    ap.latent_cache = m.latent_caches[l].data();
+    ap.dtype = c.latent_dtype;
+    ap.page_size = page_size;
+    ap.num_pages = m.allocator.num_pages();
+    ap.block_table = m.block_table.data();
+    ap.block_table_stride = max_pages;
+    ap.batch = batch;
+    ap.next_n = next_n;
+    ap.visible_entries = m.row_lens.data();
+    ap.num_heads = H;
+    ap.q = m.q_attn.data();
+    ap.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kMlaHeadDim));
+    ap.indices = m.topk_out.data();
+    ap.topk = K;
+    ap.extra_indices = n_extra > 0 ? m.extra.data() : nullptr;
+    ap.n_extra = n_extra;
+    ap.out = m.out.data();
+    t0 = Clock::now();
+    SPIN_RETURN_IF_ERROR(sparse_attention(ap, {m.attention_impl, m.threads}));
+    stats->attention_ms += ms_since(t0);
+
+    // 6. Observe (buffered until commit).
+    t0 = Clock::now();
+    if (predicted) {
+      for (int32_t b = 0; b < batch; ++b) {
+        for (int32_t j = 0; j < next_n; ++j) {
+          const int64_t row = int64_t{b} * next_n + j;
+          RowScores rs;
+          rs.scores = m.logits.data() + row * max_entries;
+          rs.num_cols = max_entries;
+          rs.visible = m.row_lens[row];
+          rs.scored_blocks = m.selections[b].blocks.data();
+          rs.num_scored_blocks = static_cast<int64_t>(m.selections[b].blocks.size());
+          rs.topk_positions = m.topk_out.data() + row * K;
+          SPIN_RETURN_IF_ERROR(m.requests[b].predictor->observe(l, j, rs));
+        }
+      }
+    }
+    stats->predictor_ms += ms_since(t0);
+
+    for (int64_t row = 0; row < rows; ++row) {
+      stats->visible_entries += m.row_lens[row];
+      int64_t scored = 0;
+      const float* lr = m.logits.data() + row * max_entries;
+      for (int64_t e = 0; e < m.row_lens[row]; ++e) scored += lr[e] != -std::numeric_limits<float>::infinity();
+      stats->scored_entries += scored;
+    }
+    for (int32_t b = 0; b < batch; ++b) {
+      const float* o = m.out.data() + int64_t{b} * next_n * H * kMlaLatentDim;
+      m.requests[b].last_out[l].assign(o, o + int64_t{next_n} * H * kMlaLatentDim);
+    }
+
+    // 7. Untimed: the all-keep output of the same step, for attn_err.
+    if (c.measure_attn_err && predicted) {
+      IndexerParams full = ip;
+      full.block_ids = nullptr;
+      full.block_offsets = nullptr;
+      m.logits_full.resize(m.logits.size());
+      full.logits = m.logits_full.data();
+      SPIN_RETURN_IF_ERROR(indexer_scores(full, {IndexerImpl::kAuto, m.threads}));
+      m.topk_full.resize(m.topk_out.size());
+      TopkParams ftp = tp;
+      ftp.scores = m.logits_full.data();
+      ftp.out = m.topk_full.data();
+      SPIN_RETURN_IF_ERROR(topk(ftp, {TopkImpl::kAuto, m.threads}));
+      m.out_full.resize(m.out.size());
+      SparseAttentionParams fap = ap;
+      fap.indices = m.topk_full.data();
+      fap.out = m.out_full.data();
+      SPIN_RETURN_IF_ERROR(sparse_attention(fap, {AttentionImpl::kAuto, m.threads}));
+      for (int64_t row = 0; row < rows; ++row) {
+        double diff = 0, norm = 0;
+        const float* a = m.out.data() + row * H * kMlaLatentDim;
+        const float* f = m.out_full.data() + row * H * kMlaLatentDim;
+        for (int64_t i = 0; i < int64_t{H} * kMlaLatentDim; ++i) {
+          diff += (double{a[i]} - f[i]) * (double{a[i]} - f[i]);
+          norm += double{f[i]} * f[i];
+        }
+        if (norm > 0) {
+          stats->attn_err_sum += std::sqrt(diff / norm);
+          ++stats->attn_err_rows;
+        }
+      }
+    }
+  }
+
+  // 8. Verification: draw the accepted drafts, commit the predictors, advance the sequences.
+  t0 = Clock::now();
+  for (Impl::Request& r : m.requests) {
+    int32_t accepted = 0;
+    CounterRng rng(stream_key(c.seed, kTagAccept, r.id, r.step));
+    while (accepted < next_n - 1 && rng.uniform() < c.acceptance_rate) ++accepted;
+    if (r.predictor) SPIN_RETURN_IF_ERROR(r.predictor->commit(accepted));
+    r.tokens += accepted + 1;
+    ++r.step;
+    stats->tokens += accepted + 1;
+  }
+  stats->predictor_ms += ms_since(t0);
+  stats->rows = rows;
+  stats->total_ms = stats->indexer_ms + stats->topk_ms + stats->attention_ms + stats->predictor_ms;
+  stats->wall_ms = ms_since(step_start);
+  return ok_status();
+}
+
+}  // namespace spin

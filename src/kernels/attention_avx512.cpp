@@ -1,0 +1,369 @@
+// AVX-512 BF16 sparse MLA decode kernel (Zen 4, Sapphire Rapids and later); flash-decoding style.
+//
+// One task = one row × one group of ≤ 64 heads (heads in SIMD lanes, padded to a multiple of 16
+// with zero queries). A task walks the row's selected entries in tiles of kAttentionTileEntries:
+//  1. gather: each entry is dequantised into a contiguous tile twice — bf16 [576] for QK^T and
+//     fp32 [512] for P·V. fp8 codes are widened by exponent arithmetic (code bits moved into an
+//     fp32, times 2^120, times the power-of-two tile scale: exact), then rounded to bf16, which is
+//     exact too (spin/attention.h); bf16 entries are copied and widened. The next tile's cache
+//     lines are prefetched while this tile computes (pages are scattered; no HW prefetcher helps).
+//  2. QK^T: S[entry, head] = Σ_d k[entry, d] · q[head, d] with vdpbf16ps (bf16 pairs, fp32
+//     accumulation). Queries are packed once per task as [pair][head] words; the micro-kernel
+//     broadcasts one key pair per entry and holds E entries × Z head vectors = 24 accumulators.
+//  3. online softmax per head (vertical over entries: heads are lanes), in the log2 domain:
+//     m' = max(m, max_e S), α = 2^(m-m'), P = 2^(S-m'), l' = α·l + Σ_e P; exp2 is a degree-7
+//     polynomial on the fraction plus vscalefps (≈1 ulp).
+//  4. P·V: o[h, :] = α[h]·o[h, :] + Σ_e P[e, h]·v[e, :] with fp32 FMAs, 4 heads × 64 dims of
+//     accumulators, the task's o [≤64, 512] staying in L2.
+// Every (row, head) result is the same sequence of fp32 operations whatever the head grouping,
+// the micro-kernel height or the thread count (each head is one SIMD lane, summed in a fixed
+// entry order, tiles fixed by kAttentionTileEntries), so results are bitwise reproducible across
+// threads and heads_per_task and independent of the rest of the batch.
+// vdpbf16ps and vcvtne2ps2bf16 treat bf16/fp32 denormals as zero; a query or key component below
+// 2^-126 in magnitude therefore contributes nothing here (the reference keeps it).
+// GCC 12's own intrinsics headers trip -Wmaybe-uninitialized (a known false positive inside
+// avx512fintrin.h); silence it for this file only.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/attention_internal.h"
+#include "spin/numerics.h"
+
+#define SPIN_TARGET_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+namespace spin::detail {
+
+bool attention_cpu_has_avx512bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512f");
+}
+
+namespace {
+
+constexpr int32_t kPairs = kMlaHeadDim / 2;       // 288 bf16 pairs per key
+constexpr int32_t kMaxGroup = 64;                 // heads per task at most (4 zmm)
+constexpr int32_t kTile = kAttentionTileEntries;
+constexpr int32_t kPvHeads = 4;                   // P·V micro-tile: 4 heads × 4 zmm of dims
+constexpr int32_t kPvDims = 64;
+static_assert(kTile % 24 == 0, "tiles must hold whole micro-kernel blocks (6, 8, 12, 24 entries)");
+
+// Per-thread scratch, 64-byte aligned.
+struct Workspace {
+  uint32_t* qpack;  // [kPairs][group] bf16 pairs
+  uint16_t* keys;   // [kTile][576] bf16
+  float* values;    // [kTile][512] fp32
+  float* probs;     // [kTile][group] scores, then probabilities
+  float* o;         // [group][512] unnormalised output
+  float* m;         // [group] running max (log2 domain)
+  float* l;         // [group] running Σ 2^(s - m)
+  float* alpha;     // [group] this tile's rescale factor
+  void* block;
+
+  Workspace() {
+    const size_t bytes[] = {size_t{kPairs} * kMaxGroup * 4, size_t{kTile} * kMlaHeadDim * 2,
+                            size_t{kTile} * kMlaLatentDim * 4, size_t{kTile} * kMaxGroup * 4,
+                            size_t{kMaxGroup} * kMlaLatentDim * 4, kMaxGroup * 4, kMaxGroup * 4, kMaxGroup * 4};
+    size_t total = 0;
+    for (size_t b : bytes) total += (b + 63) / 64 * 64;
+    block = std::aligned_alloc(64, total);
+    auto* p = static_cast<uint8_t*>(block);
+    void* ptrs[8];
+    for (int i = 0; i < 8; ++i) {
+      ptrs[i] = p;
+      p += (bytes[i] + 63) / 64 * 64;
+    }
+    qpack = static_cast<uint32_t*>(ptrs[0]);
+    keys = static_cast<uint16_t*>(ptrs[1]);
+    values = static_cast<float*>(ptrs[2]);
+    probs = static_cast<float*>(ptrs[3]);
+    o = static_cast<float*>(ptrs[4]);
+    m = static_cast<float*>(ptrs[5]);
+    l = static_cast<float*>(ptrs[6]);
+    alpha = static_cast<float*>(ptrs[7]);
+  }
+  ~Workspace() { std::free(block); }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+};
+
+// 2^x for x ≤ 0 (x = -inf gives 0): x = n + f with n = round(x), |f| ≤ 1/2, 2^f by its Taylor
+// polynomial of degree 7 (truncation error < 2e-9), then · 2^n by vscalefps.
+SPIN_TARGET_AVX512BF16 inline __m512 exp2_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5252733804059840e-5f);  // ln2^7 / 7!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381606e-4f));  // ln2^6 / 6!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));  // ln2^5 / 5!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));  // ln2^4 / 4!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));  // ln2^3 / 3!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));  // ln2^2 / 2!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));  // ln2
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// 16 e4m3 codes → 16 fp32 values times `scale`. The code's 7 magnitude bits land in fp32 bits
+// 20..26 and the sign in bit 31, which reads as |v| · 2^-120 (subnormal codes included: m·2^-9
+// becomes the fp32 subnormal m·2^-129); two exact multiplications restore the value.
+SPIN_TARGET_AVX512BF16 inline __m512 e4m3x16_to_ps(const uint8_t* codes, __m512 scale) {
+  const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  const __m512i bits = _mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(x, 24), 4),
+                                        _mm512_set1_epi32(static_cast<int32_t>(0x87F00000u)));
+  const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0x1p120f));
+  return _mm512_mul_ps(v, scale);
+}
+
+// One cache entry → bf16 key [576] and fp32 value [512].
+SPIN_TARGET_AVX512BF16 inline void gather_entry(LatentDtype dtype, const uint8_t* entry, uint16_t* key, float* value) {
+  if (dtype == LatentDtype::kFp8) {
+    for (int32_t t = 0; t < kMlaNumTiles; ++t) {
+      float scale_value;
+      std::memcpy(&scale_value, entry + LatentPageLayout::kFp8ScaleOffset + 4 * t, 4);
+      const __m512 scale = _mm512_set1_ps(scale_value);
+      for (int32_t d = t * kMlaTileDim; d < (t + 1) * kMlaTileDim; d += 32) {
+        const __m512 v0 = e4m3x16_to_ps(entry + LatentPageLayout::kFp8LatentOffset + d, scale);
+        const __m512 v1 = e4m3x16_to_ps(entry + LatentPageLayout::kFp8LatentOffset + d + 16, scale);
+        _mm512_store_ps(value + d, v0);
+        _mm512_store_ps(value + d + 16, v1);
+        _mm512_store_si512(key + d, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v1, v0)));
+      }
+    }
+    const uint8_t* rope = entry + LatentPageLayout::kFp8RopeOffset;
+    _mm512_store_si512(key + kMlaLatentDim, _mm512_loadu_si512(rope));
+    _mm512_store_si512(key + kMlaLatentDim + 32, _mm512_loadu_si512(rope + 64));
+    return;
+  }
+  for (int32_t d = 0; d < kMlaHeadDim; d += 32) {
+    const __m512i k = _mm512_loadu_si512(entry + 2 * d);
+    _mm512_store_si512(key + d, k);
+    if (d < kMlaLatentDim) {
+      _mm512_store_si512(value + d, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(k)), 16));
+      _mm512_store_si512(value + d + 16,
+                         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(k, 1)), 16));
+    }
+  }
+}
+
+// S[e, z·16 + lane] = scale2 · Σ_pair dot(k_e pair, q pair) for E entries and Z head vectors.
+//   keys: E × 576 bf16; qpack: [pair][group] words; s: [E][group] fp32.
+template <int Z, int E>
+SPIN_TARGET_AVX512BF16 inline void qk_micro(const uint16_t* keys, const uint32_t* qpack, int32_t group, __m512 scale2,
+                                            float* s) {
+  __m512 acc[E][Z];
+#pragma GCC unroll 24
+  for (int e = 0; e < E; ++e) {
+#pragma GCC unroll 4
+    for (int z = 0; z < Z; ++z) acc[e][z] = _mm512_setzero_ps();
+  }
+  for (int32_t pair = 0; pair < kPairs; ++pair) {
+    const uint32_t* qrow = qpack + pair * group;
+    __m512bh q[Z];
+#pragma GCC unroll 4
+    for (int z = 0; z < Z; ++z) q[z] = reinterpret_cast<__m512bh>(_mm512_load_si512(qrow + 16 * z));
+#pragma GCC unroll 24
+    for (int e = 0; e < E; ++e) {
+      int32_t kpair;
+      std::memcpy(&kpair, keys + e * kMlaHeadDim + 2 * pair, sizeof(kpair));
+      const __m512bh k = reinterpret_cast<__m512bh>(_mm512_set1_epi32(kpair));
+#pragma GCC unroll 4
+      for (int z = 0; z < Z; ++z) acc[e][z] = _mm512_dpbf16_ps(acc[e][z], k, q[z]);
+    }
+  }
+#pragma GCC unroll 24
+  for (int e = 0; e < E; ++e) {
+#pragma GCC unroll 4
+    for (int z = 0; z < Z; ++z) _mm512_store_ps(s + e * group + 16 * z, _mm512_mul_ps(acc[e][z], scale2));
+  }
+}
+
+template <int Z>
+SPIN_TARGET_AVX512BF16 void qk_tile(const uint16_t* keys, int32_t padded_count, const uint32_t* qpack, __m512 scale2,
+                                    float* s) {
+  constexpr int E = 24 / Z;
+  constexpr int32_t group = 16 * Z;
+  for (int32_t e = 0; e < padded_count; e += E) {
+    qk_micro<Z, E>(keys + e * kMlaHeadDim, qpack, group, scale2, s + e * group);
+  }
+}
+
+// Online-softmax update over `count` scored entries: probs becomes 2^(S - m'), alpha = 2^(m - m').
+SPIN_TARGET_AVX512BF16 void softmax_tile(float* probs, int32_t count, int32_t group, float* m, float* l,
+                                         float* alpha) {
+  for (int32_t z = 0; z < group; z += 16) {
+    __m512 tile_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int32_t e = 0; e < count; ++e) tile_max = _mm512_max_ps(tile_max, _mm512_load_ps(probs + e * group + z));
+    const __m512 m_old = _mm512_load_ps(m + z);
+    const __m512 m_new = _mm512_max_ps(m_old, tile_max);
+    const __m512 a = exp2_ps(_mm512_sub_ps(m_old, m_new));
+    __m512 sum = _mm512_setzero_ps();
+    for (int32_t e = 0; e < count; ++e) {
+      const __m512 p = exp2_ps(_mm512_sub_ps(_mm512_load_ps(probs + e * group + z), m_new));
+      _mm512_store_ps(probs + e * group + z, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    _mm512_store_ps(m + z, m_new);
+    _mm512_store_ps(l + z, _mm512_fmadd_ps(_mm512_load_ps(l + z), a, sum));
+    _mm512_store_ps(alpha + z, a);
+  }
+}
+
+// o[h, :] = alpha[h] · o[h, :] + Σ_{e < count} probs[e, h] · values[e, :], for the group's heads.
+SPIN_TARGET_AVX512BF16 void pv_tile(const float* probs, const float* values, int32_t count, int32_t group,
+                                    const float* alpha, float* o) {
+  for (int32_t d0 = 0; d0 < kMlaLatentDim; d0 += kPvDims) {
+    for (int32_t h0 = 0; h0 < group; h0 += kPvHeads) {
+      __m512 acc[kPvHeads][4];
+#pragma GCC unroll 4
+      for (int i = 0; i < kPvHeads; ++i) {
+        const __m512 a = _mm512_set1_ps(alpha[h0 + i]);
+        float* oh = o + (h0 + i) * kMlaLatentDim + d0;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_mul_ps(_mm512_load_ps(oh + 16 * j), a);
+      }
+      for (int32_t e = 0; e < count; ++e) {
+        const float* v = values + e * kMlaLatentDim + d0;
+        const __m512 v0 = _mm512_load_ps(v), v1 = _mm512_load_ps(v + 16);
+        const __m512 v2 = _mm512_load_ps(v + 32), v3 = _mm512_load_ps(v + 48);
+        const float* pe = probs + e * group + h0;
+#pragma GCC unroll 4
+        for (int i = 0; i < kPvHeads; ++i) {
+          const __m512 p = _mm512_set1_ps(pe[i]);
+          acc[i][0] = _mm512_fmadd_ps(p, v0, acc[i][0]);
+          acc[i][1] = _mm512_fmadd_ps(p, v1, acc[i][1]);
+          acc[i][2] = _mm512_fmadd_ps(p, v2, acc[i][2]);
+          acc[i][3] = _mm512_fmadd_ps(p, v3, acc[i][3]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < kPvHeads; ++i) {
+        float* oh = o + (h0 + i) * kMlaLatentDim + d0;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) _mm512_store_ps(oh + 16 * j, acc[i][j]);
+      }
+    }
+  }
+}
+
+SPIN_TARGET_AVX512BF16 void prefetch_entries(const SparseAttentionParams& p, int32_t b, const int32_t* positions,
+                                             int32_t count) {
+  const int64_t bytes = LatentPageLayout{p.dtype, p.page_size}.entry_bytes();
+  for (int32_t i = 0; i < count; ++i) {
+    const uint8_t* entry = attention_entry(p, b, positions[i]);
+    for (int64_t line = 0; line < bytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(entry + line), _MM_HINT_T0);
+    }
+    _mm_prefetch(reinterpret_cast<const char*>(entry + bytes - 1), _MM_HINT_T0);
+  }
+}
+
+// One task: row `row`, padded heads [h0, h0 + group) (group = 16·Z).
+template <int Z>
+SPIN_TARGET_AVX512BF16 void run_task(const SparseAttentionParams& p, int64_t row, int32_t h0, const int32_t* selected,
+                                     int32_t n, Workspace& ws) {
+  constexpr int32_t group = 16 * Z;
+  constexpr int32_t E = 24 / Z;
+  const int32_t heads = p.num_heads;
+  const int32_t b = static_cast<int32_t>(row / p.next_n);
+  // Pack q [group heads][576] as [pair][head] words; padded heads get zero queries.
+  const uint16_t* q_row = p.q + row * heads * kMlaHeadDim;
+  for (int32_t j = 0; j < group; ++j) {
+    const int32_t h = h0 + j;
+    if (h < heads) {
+      const uint16_t* qh = q_row + h * kMlaHeadDim;
+      for (int32_t pair = 0; pair < kPairs; ++pair) {
+        uint32_t word;
+        std::memcpy(&word, qh + 2 * pair, sizeof(word));
+        ws.qpack[pair * group + j] = word;
+      }
+    } else {
+      for (int32_t pair = 0; pair < kPairs; ++pair) ws.qpack[pair * group + j] = 0u;
+    }
+  }
+  std::fill_n(ws.m, group, -std::numeric_limits<float>::infinity());
+  std::fill_n(ws.l, group, 0.0f);
+  std::fill_n(ws.o, group * kMlaLatentDim, 0.0f);
+  const __m512 scale2 = _mm512_set1_ps(p.softmax_scale * 1.4426950408889634f);  // scores in log2 units
+  prefetch_entries(p, b, selected, std::min(n, kTile));
+  for (int32_t t0 = 0; t0 < n; t0 += kTile) {
+    const int32_t count = std::min(kTile, n - t0);
+    for (int32_t i = 0; i < count; ++i) {
+      gather_entry(p.dtype, attention_entry(p, b, selected[t0 + i]), ws.keys + i * kMlaHeadDim,
+                   ws.values + i * kMlaLatentDim);
+    }
+    if (t0 + kTile < n) prefetch_entries(p, b, selected + t0 + kTile, std::min(kTile, n - t0 - kTile));
+    const int32_t padded = (count + E - 1) / E * E;  // the micro-kernel's rows past `count` see zero keys
+    std::fill_n(ws.keys + count * kMlaHeadDim, (padded - count) * kMlaHeadDim, uint16_t{0});
+    qk_tile<Z>(ws.keys, padded, ws.qpack, scale2, ws.probs);
+    softmax_tile(ws.probs, count, group, ws.m, ws.l, ws.alpha);
+    pv_tile(ws.probs, ws.values, count, group, ws.alpha, ws.o);
+  }
+  const int32_t real = std::min(group, heads - h0);
+  float* out = p.out + (row * heads + h0) * kMlaLatentDim;
+  for (int32_t j = 0; j < real; ++j) {
+    const __m512 inv = _mm512_set1_ps(1.0f / ws.l[j]);
+    for (int32_t d = 0; d < kMlaLatentDim; d += 16) {
+      _mm512_storeu_ps(out + j * kMlaLatentDim + d, _mm512_mul_ps(_mm512_load_ps(ws.o + j * kMlaLatentDim + d), inv));
+    }
+    if (p.lse != nullptr) {
+      p.lse[row * heads + h0 + j] =
+          static_cast<float>((double{ws.m[j]} + std::log2(double{ws.l[j]})) * 0.69314718055994531);
+    }
+  }
+}
+
+}  // namespace
+
+SPIN_TARGET_AVX512BF16 void attention_run_avx512bf16(const SparseAttentionParams& p, int num_threads,
+                                                     int heads_per_task) {
+  const int64_t rows = int64_t{p.batch} * p.next_n;
+  const int32_t heads = p.num_heads;
+  const int32_t padded_heads = (heads + 15) / 16 * 16;
+  // Head grouping only changes which thread computes a head, never its arithmetic: pick the
+  // largest group that still gives every thread two tasks.
+  int32_t group = heads_per_task > 0 ? heads_per_task : kMaxGroup;
+  if (heads_per_task == 0) {
+    while (group > 16 && rows * ((padded_heads + group - 1) / group) < 2 * int64_t{num_threads}) group /= 2;
+  }
+  const int32_t groups = (padded_heads + group - 1) / group;
+  const int64_t tasks = rows * groups;
+#pragma omp parallel num_threads(num_threads)
+  {
+    Workspace ws;
+    std::vector<int32_t> selected(static_cast<size_t>(p.topk) + p.n_extra);
+    int64_t selected_row = -1;
+    int32_t n = 0;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t row = task / groups;
+      const int32_t h0 = static_cast<int32_t>(task % groups) * group;
+      if (row != selected_row) {
+        n = attention_selected_entries(p, row, selected.data());
+        selected_row = row;
+      }
+      const int32_t real = std::min(group, heads - h0);
+      if (n == 0) {
+        std::fill_n(p.out + (row * heads + h0) * kMlaLatentDim, int64_t{real} * kMlaLatentDim, 0.0f);
+        if (p.lse != nullptr) std::fill_n(p.lse + row * heads + h0, real, -std::numeric_limits<float>::infinity());
+        continue;
+      }
+      switch (std::min(group, padded_heads - h0) / 16) {
+        case 4: run_task<4>(p, row, h0, selected.data(), n, ws); break;
+        case 3: run_task<3>(p, row, h0, selected.data(), n, ws); break;
+        case 2: run_task<2>(p, row, h0, selected.data(), n, ws); break;
+        default: run_task<1>(p, row, h0, selected.data(), n, ws); break;
+      }
+    }
+  }
+}
+
+}  // namespace spin::detail

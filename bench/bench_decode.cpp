@@ -40,7 +40,7 @@ Result<RunResult> run_engine(const DecodeBenchOptions& o, const ModelPreset& mod
   c.threads = o.threads;
   c.seed = o.seed;
   c.measure_attn_err = o.attn_err && predictor != "all-keep";
-  const int64_t max_tokens = context * model.compress_ratio + int64_t{o.steps + o.warmup} * o.next_n + 8;
+  const int64_t max_tokens = context * model.compress_ratio * 11 / 10 + int64_t{o.steps + o.warmup} * o.next_n + 8;
   auto engine = DecodeEngine::create(c, o.batch, max_tokens);
   if (!engine.ok()) return engine.status();
   for (int32_t b = 0; b < o.batch; ++b) {

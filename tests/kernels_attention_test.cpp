@@ -5,10 +5,12 @@
 // and head grouping, a loose check against full precision, and validation errors.
 //
 // Tolerance (fast vs reference): both see the same bf16 q and the same cache bytes, so the only
-// differences are fp32 accumulation order and the exp2 polynomial. Per (row, head):
-//   max_d |o - o_ref| ≤ 1e-4 · max_d |o_ref| + 2e-5 · max_{s,d} |v_s[d]|
-// (scores carry a relative error of ~1e-6 of Σ|q·k|, which moves each p by that much relative;
-// the second term bounds the effect on o of those weight errors). lse: |Δ| ≤ 1e-4 · (1 + |lse|).
+// differences are fp32 accumulation order and the exp2 polynomial. A score summed in fp32 from
+// terms of size A = scale · Σ_d |q_d · k_d| is off by ≲ √576 · 2^-24 · A ≈ 1.5e-6 · A (random-walk
+// rounding), which shifts each weight by that much relative and o by at most that times |v|:
+//   max_d |o - o_ref| ≤ 1e-5 · max_d |o_ref| + 1e-6 · A_max · max_{s,d} |v_s[d]|   per (row, head)
+//   |lse - lse_ref| ≤ 1e-5 · (1 + |lse_ref|) + 1e-6 · A_max
+// (measured worst: ~0.1 of the bound). Far tighter than FlashMLA's bf16-output 1e-3.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -198,30 +200,43 @@ bool row_is_empty(const AttnCase& c, int64_t row) {
   return true;
 }
 
-// Largest |v| over the latent dims of the entries a row selects (decoded from the cache).
-double max_selected_value(const AttnCase& c, int64_t row) {
+// Scales of a row's error: the largest |v| over the latent dims of its selected entries, and per
+// head the largest scale · Σ_d |q_d · k_d| (the size of the terms a score is summed from).
+struct RowMagnitudes {
+  double vmax = 0.0;
+  std::vector<double> score_terms;  // [heads]
+};
+RowMagnitudes row_magnitudes(const AttnCase& c, int64_t row) {
   const int32_t b = static_cast<int32_t>(row / c.next_n);
   const LatentPageLayout layout{c.dtype, c.page_size};
-  double best = 0.0;
-  std::vector<float> v(kMlaHeadDim);
+  RowMagnitudes r;
+  r.score_terms.assign(c.num_heads, 0.0);
+  std::vector<float> k(kMlaHeadDim);
   auto visit = [&](int32_t s) {
     if (s < 0) return;
     const int32_t phys = c.block_table[b * c.block_table_stride + s / c.page_size];
     decode_latent_entry(c.dtype, c.cache.data() + phys * layout.page_bytes() + layout.entry_offset(s % c.page_size),
-                        v.data());
-    for (int32_t d = 0; d < kMlaLatentDim; ++d) best = std::max(best, std::fabs(double{v[d]}));
+                        k.data());
+    for (int32_t d = 0; d < kMlaLatentDim; ++d) r.vmax = std::max(r.vmax, std::fabs(double{k[d]}));
+    for (int32_t h = 0; h < c.num_heads; ++h) {
+      const uint16_t* q = c.q.data() + (row * c.num_heads + h) * kMlaHeadDim;
+      float terms = 0.0f;
+      for (int32_t d = 0; d < kMlaHeadDim; ++d) terms += std::fabs(bf16_to_float(q[d]) * k[d]);
+      r.score_terms[h] = std::max(r.score_terms[h], double{c.softmax_scale} * terms);
+    }
   };
   for (int32_t i = 0; i < c.topk; ++i) visit(c.indices[row * c.topk + i]);
   for (int32_t i = 0; i < c.n_extra; ++i) visit(c.extra[row * c.n_extra + i]);
-  return best;
+  return r;
 }
 
 // Returns the worst error relative to the tolerance (≤ 1 passes).
-double expect_matches_reference(const AttnCase& c, const AttnRun& fast, const AttnRun& ref, AttentionImpl impl) {
+double expect_matches_reference(const AttnCase& c, const AttnRun& fast, const AttnRun& ref, AttentionImpl impl,
+                                const std::vector<RowMagnitudes>& mags) {
   double worst = 0.0;
   for (int64_t row = 0; row < c.rows(); ++row) {
     const bool empty = row_is_empty(c, row);
-    const double vmax = empty ? 0.0 : max_selected_value(c, row);
+    const RowMagnitudes& mag = mags[row];
     for (int32_t h = 0; h < c.num_heads; ++h) {
       const size_t base = static_cast<size_t>((row * c.num_heads + h) * kMlaLatentDim);
       const float lse_f = fast.lse[row * c.num_heads + h];
@@ -237,7 +252,7 @@ double expect_matches_reference(const AttnCase& c, const AttnRun& fast, const At
       }
       double ref_max = 0.0;
       for (int32_t d = 0; d < kMlaLatentDim; ++d) ref_max = std::max(ref_max, std::fabs(double{ref.out[base + d]}));
-      const double tolerance = 1e-4 * ref_max + 2e-5 * vmax + 1e-30;
+      const double tolerance = 1e-5 * ref_max + 1e-6 * mag.score_terms[h] * mag.vmax + 1e-30;
       for (int32_t d = 0; d < kMlaLatentDim; ++d) {
         const double err = std::fabs(double{fast.out[base + d]} - ref.out[base + d]);
         worst = std::max(worst, err / tolerance);
@@ -248,7 +263,7 @@ double expect_matches_reference(const AttnCase& c, const AttnRun& fast, const At
           return worst;
         }
       }
-      const double lse_tol = 1e-4 * (1.0 + std::fabs(double{lse_r}));
+      const double lse_tol = 1e-5 * (1.0 + std::fabs(double{lse_r})) + 1e-6 * mag.score_terms[h];
       worst = std::max(worst, std::fabs(double{lse_f} - lse_r) / lse_tol);
       if (!(std::fabs(double{lse_f} - lse_r) <= lse_tol)) {
         ADD_FAILURE() << c.name << " " << attention_impl_name(impl) << " row " << row << " head " << h << " lse "
@@ -287,7 +302,9 @@ std::vector<AttnCase> hostile_cases() {
         c.entries.push_back(static_cast<int64_t>((0.7 + 0.6 * rng.uniform()) * static_cast<double>(mean)));
       }
       if (id % 4 == 1) c.entries.push_back(0);  // a request with nothing cached: its rows are empty
-      c.empty_rows.push_back(static_cast<int64_t>(rng.below(static_cast<uint64_t>(c.rows()))));
+      // A short request (fewer entries than topk) whose last row selects nothing.
+      c.entries.push_back(1 + static_cast<int64_t>(rng.below(20)));
+      c.empty_rows.push_back(c.rows() - 1);
       c.hole_rate = id % 3 == 0 ? 0.3 : 0.05;
       c.dup_rate = id % 2 == 0 ? 0.1 : 0.0;
       c.score_spread = id % 4 == 2 ? 4.0 : 1.0;  // some peaky rows
@@ -327,10 +344,10 @@ TEST(AttentionKernel, FastMatchesReferenceOnHostileShapes) {
     std::vector<AttnRun> fast;
     for (AttentionImpl impl : fast_impls()) fast.push_back(run(c, impl));  // fast first: stale memory
     const AttnRun ref = run(c, AttentionImpl::kReference);                  // cannot hide a reference bug
+    std::vector<RowMagnitudes> mags;
+    for (int64_t row = 0; row < c.rows(); ++row) mags.push_back(row_magnitudes(c, row));
     for (size_t i = 0; i < fast.size(); ++i) {
-      const double w = expect_matches_reference(c, fast[i], ref, fast_impls()[i]);
-      std::printf("  %-50s %-10s %.3g\n", c.name.c_str(), attention_impl_name(fast_impls()[i]), w);
-      worst = std::max(worst, w);
+      worst = std::max(worst, expect_matches_reference(c, fast[i], ref, fast_impls()[i], mags));
     }
   }
   std::printf("worst error / tolerance over all cases: %.3g\n", worst);
@@ -414,7 +431,7 @@ TEST(AttentionKernel, BitwiseDeterministicAcrossRerunsThreadsAndHeadGroups) {
           << attention_impl_name(impl) << " rerun " << rerun;
     }
     if (impl != AttentionImpl::kAvx512Bf16) continue;
-    for (int group : {16, 32, 64}) {
+    for (int group : {16, 32, 64, 128}) {
       for (int threads : {1, 2, 3}) {
         const AttnRun again = run(c, impl, threads, group);
         ASSERT_EQ(std::memcmp(first.out.data(), again.out.data(), first.out.size() * 4), 0)

@@ -169,9 +169,10 @@ const char* attention_impl_name(AttentionImpl impl);
 struct AttentionOptions {
   AttentionImpl impl = AttentionImpl::kAuto;
   int num_threads = 0;     // 0 = OpenMP default; results are bitwise identical for any value
-  // Heads per parallel task of the AVX-512 kernel: 0 = auto (enough tasks for the threads), or
-  // 16, 32, 64. Every head's arithmetic is independent of its task, so results are bitwise
-  // identical for any value; it only trades parallelism against re-gathering the entries.
+  // Heads per parallel task of the AVX-512 kernel: 0 = auto (the largest that still gives every
+  // thread two tasks), or 16, 32, 64, 128. Every head's arithmetic is independent of its task, so
+  // results are bitwise identical for any value; it only trades parallelism against gathering
+  // (dequantising) the same entries once per task.
   int heads_per_task = 0;
 };
 

@@ -5,6 +5,7 @@
 // The LatentCache lives here rather than in src/cache because only the attention kernels read it
 // so far; it uses the same page tables (spin/cache.h's RequestPages) as the indexer cache.
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -84,6 +85,10 @@ void decode_latent_entry(LatentDtype dtype, const uint8_t* entry, float* values)
 // ---------------------------------------------------------------------------------------------
 // LatentCache
 
+namespace {
+constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+}  // namespace
+
 void LatentCache::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 Result<LatentCache> LatentCache::create(LatentDtype dtype, int32_t page_size, int32_t num_pages) {
@@ -99,6 +104,12 @@ Result<LatentCache> LatentCache::create(LatentDtype dtype, int32_t page_size, in
   if (raw == nullptr) {
     return resource_exhausted("cannot allocate {} bytes for {} latent pages of {} {} entries", bytes, num_pages,
                               page_size, latent_dtype_name(dtype));
+  }
+  // Entries are read at random positions: 2 MiB pages keep the TLB from missing on every one.
+  const uintptr_t first_huge = (reinterpret_cast<uintptr_t>(raw) + (kHugePage - 1)) & ~(kHugePage - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(raw) + rounded;
+  if (end > first_huge + kHugePage) {
+    (void)madvise(reinterpret_cast<void*>(first_huge), (end - first_huge) & ~(kHugePage - 1), MADV_HUGEPAGE);
   }
   std::memset(raw, 0, rounded);
   return LatentCache(layout, num_pages, std::unique_ptr<uint8_t[], FreeDeleter>(raw));
@@ -256,8 +267,8 @@ Status sparse_attention(const SparseAttentionParams& params, const AttentionOpti
   SPIN_RETURN_IF_ERROR(validate_sparse_attention_params(params));
   if (options.num_threads < 0) return invalid_argument("num_threads must be ≥ 0, got {}", options.num_threads);
   if (options.heads_per_task != 0 && options.heads_per_task != 16 && options.heads_per_task != 32 &&
-      options.heads_per_task != 64) {
-    return invalid_argument("heads_per_task must be 0 (auto), 16, 32 or 64, got {}", options.heads_per_task);
+      options.heads_per_task != 64 && options.heads_per_task != 128) {
+    return invalid_argument("heads_per_task must be 0 (auto), 16, 32, 64 or 128, got {}", options.heads_per_task);
   }
   const AttentionImpl impl = options.impl == AttentionImpl::kAuto ? attention_best_impl() : options.impl;
   if (impl == AttentionImpl::kAvx512Bf16 && !detail::attention_cpu_has_avx512bf16()) {

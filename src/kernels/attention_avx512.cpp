@@ -21,9 +21,10 @@
 // threads and heads_per_task and independent of the rest of the batch.
 // vdpbf16ps and vcvtne2ps2bf16 treat bf16/fp32 denormals as zero; a query or key component below
 // 2^-126 in magnitude therefore contributes nothing here (the reference keeps it).
-// GCC 12's own intrinsics headers trip -Wmaybe-uninitialized (a known false positive inside
-// avx512fintrin.h); silence it for this file only.
+// GCC 12's own intrinsics headers trip -W(maybe-)uninitialized (known false positives: the
+// _mm512_undefined_* placeholders inside avx512fintrin.h); silence them for this file only.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #include <omp.h>
 
@@ -50,28 +51,30 @@ bool attention_cpu_has_avx512bf16() {
 namespace {
 
 constexpr int32_t kPairs = kMlaHeadDim / 2;       // 288 bf16 pairs per key
-constexpr int32_t kMaxGroup = 64;                 // heads per task at most (4 zmm)
+constexpr int32_t kSubGroup = 64;                 // heads per micro-kernel pass at most (4 zmm)
+constexpr int32_t kMaxTaskHeads = 128;            // heads per task at most
 constexpr int32_t kTile = kAttentionTileEntries;
-constexpr int32_t kPvHeads = 4;                   // P·V micro-tile: 4 heads × 4 zmm of dims
+constexpr int32_t kPvHeads = 4;                   // P·V micro-tile: 4 heads × 4 zmm of dims (6 × 4: no gain)
 constexpr int32_t kPvDims = 64;
 static_assert(kTile % 24 == 0, "tiles must hold whole micro-kernel blocks (6, 8, 12, 24 entries)");
 
 // Per-thread scratch, 64-byte aligned.
 struct Workspace {
-  uint32_t* qpack;  // [kPairs][group] bf16 pairs
-  uint16_t* keys;   // [kTile][576] bf16
-  float* values;    // [kTile][512] fp32
-  float* probs;     // [kTile][group] scores, then probabilities
-  float* o;         // [group][512] unnormalised output
-  float* m;         // [group] running max (log2 domain)
-  float* l;         // [group] running Σ 2^(s - m)
-  float* alpha;     // [group] this tile's rescale factor
+  uint32_t* qpack;  // per sub-group: [kPairs][sub-group width] bf16 pairs
+  uint16_t* keys;   // [kTile (+ zero padding)][576] bf16
+  float* vblock;    // [kTile][64] fp32: one 64-dim block of the tile's latents
+  float* probs;     // per sub-group: [kTile][sub-group width] scores, then probabilities
+  float* o;         // [task heads][512] unnormalised output
+  float* m;         // [task heads] running max (log2 domain)
+  float* l;         // [task heads] running Σ 2^(s - m)
+  float* alpha;     // [task heads] this tile's rescale factor
   void* block;
 
   Workspace() {
-    const size_t bytes[] = {size_t{kPairs} * kMaxGroup * 4, size_t{kTile} * kMlaHeadDim * 2,
-                            size_t{kTile} * kMlaLatentDim * 4, size_t{kTile} * kMaxGroup * 4,
-                            size_t{kMaxGroup} * kMlaLatentDim * 4, kMaxGroup * 4, kMaxGroup * 4, kMaxGroup * 4};
+    const size_t bytes[] = {size_t{kPairs} * kMaxTaskHeads * 4, size_t{kTile + 24} * kMlaHeadDim * 2,
+                            size_t{kTile} * kPvDims * 4, size_t{kTile} * kMaxTaskHeads * 4,
+                            size_t{kMaxTaskHeads} * kMlaLatentDim * 4, kMaxTaskHeads * 4, kMaxTaskHeads * 4,
+                            kMaxTaskHeads * 4};
     size_t total = 0;
     for (size_t b : bytes) total += (b + 63) / 64 * 64;
     block = std::aligned_alloc(64, total);
@@ -83,7 +86,7 @@ struct Workspace {
     }
     qpack = static_cast<uint32_t*>(ptrs[0]);
     keys = static_cast<uint16_t*>(ptrs[1]);
-    values = static_cast<float*>(ptrs[2]);
+    vblock = static_cast<float*>(ptrs[2]);
     probs = static_cast<float*>(ptrs[3]);
     o = static_cast<float*>(ptrs[4]);
     m = static_cast<float*>(ptrs[5]);
@@ -124,7 +127,7 @@ SPIN_TARGET_AVX512BF16 inline __m512 e4m3x16_to_ps(const uint8_t* codes, __m512 
 }
 
 // One cache entry → bf16 key [576] and fp32 value [512].
-SPIN_TARGET_AVX512BF16 inline void gather_entry(LatentDtype dtype, const uint8_t* entry, uint16_t* key, float* value) {
+SPIN_TARGET_AVX512BF16 inline void gather_entry(LatentDtype dtype, const uint8_t* entry, uint16_t* key) {
   if (dtype == LatentDtype::kFp8) {
     for (int32_t t = 0; t < kMlaNumTiles; ++t) {
       float scale_value;
@@ -133,8 +136,6 @@ SPIN_TARGET_AVX512BF16 inline void gather_entry(LatentDtype dtype, const uint8_t
       for (int32_t d = t * kMlaTileDim; d < (t + 1) * kMlaTileDim; d += 32) {
         const __m512 v0 = e4m3x16_to_ps(entry + LatentPageLayout::kFp8LatentOffset + d, scale);
         const __m512 v1 = e4m3x16_to_ps(entry + LatentPageLayout::kFp8LatentOffset + d + 16, scale);
-        _mm512_store_ps(value + d, v0);
-        _mm512_store_ps(value + d + 16, v1);
         _mm512_store_si512(key + d, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v1, v0)));
       }
     }
@@ -146,11 +147,6 @@ SPIN_TARGET_AVX512BF16 inline void gather_entry(LatentDtype dtype, const uint8_t
   for (int32_t d = 0; d < kMlaHeadDim; d += 32) {
     const __m512i k = _mm512_loadu_si512(entry + 2 * d);
     _mm512_store_si512(key + d, k);
-    if (d < kMlaLatentDim) {
-      _mm512_store_si512(value + d, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(k)), 16));
-      _mm512_store_si512(value + d + 16,
-                         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(k, 1)), 16));
-    }
   }
 }
 
@@ -217,97 +213,127 @@ SPIN_TARGET_AVX512BF16 void softmax_tile(float* probs, int32_t count, int32_t gr
   }
 }
 
-// o[h, :] = alpha[h] · o[h, :] + Σ_{e < count} probs[e, h] · values[e, :], for the group's heads.
-SPIN_TARGET_AVX512BF16 void pv_tile(const float* probs, const float* values, int32_t count, int32_t group,
-                                    const float* alpha, float* o) {
+// H heads × 64 dims of o: acc = alpha · o, then += probs[e, h] · v[e, :] for e < count, in order.
+//   v: [count][64] fp32 (this dim block); pe: probs + h0 with row stride `group`; o: o + h0·512 + d0.
+template <int H>
+SPIN_TARGET_AVX512BF16 inline void pv_micro(const float* v, const float* pe, int32_t group, int32_t count,
+                                            const float* alpha, float* o) {
+  __m512 acc[H][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < H; ++i) {
+    const __m512 a = _mm512_set1_ps(alpha[i]);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_mul_ps(_mm512_load_ps(o + i * kMlaLatentDim + 16 * j), a);
+  }
+  for (int32_t e = 0; e < count; ++e) {
+    const __m512 v0 = _mm512_load_ps(v + e * kPvDims), v1 = _mm512_load_ps(v + e * kPvDims + 16);
+    const __m512 v2 = _mm512_load_ps(v + e * kPvDims + 32), v3 = _mm512_load_ps(v + e * kPvDims + 48);
+#pragma GCC unroll 4
+    for (int i = 0; i < H; ++i) {
+      const __m512 p = _mm512_set1_ps(pe[e * group + i]);
+      acc[i][0] = _mm512_fmadd_ps(p, v0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(p, v1, acc[i][1]);
+      acc[i][2] = _mm512_fmadd_ps(p, v2, acc[i][2]);
+      acc[i][3] = _mm512_fmadd_ps(p, v3, acc[i][3]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < H; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) _mm512_store_ps(o + i * kMlaLatentDim + 16 * j, acc[i][j]);
+  }
+}
+
+// o[h, :] = alpha[h] · o[h, :] + Σ_{e < count} probs[e, h] · v[e, :] for the group's heads, with
+// v[e, :] the latent part of the bf16 key tile, widened to fp32 one 64-dim block at a time into
+// `block` ([kTile][64], L1-resident) — cheaper than keeping a full fp32 copy of the tile.
+SPIN_TARGET_AVX512BF16 void pv_tile(const float* probs, const uint16_t* keys, float* block, int32_t count,
+                                    int32_t group, const float* alpha, float* o) {
   for (int32_t d0 = 0; d0 < kMlaLatentDim; d0 += kPvDims) {
-    for (int32_t h0 = 0; h0 < group; h0 += kPvHeads) {
-      __m512 acc[kPvHeads][4];
-#pragma GCC unroll 4
-      for (int i = 0; i < kPvHeads; ++i) {
-        const __m512 a = _mm512_set1_ps(alpha[h0 + i]);
-        float* oh = o + (h0 + i) * kMlaLatentDim + d0;
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_mul_ps(_mm512_load_ps(oh + 16 * j), a);
-      }
-      for (int32_t e = 0; e < count; ++e) {
-        const float* v = values + e * kMlaLatentDim + d0;
-        const __m512 v0 = _mm512_load_ps(v), v1 = _mm512_load_ps(v + 16);
-        const __m512 v2 = _mm512_load_ps(v + 32), v3 = _mm512_load_ps(v + 48);
-        const float* pe = probs + e * group + h0;
-#pragma GCC unroll 4
-        for (int i = 0; i < kPvHeads; ++i) {
-          const __m512 p = _mm512_set1_ps(pe[i]);
-          acc[i][0] = _mm512_fmadd_ps(p, v0, acc[i][0]);
-          acc[i][1] = _mm512_fmadd_ps(p, v1, acc[i][1]);
-          acc[i][2] = _mm512_fmadd_ps(p, v2, acc[i][2]);
-          acc[i][3] = _mm512_fmadd_ps(p, v3, acc[i][3]);
-        }
-      }
-#pragma GCC unroll 4
-      for (int i = 0; i < kPvHeads; ++i) {
-        float* oh = o + (h0 + i) * kMlaLatentDim + d0;
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) _mm512_store_ps(oh + 16 * j, acc[i][j]);
-      }
+    for (int32_t e = 0; e < count; ++e) {
+      const __m512i k0 = _mm512_load_si512(keys + e * kMlaHeadDim + d0);
+      const __m512i k1 = _mm512_load_si512(keys + e * kMlaHeadDim + d0 + 32);
+      float* v = block + e * kPvDims;
+      _mm512_store_si512(v, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(k0)), 16));
+      _mm512_store_si512(v + 16, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(k0, 1)), 16));
+      _mm512_store_si512(v + 32, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(k1)), 16));
+      _mm512_store_si512(v + 48, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(k1, 1)), 16));
+    }
+    for (int32_t h0 = 0; h0 < group; h0 += kPvHeads) {  // group is a multiple of 16
+      pv_micro<kPvHeads>(block, probs + h0, group, count, alpha + h0, o + h0 * kMlaLatentDim + d0);
     }
   }
 }
 
-SPIN_TARGET_AVX512BF16 void prefetch_entries(const SparseAttentionParams& p, int32_t b, const int32_t* positions,
-                                             int32_t count) {
-  const int64_t bytes = LatentPageLayout{p.dtype, p.page_size}.entry_bytes();
-  for (int32_t i = 0; i < count; ++i) {
-    const uint8_t* entry = attention_entry(p, b, positions[i]);
-    for (int64_t line = 0; line < bytes; line += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(entry + line), _MM_HINT_T0);
-    }
-    _mm_prefetch(reinterpret_cast<const char*>(entry + bytes - 1), _MM_HINT_T0);
-  }
-}
-
-// One task: row `row`, padded heads [h0, h0 + group) (group = 16·Z).
 template <int Z>
-SPIN_TARGET_AVX512BF16 void run_task(const SparseAttentionParams& p, int64_t row, int32_t h0, const int32_t* selected,
-                                     int32_t n, Workspace& ws) {
-  constexpr int32_t group = 16 * Z;
-  constexpr int32_t E = 24 / Z;
+SPIN_TARGET_AVX512BF16 void qk_tile_dispatch(int32_t z, const uint16_t* keys, int32_t count, const uint32_t* qpack,
+                                             __m512 scale2, float* s) {
+  constexpr int E = 24 / Z;
+  if (z == Z) {
+    qk_tile<Z>(keys, (count + E - 1) / E * E, qpack, scale2, s);
+  } else if constexpr (Z > 1) {
+    qk_tile_dispatch<Z - 1>(z, keys, count, qpack, scale2, s);
+  }
+}
+
+// One task: row `row`, padded heads [h0, h0 + width) (width a multiple of 16, ≤ 128), computed
+// as sub-groups of ≤ 64 heads (4 zmm of accumulators) that share each gathered tile.
+SPIN_TARGET_AVX512BF16 void run_task(const SparseAttentionParams& p, int64_t row, int32_t h0, int32_t width,
+                                     const int32_t* selected, int32_t n, Workspace& ws) {
   const int32_t heads = p.num_heads;
   const int32_t b = static_cast<int32_t>(row / p.next_n);
-  // Pack q [group heads][576] as [pair][head] words; padded heads get zero queries.
+  // Sub-group g covers task heads [64g, 64g + sub_width(g)); its packed q is [pair][sub_width]
+  // words at qpack + 64g·kPairs, its scores [entry][sub_width] at probs + 64g·kTile.
+  auto sub_width = [&](int32_t g) { return std::min(kSubGroup, width - g * kSubGroup); };
+  const int32_t n_sub = (width + kSubGroup - 1) / kSubGroup;
   const uint16_t* q_row = p.q + row * heads * kMlaHeadDim;
-  for (int32_t j = 0; j < group; ++j) {
-    const int32_t h = h0 + j;
-    if (h < heads) {
-      const uint16_t* qh = q_row + h * kMlaHeadDim;
-      for (int32_t pair = 0; pair < kPairs; ++pair) {
-        uint32_t word;
-        std::memcpy(&word, qh + 2 * pair, sizeof(word));
-        ws.qpack[pair * group + j] = word;
+  for (int32_t g = 0; g < n_sub; ++g) {
+    const int32_t sw = sub_width(g);
+    uint32_t* qpack = ws.qpack + g * kSubGroup * kPairs;
+    for (int32_t j = 0; j < sw; ++j) {
+      const int32_t h = h0 + g * kSubGroup + j;
+      if (h < heads) {
+        const uint16_t* qh = q_row + h * kMlaHeadDim;
+        for (int32_t pair = 0; pair < kPairs; ++pair) {
+          uint32_t word;
+          std::memcpy(&word, qh + 2 * pair, sizeof(word));
+          qpack[pair * sw + j] = word;
+        }
+      } else {  // padded heads: zero queries, outputs never stored
+        for (int32_t pair = 0; pair < kPairs; ++pair) qpack[pair * sw + j] = 0u;
       }
-    } else {
-      for (int32_t pair = 0; pair < kPairs; ++pair) ws.qpack[pair * group + j] = 0u;
     }
   }
-  std::fill_n(ws.m, group, -std::numeric_limits<float>::infinity());
-  std::fill_n(ws.l, group, 0.0f);
-  std::fill_n(ws.o, group * kMlaLatentDim, 0.0f);
+  std::fill_n(ws.m, width, -std::numeric_limits<float>::infinity());
+  std::fill_n(ws.l, width, 0.0f);
+  std::fill_n(ws.o, width * kMlaLatentDim, 0.0f);
   const __m512 scale2 = _mm512_set1_ps(p.softmax_scale * 1.4426950408889634f);  // scores in log2 units
-  prefetch_entries(p, b, selected, std::min(n, kTile));
+  const int64_t entry_bytes = LatentPageLayout{p.dtype, p.page_size}.entry_bytes();
   for (int32_t t0 = 0; t0 < n; t0 += kTile) {
     const int32_t count = std::min(kTile, n - t0);
     for (int32_t i = 0; i < count; ++i) {
-      gather_entry(p.dtype, attention_entry(p, b, selected[t0 + i]), ws.keys + i * kMlaHeadDim,
-                   ws.values + i * kMlaLatentDim);
+      gather_entry(p.dtype, attention_entry(p, b, selected[t0 + i]), ws.keys + i * kMlaHeadDim);
     }
-    if (t0 + kTile < n) prefetch_entries(p, b, selected + t0 + kTile, std::min(kTile, n - t0 - kTile));
-    const int32_t padded = (count + E - 1) / E * E;  // the micro-kernel's rows past `count` see zero keys
+    // Fetch the next tile's entries (at random addresses: no hardware prefetcher follows them)
+    // into L2 while this tile computes. Written inline on purpose: GCC deletes calls to a
+    // function whose only effect is prefetching (it is "const" to its IPA analysis).
+    for (int32_t i = t0 + kTile; i < std::min(n, t0 + 2 * kTile); ++i) {
+      const char* entry = reinterpret_cast<const char*>(attention_entry(p, b, selected[i]));
+      for (int64_t line = 0; line < entry_bytes; line += 64) _mm_prefetch(entry + line, _MM_HINT_T1);
+      _mm_prefetch(entry + entry_bytes - 1, _MM_HINT_T1);
+    }
+    // Micro-kernel rows past `count` (up to the next multiple of 24) read zero keys; ignored.
+    const int32_t padded = (count + 23) / 24 * 24;
     std::fill_n(ws.keys + count * kMlaHeadDim, (padded - count) * kMlaHeadDim, uint16_t{0});
-    qk_tile<Z>(ws.keys, padded, ws.qpack, scale2, ws.probs);
-    softmax_tile(ws.probs, count, group, ws.m, ws.l, ws.alpha);
-    pv_tile(ws.probs, ws.values, count, group, ws.alpha, ws.o);
+    for (int32_t g = 0; g < n_sub; ++g) {
+      const int32_t sw = sub_width(g);
+      float* probs = ws.probs + g * kSubGroup * kTile;
+      qk_tile_dispatch<4>(sw / 16, ws.keys, count, ws.qpack + g * kSubGroup * kPairs, scale2, probs);
+      softmax_tile(probs, count, sw, ws.m + g * kSubGroup, ws.l + g * kSubGroup, ws.alpha + g * kSubGroup);
+      pv_tile(probs, ws.keys, ws.vblock, count, sw, ws.alpha + g * kSubGroup, ws.o + g * kSubGroup * kMlaLatentDim);
+    }
   }
-  const int32_t real = std::min(group, heads - h0);
+  const int32_t real = std::min(width, heads - h0);
   float* out = p.out + (row * heads + h0) * kMlaLatentDim;
   for (int32_t j = 0; j < real; ++j) {
     const __m512 inv = _mm512_set1_ps(1.0f / ws.l[j]);
@@ -329,8 +355,8 @@ SPIN_TARGET_AVX512BF16 void attention_run_avx512bf16(const SparseAttentionParams
   const int32_t heads = p.num_heads;
   const int32_t padded_heads = (heads + 15) / 16 * 16;
   // Head grouping only changes which thread computes a head, never its arithmetic: pick the
-  // largest group that still gives every thread two tasks.
-  int32_t group = heads_per_task > 0 ? heads_per_task : kMaxGroup;
+  // largest group (fewest re-gathers of the same entries) that still gives every thread two tasks.
+  int32_t group = heads_per_task > 0 ? heads_per_task : kMaxTaskHeads;
   if (heads_per_task == 0) {
     while (group > 16 && rows * ((padded_heads + group - 1) / group) < 2 * int64_t{num_threads}) group /= 2;
   }
@@ -350,18 +376,13 @@ SPIN_TARGET_AVX512BF16 void attention_run_avx512bf16(const SparseAttentionParams
         n = attention_selected_entries(p, row, selected.data());
         selected_row = row;
       }
-      const int32_t real = std::min(group, heads - h0);
       if (n == 0) {
+        const int32_t real = std::min(group, heads - h0);
         std::fill_n(p.out + (row * heads + h0) * kMlaLatentDim, int64_t{real} * kMlaLatentDim, 0.0f);
         if (p.lse != nullptr) std::fill_n(p.lse + row * heads + h0, real, -std::numeric_limits<float>::infinity());
         continue;
       }
-      switch (std::min(group, padded_heads - h0) / 16) {
-        case 4: run_task<4>(p, row, h0, selected.data(), n, ws); break;
-        case 3: run_task<3>(p, row, h0, selected.data(), n, ws); break;
-        case 2: run_task<2>(p, row, h0, selected.data(), n, ws); break;
-        default: run_task<1>(p, row, h0, selected.data(), n, ws); break;
-      }
+      run_task(p, row, h0, std::min(group, padded_heads - h0), selected.data(), n, ws);
     }
   }
 }

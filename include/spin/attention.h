@@ -17,6 +17,9 @@
 // emits duplicates, so this only matters for hand-made index lists. A row with no valid entry
 // outputs o = 0 and lse = -inf (the log of an empty sum; FlashMLA's test reference reports +inf).
 // Order inside S_r only changes fp32 rounding (the softmax is permutation-invariant).
+// The output is fp32, not bf16 like FlashMLA's: the CPU kernels accumulate in fp32 anyway, the
+// consumers here (the W_UV absorption, DESIGN.md §5's attn_err) want it unrounded, and rounding
+// to bf16 is one call for a caller that needs it. Cost: 2 · rows · heads · |S_r| · (576 + 512) FLOP.
 //
 // Extra indices are the V4 sliding-window entries: they address the same cache and page table as
 // `indices` (V4 decode already addresses one logical space, [128-slot window | compressed rows]).
@@ -28,9 +31,12 @@
 //          128-dim latent tile | 64 bf16 rope]. Scales are UE8M0 powers of two computed exactly as
 //          spin::ue8m0_scale / quantize_e4m3_block128 do (spin/numerics.h); the reader accepts any
 //          positive fp32 scale, but the fast kernel is exact only for powers of two (see below).
+//          (FlashMLA's test quantiser floors the scale at 1e-4 rather than amax at 1e-4, so tiles
+//          with amax < 0.0448 get other bytes there; both read back through the same formula.)
 // e4m3 has 4 significant bits and a power-of-two scale only moves the exponent, so e4m3 · 2^k is
 // exactly representable in bf16 (8 significant bits, fp32's exponent range) for every k that
-// keeps it inside fp32's range — which every scale the writer produces does. Dequantising
+// keeps it inside fp32's normal range — which every scale the writer produces does (the smallest
+// is ~2^-22, so the smallest nonzero value is ~2^-31). Dequantising
 // fp8 → bf16 is therefore exact, and the fast kernel's bf16 products with fp32 accumulation
 // reproduce the tensor-core math up to summation order.
 //

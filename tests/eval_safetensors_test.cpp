@@ -1,6 +1,7 @@
 // The safetensors container: round trip, layout as the Python package writes it, and one
 // specific error per malformed header (src/eval/safetensors.h).
 #include "eval/safetensors.h"
+#include "test_util.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -17,23 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "spin_st_test_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename());
-    return out;
-  }
-
- private:
-  std::string path_;
-};
+using spin::testing::TempDir;
 
 // A raw file: [u64 len][header][data]; the header is used as given (no padding added).
 std::vector<uint8_t> raw(const std::string& header, size_t data_bytes) {

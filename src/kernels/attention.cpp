@@ -280,7 +280,9 @@ Status sparse_attention(const SparseAttentionParams& params, const AttentionOpti
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   switch (impl) {
     case AttentionImpl::kReference: detail::attention_run_reference(params); break;
-    case AttentionImpl::kAvx512Bf16: detail::attention_run_avx512bf16(params, threads, options.heads_per_task); break;
+    case AttentionImpl::kAvx512Bf16:
+      detail::attention_run_avx512bf16(params, threads, options.heads_per_task, options.bf16_probabilities);
+      break;
     default: detail::attention_run_portable(params, threads); break;
   }
   return ok_status();

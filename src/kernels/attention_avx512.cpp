@@ -74,6 +74,7 @@ struct Workspace {
   float* m;         // [task heads] running max (log2 domain)
   float* l;         // [task heads] running Σ 2^(s - m)
   float* alpha;     // [task heads] this tile's rescale factor
+  uint32_t* ppairs;  // per sub-group: [kTile / 2][sub-group width] bf16 probability pairs
   struct AlignedDelete {
     void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t{64}); }
   };
@@ -83,13 +84,13 @@ struct Workspace {
     const size_t bytes[] = {size_t{kPairs} * kMaxTaskHeads * 4, size_t{kTile} * kMlaHeadDim * 2,
                             size_t{kTile} * kPvDims * 4, size_t{kTile} * kMaxTaskHeads * 4,
                             size_t{kMaxTaskHeads} * kMlaLatentDim * 4, kMaxTaskHeads * 4, kMaxTaskHeads * 4,
-                            kMaxTaskHeads * 4};
+                            kMaxTaskHeads * 4, size_t{kTile / 2} * kMaxTaskHeads * 4};
     size_t total = 0;
     for (size_t b : bytes) total += (b + 63) / 64 * 64;
     block.reset(new (std::align_val_t{64}) uint8_t[total]);
     uint8_t* p = block.get();
-    void* ptrs[8];
-    for (int i = 0; i < 8; ++i) {
+    void* ptrs[9];
+    for (int i = 0; i < 9; ++i) {
       ptrs[i] = p;
       p += (bytes[i] + 63) / 64 * 64;
     }
@@ -101,6 +102,7 @@ struct Workspace {
     m = static_cast<float*>(ptrs[5]);
     l = static_cast<float*>(ptrs[6]);
     alpha = static_cast<float*>(ptrs[7]);
+    ppairs = static_cast<uint32_t*>(ptrs[8]);
   }
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
@@ -273,6 +275,84 @@ SPIN_TARGET_AVX512BF16 void pv_tile(const float* probs, const uint16_t* keys, fl
   }
 }
 
+// bf16 P·V (FlashMLA's precision): probabilities rounded to bf16, entries taken in pairs so that
+// one vdpbf16ps adds p[e]·v[e] + p[e+1]·v[e+1] — half the instructions of the fp32 FMA path.
+//   vpairs [pair][64] words: word d = v[2·pair][d0 + d] | v[2·pair + 1][d0 + d] << 16
+//   ppairs [pair][group] words: word h = bf16(p[2·pair][h]) | bf16(p[2·pair + 1][h]) << 16
+// An odd count pairs its last entry with a zero key row and a zero probability.
+template <int H>
+SPIN_TARGET_AVX512BF16 inline void pv_micro_bf16(const uint32_t* vpairs, const uint32_t* pp, int32_t group,
+                                                 int32_t pairs, const float* alpha, float* o) {
+  __m512 acc[H][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < H; ++i) {
+    const __m512 a = _mm512_set1_ps(alpha[i]);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_mul_ps(_mm512_load_ps(o + i * kMlaLatentDim + 16 * j), a);
+  }
+  for (int32_t pair = 0; pair < pairs; ++pair) {
+    const uint32_t* vp = vpairs + pair * kPvDims;
+    const __m512bh v0 = reinterpret_cast<__m512bh>(_mm512_load_si512(vp));
+    const __m512bh v1 = reinterpret_cast<__m512bh>(_mm512_load_si512(vp + 16));
+    const __m512bh v2 = reinterpret_cast<__m512bh>(_mm512_load_si512(vp + 32));
+    const __m512bh v3 = reinterpret_cast<__m512bh>(_mm512_load_si512(vp + 48));
+#pragma GCC unroll 4
+    for (int i = 0; i < H; ++i) {
+      const __m512bh p = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(pp[pair * group + i])));
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], p, v0);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], p, v1);
+      acc[i][2] = _mm512_dpbf16_ps(acc[i][2], p, v2);
+      acc[i][3] = _mm512_dpbf16_ps(acc[i][3], p, v3);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < H; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) _mm512_store_ps(o + i * kMlaLatentDim + 16 * j, acc[i][j]);
+  }
+}
+
+SPIN_TARGET_AVX512BF16 void pv_tile_bf16(const float* probs, const uint16_t* keys, uint32_t* vpairs,
+                                         uint32_t* ppairs, int32_t count, int32_t group, const float* alpha,
+                                         float* o) {
+  const int32_t pairs = (count + 1) / 2;
+  const __m512 zero = _mm512_setzero_ps();
+  for (int32_t pair = 0; pair < pairs; ++pair) {
+    const bool odd = 2 * pair + 1 >= count;
+    for (int32_t z = 0; z < group; z += 16) {
+      const __m512 p0 = _mm512_load_ps(probs + (2 * pair) * group + z);
+      const __m512 p1 = odd ? zero : _mm512_load_ps(probs + (2 * pair + 1) * group + z);
+      const __m512i w0 = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(p0)));
+      const __m512i w1 = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(p1)));
+      _mm512_store_si512(ppairs + pair * group + z, _mm512_or_si512(w0, _mm512_slli_epi32(w1, 16)));
+    }
+  }
+  // Word k of the result takes element k of a (low half) and element k of b (high half).
+  alignas(64) static constexpr uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static constexpr uint16_t kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                   24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i lo = _mm512_load_si512(kLo);
+  const __m512i hi = _mm512_load_si512(kHi);
+  for (int32_t d0 = 0; d0 < kMlaLatentDim; d0 += kPvDims) {
+    for (int32_t pair = 0; pair < pairs; ++pair) {
+      // Rows past `count` are zero (run_task pads the key tile), so an odd count reads zeros.
+      const uint16_t* a = keys + (2 * pair) * kMlaHeadDim + d0;
+      const uint16_t* b = a + kMlaHeadDim;
+      const __m512i a0 = _mm512_load_si512(a), a1 = _mm512_load_si512(a + 32);
+      const __m512i b0 = _mm512_load_si512(b), b1 = _mm512_load_si512(b + 32);
+      uint32_t* vp = vpairs + pair * kPvDims;
+      _mm512_store_si512(vp, _mm512_permutex2var_epi16(a0, lo, b0));
+      _mm512_store_si512(vp + 16, _mm512_permutex2var_epi16(a0, hi, b0));
+      _mm512_store_si512(vp + 32, _mm512_permutex2var_epi16(a1, lo, b1));
+      _mm512_store_si512(vp + 48, _mm512_permutex2var_epi16(a1, hi, b1));
+    }
+    for (int32_t h0 = 0; h0 < group; h0 += kPvHeads) {  // group is a multiple of 16
+      pv_micro_bf16<kPvHeads>(vpairs, ppairs + h0, group, pairs, alpha + h0, o + h0 * kMlaLatentDim + d0);
+    }
+  }
+}
+
 template <int Z>
 SPIN_TARGET_AVX512BF16 void qk_tile_dispatch(int32_t z, const uint16_t* keys, int32_t count, const uint32_t* qpack,
                                              __m512 scale2, float* s) {
@@ -287,7 +367,7 @@ SPIN_TARGET_AVX512BF16 void qk_tile_dispatch(int32_t z, const uint16_t* keys, in
 // One task: row `row`, padded heads [h0, h0 + width) (width a multiple of 16, ≤ 128), computed
 // as sub-groups of ≤ 64 heads (4 zmm of accumulators) that share each gathered tile.
 SPIN_TARGET_AVX512BF16 void run_task(const SparseAttentionParams& p, int64_t row, int32_t h0, int32_t width,
-                                     const int32_t* selected, int32_t n, Workspace& ws) {
+                                     const int32_t* selected, int32_t n, bool bf16_probabilities, Workspace& ws) {
   const int32_t heads = p.num_heads;
   const int32_t b = static_cast<int32_t>(row / p.next_n);
   // Sub-group g covers task heads [64g, 64g + sub_width(g)); its packed q is [pair][sub_width]
@@ -338,7 +418,12 @@ SPIN_TARGET_AVX512BF16 void run_task(const SparseAttentionParams& p, int64_t row
       float* probs = ws.probs + g * kSubGroup * kTile;
       qk_tile_dispatch<4>(sw / 16, ws.keys, count, ws.qpack + g * kSubGroup * kPairs, scale2, probs);
       softmax_tile(probs, count, sw, ws.m + g * kSubGroup, ws.l + g * kSubGroup, ws.alpha + g * kSubGroup);
-      pv_tile(probs, ws.keys, ws.vblock, count, sw, ws.alpha + g * kSubGroup, ws.o + g * kSubGroup * kMlaLatentDim);
+      if (bf16_probabilities) {
+        pv_tile_bf16(probs, ws.keys, reinterpret_cast<uint32_t*>(ws.vblock), ws.ppairs, count, sw,
+                     ws.alpha + g * kSubGroup, ws.o + g * kSubGroup * kMlaLatentDim);
+      } else {
+        pv_tile(probs, ws.keys, ws.vblock, count, sw, ws.alpha + g * kSubGroup, ws.o + g * kSubGroup * kMlaLatentDim);
+      }
     }
   }
   const int32_t real = std::min(width, heads - h0);
@@ -358,7 +443,7 @@ SPIN_TARGET_AVX512BF16 void run_task(const SparseAttentionParams& p, int64_t row
 }  // namespace
 
 SPIN_TARGET_AVX512BF16 void attention_run_avx512bf16(const SparseAttentionParams& p, int num_threads,
-                                                     int heads_per_task) {
+                                                     int heads_per_task, bool bf16_probabilities) {
   const int64_t rows = int64_t{p.batch} * p.next_n;
   const int32_t heads = p.num_heads;
   const int32_t padded_heads = (heads + 15) / 16 * 16;
@@ -390,7 +475,7 @@ SPIN_TARGET_AVX512BF16 void attention_run_avx512bf16(const SparseAttentionParams
         if (p.lse != nullptr) std::fill_n(p.lse + row * heads + h0, real, -std::numeric_limits<float>::infinity());
         continue;
       }
-      run_task(p, row, h0, std::min(group, padded_heads - h0), selected.data(), n, ws);
+      run_task(p, row, h0, std::min(group, padded_heads - h0), selected.data(), n, bf16_probabilities, ws);
     }
   }
 }

@@ -41,7 +41,8 @@ inline const uint8_t* attention_entry(const SparseAttentionParams& p, int32_t b,
 // Each implementation fills out (and lse) for every row; parameters are already validated.
 void attention_run_reference(const SparseAttentionParams& params);
 void attention_run_portable(const SparseAttentionParams& params, int num_threads);
-void attention_run_avx512bf16(const SparseAttentionParams& params, int num_threads, int heads_per_task);
+void attention_run_avx512bf16(const SparseAttentionParams& params, int num_threads, int heads_per_task,
+                              bool bf16_probabilities);
 bool attention_cpu_has_avx512bf16();
 
 }  // namespace spin::detail

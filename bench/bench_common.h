@@ -73,7 +73,7 @@ struct DecodeBenchOptions {
   std::vector<int64_t> contexts = {32768, 131072};  // indexer entries per request
   int32_t batch = 8;
   int32_t layers = 2;
-  int steps = 6;
+  int steps = 12;
   int warmup = 2;
   std::vector<double> sparsities = {0.3, 0.4, 0.5};
   std::string predictor = "spin";

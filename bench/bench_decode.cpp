@@ -1,15 +1,17 @@
 // `spin bench decode`: batched DSA decode steps (predictor → masked indexer → top-k → sparse MLA
 // attention → observe) for a model preset, all-keep and a predictor on identical data in one run.
 //
-// Reports per step: tokens/s of the attention path, the stage breakdown (indexer_ms, topk_ms,
+// Reports per step (medians over the timed steps): tokens/s of the attention path, the stage breakdown (indexer_ms, topk_ms,
 // attention_ms, predictor_ms), speedup_vs_all_keep measured in the same run, the cost model's
 // prediction beside it — 1 / (1 − (indexer share · realised sparsity − predictor share)) — and
-// attn_err = ‖o − o_all_keep‖ / ‖o_all_keep‖ (mean over rows). A whole-model projection assumes
+// attn_err = ‖o − o_all_keep‖ / ‖o_all_keep‖ (mean over rows). Each predictor run is paired with
+// its own all-keep engine, steps interleaved, so both see the same machine conditions. A whole-model projection assumes
 // the attention path is `--path-share` of a full decode step (stated in the output).
 // Reproduce: spin bench decode --model deepseek-v3.2 --context 131072 --batch 8 --sparsity 0.5
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -20,15 +22,55 @@ namespace spin::bench {
 namespace {
 
 struct RunResult {
-  StepStats mean;
+  StepStats mean;  // per-stage medians over the timed steps
   double step_ms = 0;
   double tokens_per_s = 0;
   double attn_err = NAN;
   double realised_sparsity = 0;
 };
 
-Result<RunResult> run_engine(const DecodeBenchOptions& o, const ModelPreset& model, const std::string& predictor,
-                             double sparsity, int64_t context) {
+// Per-step samples of one engine, reduced to medians.
+struct Samples {
+  std::vector<double> indexer, topk, attention, predictor, total, tokens;
+  int64_t scored = 0, visible = 0, err_rows = 0;
+  double err_sum = 0;
+
+  void add(const StepStats& st) {
+    indexer.push_back(st.indexer_ms);
+    topk.push_back(st.topk_ms);
+    attention.push_back(st.attention_ms);
+    predictor.push_back(st.predictor_ms);
+    total.push_back(st.total_ms);
+    tokens.push_back(static_cast<double>(st.tokens));
+    scored += st.scored_entries;
+    visible += st.visible_entries;
+    err_sum += st.attn_err_sum;
+    err_rows += st.attn_err_rows;
+  }
+  static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  }
+  // Medians over the timed steps: a stray page-fault burst or a busy neighbour moves one step, not
+  // the result. Stage medians are taken separately, so they need not add up to step_ms.
+  RunResult result() const {
+    RunResult r;
+    r.mean.indexer_ms = median(indexer);
+    r.mean.topk_ms = median(topk);
+    r.mean.attention_ms = median(attention);
+    r.mean.predictor_ms = median(predictor);
+    r.step_ms = median(total);
+    double all_tokens = 0;
+    for (double t : tokens) all_tokens += t;
+    r.tokens_per_s = all_tokens / static_cast<double>(tokens.size()) / (r.step_ms / 1e3);
+    r.attn_err = err_rows > 0 ? err_sum / static_cast<double>(err_rows) : NAN;
+    r.realised_sparsity = visible > 0 ? 1.0 - static_cast<double>(scored) / static_cast<double>(visible) : 0.0;
+    return r;
+  }
+};
+
+Result<std::unique_ptr<DecodeEngine>> make_engine(const DecodeBenchOptions& o, const ModelPreset& model,
+                                                  const std::string& predictor, double sparsity, int64_t context) {
   EngineConfig c;
   c.model = model;
   c.layers = o.layers;
@@ -48,36 +90,32 @@ Result<RunResult> run_engine(const DecodeBenchOptions& o, const ModelPreset& mod
     const int64_t tokens = context * model.compress_ratio * (90 + (b * 7) % 21) / 100;
     SPIN_RETURN_IF_ERROR(engine.value()->add_request(b, tokens));
   }
-  RunResult r;
-  StepStats sum;
-  int64_t tokens = 0, scored = 0, visible = 0;
-  double err_sum = 0;
-  int64_t err_rows = 0;
+  return engine;
+}
+
+// All-keep and the predictor on identical data, their steps interleaved (alternating which goes
+// first), so that drift on a shared machine hits both alike; the speedup is the ratio of medians.
+Result<std::pair<RunResult, RunResult>> run_pair(const DecodeBenchOptions& o, const ModelPreset& model,
+                                                 double sparsity, int64_t context) {
+  auto base = make_engine(o, model, "all-keep", 0.0, context);
+  if (!base.ok()) return base.status();
+  auto spin = make_engine(o, model, o.predictor, sparsity, context);
+  if (!spin.ok()) return spin.status();
+  Samples base_samples, spin_samples;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
-    StepStats st;
-    SPIN_RETURN_IF_ERROR(engine.value()->step(&st));
+    StepStats a, b;
+    if (s % 2 == 0) {
+      SPIN_RETURN_IF_ERROR(base.value()->step(&a));
+      SPIN_RETURN_IF_ERROR(spin.value()->step(&b));
+    } else {
+      SPIN_RETURN_IF_ERROR(spin.value()->step(&b));
+      SPIN_RETURN_IF_ERROR(base.value()->step(&a));
+    }
     if (s < o.warmup) continue;
-    sum.indexer_ms += st.indexer_ms;
-    sum.topk_ms += st.topk_ms;
-    sum.attention_ms += st.attention_ms;
-    sum.predictor_ms += st.predictor_ms;
-    sum.total_ms += st.total_ms;
-    tokens += st.tokens;
-    scored += st.scored_entries;
-    visible += st.visible_entries;
-    err_sum += st.attn_err_sum;
-    err_rows += st.attn_err_rows;
+    base_samples.add(a);
+    spin_samples.add(b);
   }
-  const double n = o.steps;
-  r.mean.indexer_ms = sum.indexer_ms / n;
-  r.mean.topk_ms = sum.topk_ms / n;
-  r.mean.attention_ms = sum.attention_ms / n;
-  r.mean.predictor_ms = sum.predictor_ms / n;
-  r.step_ms = sum.total_ms / n;
-  r.tokens_per_s = static_cast<double>(tokens) / (sum.total_ms / 1e3);
-  r.attn_err = err_rows > 0 ? err_sum / static_cast<double>(err_rows) : NAN;
-  r.realised_sparsity = visible > 0 ? 1.0 - static_cast<double>(scored) / static_cast<double>(visible) : 0.0;
-  return r;
+  return std::make_pair(base_samples.result(), spin_samples.result());
 }
 
 double peak_rss_mib() {
@@ -107,11 +145,6 @@ int run_decode_bench(const DecodeBenchOptions& o) {
              "speedup", "model", "predicted", "attn_err");
   nlohmann::json records = nlohmann::json::array();
   for (int64_t context : o.contexts) {
-    auto base = run_engine(o, model.value(), "all-keep", 0.0, context);
-    if (!base.ok()) {
-      fmt::print(stderr, "error: {}\n", base.status().to_string());
-      return 1;
-    }
     auto print = [&](const std::string& name, double sparsity, const RunResult& r, double speedup, double predicted) {
       const double model_speedup = 1.0 / (1.0 - o.path_share + o.path_share / speedup);
       fmt::print("{:>8} {:>12} {:>6.2f} {:>9.3f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>8.1f} {:>7.3f}x {:>7.3f}x "
@@ -131,16 +164,17 @@ int run_decode_bench(const DecodeBenchOptions& o) {
                   {"attn_err", num(r.attn_err)}, {"latent", o.latent}, {"peak_rss_mib", peak_rss_mib()}});
       records.push_back(rec);
     };
-    print("all-keep", 0.0, base.value(), 1.0, 1.0);
-    const double indexer_share = base->mean.indexer_ms / base->step_ms;
     for (double sparsity : o.sparsities) {
-      auto run = run_engine(o, model.value(), o.predictor, sparsity, context);
-      if (!run.ok()) {
-        fmt::print(stderr, "error: {}\n", run.status().to_string());
+      auto pair = run_pair(o, model.value(), sparsity, context);
+      if (!pair.ok()) {
+        fmt::print(stderr, "error: {}\n", pair.status().to_string());
         return 1;
       }
-      const double saved = indexer_share * run->realised_sparsity - run->mean.predictor_ms / base->step_ms;
-      print(o.predictor, sparsity, run.value(), base->step_ms / run->step_ms, 1.0 / (1.0 - saved));
+      const RunResult& base = pair->first;
+      const RunResult& run = pair->second;
+      const double saved = base.mean.indexer_ms / base.step_ms * run.realised_sparsity - run.mean.predictor_ms / base.step_ms;
+      print("all-keep", 0.0, base, 1.0, 1.0);
+      print(o.predictor, sparsity, run, base.step_ms / run.step_ms, 1.0 / (1.0 - saved));
     }
   }
   fmt::print("\npeak RSS {:.0f} MiB\n", peak_rss_mib());

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <new>
 
+#include "cache/paged_memory.h"
 #include "core/errors.h"
 
 namespace spin {
@@ -86,34 +87,17 @@ Result<IndexerKeyCache> IndexerKeyCache::create(int32_t page_size, int32_t num_p
   if (num_pages <= 0) return invalid_argument("num_pages must be ≥ 1, got {}", num_pages);
   const IndexerPageLayout layout{page_size};
   const size_t bytes = static_cast<size_t>(layout.page_bytes()) * static_cast<size_t>(num_pages);
-  const size_t rounded = (bytes + 63) / 64 * 64;  // aligned_alloc wants a multiple of the alignment
-  auto* raw = static_cast<uint8_t*>(std::aligned_alloc(64, rounded));
+  uint8_t* raw = detail::allocate_page_memory(bytes);
   if (raw == nullptr) {
     return resource_exhausted("cannot allocate {} bytes for {} indexer pages of {} entries", bytes,
                               num_pages, page_size);
   }
-  std::memset(raw, 0, rounded);
   return IndexerKeyCache(layout, num_pages, std::unique_ptr<uint8_t[], FreeDeleter>(raw));
 }
 
 Status IndexerKeyCache::check_span(const int32_t* pages, int64_t num_pages_in_table,
                                    int64_t first_position, int64_t count) const {
-  if (count < 0) return invalid_argument("count must be ≥ 0, got {}", count);
-  if (first_position < 0) return invalid_argument("first_position must be ≥ 0, got {}", first_position);
-  if (count == 0) return ok_status();
-  if (pages == nullptr) return invalid_argument("page table is null");
-  const int64_t last_page = (first_position + count - 1) / layout_.page_size;
-  if (last_page >= num_pages_in_table) {
-    return out_of_range("positions [{}, {}) need logical page {}, but the page table has {} pages",
-                        first_position, first_position + count, last_page, num_pages_in_table);
-  }
-  for (int64_t lp = first_position / layout_.page_size; lp <= last_page; ++lp) {
-    if (pages[lp] < 0 || pages[lp] >= num_pages_) {
-      return out_of_range("logical page {} maps to physical page {}, outside the cache's [0, {})", lp,
-                          pages[lp], num_pages_);
-    }
-  }
-  return ok_status();
+  return detail::check_page_span(pages, num_pages_in_table, first_position, count, layout_.page_size, num_pages_);
 }
 
 Status IndexerKeyCache::write_quantized(const int32_t* pages, int64_t num_pages_in_table,

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -176,6 +177,25 @@ TEST(Safetensors, OneClearErrorPerMalformedHeader) {
                          " \"b\": {\"dtype\": \"U8\", \"shape\": [4], \"data_offsets\": [2, 6]}}",
                          6),
                "tensors \"a\" [0, 4) and \"b\" [2, 6) overlap");
+  // What the reference reader also refuses: a gap between tensors, a first tensor that does not
+  // start at 0, bytes after the last tensor, a NUL byte in the header. Stricter than it: a key
+  // named twice (it keeps the last one silently).
+  const std::string a4 = "\"a\": {\"dtype\": \"U8\", \"shape\": [4], \"data_offsets\": [0, 4]}";
+  expect_error(parse_raw("{" + a4 + ", \"b\": {\"dtype\": \"U8\", \"shape\": [2], \"data_offsets\": [6, 8]}}", 8),
+               "2 unused data bytes before tensor \"b\" [6, 8)");
+  expect_error(parse_raw(tensor("{\"dtype\": \"U8\", \"shape\": [2], \"data_offsets\": [2, 4]}"), 4),
+               "2 unused data bytes before tensor \"t\"");
+  expect_error(parse_raw("{" + a4 + "}", 5), "1 trailing bytes after the last tensor");
+  expect_error(parse_raw("{}", 3), "3 trailing bytes after the last tensor");
+  std::string with_nul = "{\"__metadata__\": {\"a\": \"x_y\"}}";
+  with_nul[with_nul.rfind('_')] = '\0';
+  expect_error(parse_raw(with_nul, 0), "NUL byte at offset 33");
+  expect_error(parse_raw(std::string("{}\0\0\0\0\0\0", 8), 0), "NUL byte at offset 10");
+  expect_error(parse_raw("{" + a4 + ", " + a4 + "}", 4), "header names \"a\" twice");
+  expect_error(parse_raw("{\"__metadata__\": {\"k\": \"1\", \"k\": \"2\"}}", 0), "header names \"k\" twice");
+  expect_error(parse_raw("{\"__metadata__\": {}, \"__metadata__\": {}}", 0), "header names \"__metadata__\" twice");
+  EXPECT_TRUE(parse_raw("{\"x\": {\"k\": 1}, \"y\": {\"k\": 1}}", 0).code() != StatusCode::kOk);  // not tensors
+  EXPECT_TRUE(parse_raw("{" + a4 + ", \"z\": {\"dtype\": \"U8\", \"shape\": [0], \"data_offsets\": [4, 4]}}", 4).ok());
   // Deeply nested junk is reported briefly, without recursion trouble.
   expect_error(parse_raw(tensor("{\"dtype\": \"F32\", \"shape\": [" + std::string(5000, '[') +
                                 std::string(5000, ']') + "], \"data_offsets\": [0, 4]}"),
@@ -188,6 +208,9 @@ TEST(Safetensors, OpenReportsFileSystemErrors) {
   expect_error(SafetensorsFile::open(dir.file("missing.safetensors")).status(), "cannot open");
   fs::create_directory(dir.file("sub"));
   expect_error(SafetensorsFile::open(dir.file("sub")).status(), "not a regular file");
+  // A named pipe is refused at once, without waiting for a writer to open it.
+  ASSERT_EQ(mkfifo(dir.file("pipe").c_str(), 0600), 0);
+  expect_error(SafetensorsFile::open(dir.file("pipe")).status(), "not a regular file");
   std::ofstream(dir.file("empty")).close();
   expect_error(SafetensorsFile::open(dir.file("empty")).status(), "file is 0 bytes");
 }

@@ -573,16 +573,17 @@ TEST(TraceWrite, NoTempFileAndNoClobberOnFailure) {
   // A directory that does not exist: an I/O error, nothing created.
   const Status s2 = write_trace(good, dir.file("no/such/dir/t.safetensors"));
   EXPECT_EQ(s2.code(), StatusCode::kIoError);
-  EXPECT_NE(s2.message().find("cannot create temporary file"), std::string::npos)
+  EXPECT_NE(s2.message().find("cannot create a temporary file"), std::string::npos)
       << s2.message();
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"trace.safetensors"});
 
-  // The rename fails (the target is a non-empty directory): the temp file is removed.
+  // The target is a directory: refused before a temporary file exists, the directory untouched.
   fs::create_directories(dir.file("taken/x"));
   const Status s3 = write_trace(good, dir.file("taken"));
-  EXPECT_EQ(s3.code(), StatusCode::kIoError);
-  EXPECT_NE(s3.message().find("cannot rename"), std::string::npos) << s3.message();
+  EXPECT_EQ(s3.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s3.message().find("is a directory: refusing to replace it"), std::string::npos) << s3.message();
   EXPECT_EQ(dir.entries(), (std::vector<std::string>{"taken", "trace.safetensors"}));
+  EXPECT_TRUE(fs::is_directory(dir.file("taken/x")));
 
   // Overwriting with another good trace replaces the file whole.
   const Trace other = mtp_trace();

@@ -26,7 +26,8 @@
 // - ctx_len must be strictly increasing: every decode step appends at least one token.
 // - ctx_len[s] >= next_n (row 0 sees the step's own token), and the last step's last row may see
 //   at most the layer's entries: floor(ctx_len[last] / compress_ratio) <= entries.
-// - steps >= 1; e4m3 NaN codes (0x7F, 0xFF) in k, q or k_draft are rejected, as are non-finite w
+// - steps >= 1, and no size above the kTraceMax* limits below; head weights small enough that no
+//   fp32 score can overflow (Σ_h |w| · 128 · 448² · max k_scale ≤ FLT_MAX); e4m3 NaN codes (0x7F, 0xFF) in k, q or k_draft are rejected, as are non-finite w
 //   and scales that are not finite and > 0. Extra tensors not starting with "layer." are ignored;
 //   an unknown "layer.*" tensor is an error (it is most likely a misspelling).
 // - Layers are numbered 0..num_layers-1 (indexer layers in model order, not model layer ids);
@@ -51,6 +52,18 @@ namespace spin {
 inline constexpr int kTraceVersion = 1;
 inline constexpr const char* kTraceFormat = "spin-trace";
 inline constexpr int kTraceHeadDim = 128;  // indexer head dim, = kIndexerHeadDim
+
+// The largest sizes a trace may claim, checked before anything is allocated (real models sit far
+// below: DeepSeek-V3.2 has 61 indexer layers, 64 heads, top-k 2048, page 64, next_n ≤ 4; V4 a
+// compress ratio of 4; 1M tokens of context is 2^20 entries).
+inline constexpr int32_t kTraceMaxLayers = 1024;
+inline constexpr int32_t kTraceMaxNextN = 16;
+inline constexpr int32_t kTraceMaxHeads = 1024;
+inline constexpr int32_t kTraceMaxPageSize = 65536;
+inline constexpr int32_t kTraceMaxTopk = 65536;
+inline constexpr int32_t kTraceMaxCompressRatio = 64;
+inline constexpr int64_t kTraceMaxEntries = int64_t{1} << 26;
+inline constexpr int64_t kTraceMaxSteps = int64_t{1} << 20;
 
 struct TraceMeta {
   std::string model;          // free text, e.g. "deepseek-v3.2" or "synthetic:doc-qa-10k"

@@ -70,6 +70,21 @@ bool as_index(const nlohmann::json& j, uint64_t* out) {
   return false;
 }
 
+// A parse callback that records the first key an object names twice (as "\"key\"").
+auto duplicate_key_finder(std::string* duplicate) {
+  return [duplicate, keys = std::vector<std::set<std::string>>()](
+             int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) mutable {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start) keys.emplace_back();
+    if (event == E::object_end && !keys.empty()) keys.pop_back();
+    if (event == E::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+        duplicate->empty()) {
+      *duplicate = fmt::format("\"{}\"", parsed.get<std::string>());
+    }
+    return true;
+  };
+}
+
 }  // namespace
 
 const char* dtype_name(Dtype dtype) {
@@ -116,7 +131,8 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = defaul
 SafetensorsFile::~SafetensorsFile() = default;
 
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a named pipe must not wait for a writer; fstat below then refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return io_error("cannot open {}: {}", path, std::strerror(errno));
   struct stat sb {};
   if (fstat(fd, &sb) != 0) {
@@ -126,7 +142,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   }
   if (!S_ISREG(sb.st_mode)) {
     ::close(fd);
-    return invalid_argument("{} is not a regular file", path);
+    return invalid_argument("{} is not a regular file (a trace is read from a file on disk)", path);
   }
   SafetensorsFile file;
   file.label_ = path;
@@ -178,12 +194,23 @@ Status SafetensorsFile::parse() {
   data_ = bytes_ + 8 + header_len;
   const size_t data_size = size_ - 8 - static_cast<size_t>(header_len);
 
+  // As the reference reader (serde_json), a NUL byte anywhere in the header is an error; JSON
+  // itself allows none outside strings and only escaped inside.
+  if (const void* nul = std::memchr(header_begin, 0, static_cast<size_t>(header_len)); nul != nullptr) {
+    return data_loss("{}: header holds a NUL byte at offset {} (a safetensors header is JSON text, "
+                     "padded with spaces only)",
+                     f, 8 + (static_cast<const char*>(nul) - header_begin));
+  }
   nlohmann::json header;
+  std::string duplicate;
   try {
-    header = nlohmann::json::parse(header_begin, header_begin + header_len);
+    header = nlohmann::json::parse(header_begin, header_begin + header_len, duplicate_key_finder(&duplicate));
   } catch (const nlohmann::json::exception& e) {
     return data_loss("{}: header is not valid JSON ({})", f, e.what());
   }
+  // Stricter than the reference reader, which keeps the last of two equal keys: a file that
+  // names a tensor or a metadata key twice is ambiguous, so it is refused.
+  if (!duplicate.empty()) return data_loss("{}: header names {} twice", f, duplicate);
   if (!header.is_object()) {
     return data_loss("{}: header is a JSON {}, expected an object of tensors", f,
                      json_type(header));
@@ -285,20 +312,37 @@ Status SafetensorsFile::parse() {
     return data_loss("{}: malformed header ({})", f, e.what());
   }
 
-  // Overlaps: sort non-empty tensors by begin; each must start at or after the previous end.
+  return check_contiguous(data_size);
+}
+
+// As the reference reader: sorted by offsets, each tensor begins where the previous one ended
+// (no overlap, no gap), the first at 0, and the last ends at the end of the file.
+Status SafetensorsFile::check_contiguous(size_t data_size) const {
   std::vector<std::pair<const std::string*, const Entry*>> order;
-  for (const auto& [name, e] : entries_)
-    if (e.end > e.begin) order.emplace_back(&name, &e);
-  std::sort(order.begin(), order.end(),
-            [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
-  for (size_t i = 1; i < order.size(); ++i) {
-    const Entry& prev = *order[i - 1].second;
-    const Entry& cur = *order[i].second;
-    if (cur.begin < prev.end) {
-      return data_loss("{}: tensors \"{}\" [{}, {}) and \"{}\" [{}, {}) overlap", f,
-                       *order[i - 1].first, prev.begin, prev.end, *order[i].first, cur.begin,
-                       cur.end);
+  for (const auto& [name, e] : entries_) order.emplace_back(&name, &e);
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return std::pair(a.second->begin, a.second->end) < std::pair(b.second->begin, b.second->end);
+  });
+  size_t expected = 0;
+  const std::pair<const std::string*, const Entry*>* previous = nullptr;
+  for (const auto& item : order) {
+    const auto& [name, e] = item;
+    if (e->begin < expected) {
+      return data_loss("{}: tensors \"{}\" [{}, {}) and \"{}\" [{}, {}) overlap", label_, *previous->first,
+                       previous->second->begin, previous->second->end, *name, e->begin, e->end);
     }
+    if (e->begin > expected) {
+      return data_loss("{}: {} unused data bytes before tensor \"{}\" [{}, {}) (tensors must be "
+                       "packed, as the safetensors format requires)",
+                       label_, e->begin - expected, *name, e->begin, e->end);
+    }
+    expected = e->end;
+    previous = &item;
+  }
+  if (expected != data_size) {
+    return data_loss("{}: {} trailing bytes after the last tensor (the data section must end "
+                     "with the last tensor; truncated header or appended data?)",
+                     label_, data_size - expected);
   }
   return ok_status();
 }
@@ -404,7 +448,7 @@ Status write_safetensors(const std::string& path, std::span<const TensorSpec> te
   for (const TensorSpec* t : order) {
     SPIN_RETURN_IF_ERROR(tmp.write(t->data, t->nbytes));
   }
-  return tmp.commit(path);
+  return tmp.commit();
 }
 
 }  // namespace spin::st

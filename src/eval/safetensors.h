@@ -78,6 +78,7 @@ class SafetensorsFile {
   struct Mapping;  // RAII mmap
   SafetensorsFile() = default;
   Status parse();
+  Status check_contiguous(size_t data_size) const;
 
   std::unique_ptr<Mapping> mapping_;  // null when borrowing memory
   const uint8_t* bytes_ = nullptr;

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <limits>
 #include <cstring>
 
 #include "core/errors.h"
@@ -60,6 +62,18 @@ Status check_meta(const TraceMeta& m, const std::string& where) {
     if (f.value < 1) {
       return invalid_argument("{}: metadata {} = {}, expected an integer >= 1", where, f.name,
                               f.value);
+    }
+  }
+  const struct {
+    const char* name;
+    int32_t value, max;
+  } limits[] = {{"num_layers", m.num_layers, kTraceMaxLayers}, {"next_n", m.next_n, kTraceMaxNextN},
+                {"num_heads", m.num_heads, kTraceMaxHeads},    {"page_size", m.page_size, kTraceMaxPageSize},
+                {"topk", m.topk, kTraceMaxTopk},               {"compress_ratio", m.compress_ratio, kTraceMaxCompressRatio}};
+  for (const auto& f : limits) {
+    if (f.value > f.max) {
+      return invalid_argument("{}: metadata {} = {} is above the supported maximum {} (spin/trace.h)", where,
+                              f.name, f.value, f.max);
     }
   }
   return ok_status();
@@ -124,8 +138,39 @@ std::string unflatten(int64_t i, std::initializer_list<std::pair<const char*, in
   return s + "]";
 }
 
+// Every fp32 score the indexer can compute from these weights is finite: |score| is at most
+// Σ_h |w[h]| · 128 · 448² · max k_scale (e4m3 magnitudes are ≤ 448). A weight that could push a
+// score past FLT_MAX is refused here, naming its row, rather than as an inf deep in a replay.
+Status check_weight_range(const TraceMeta& m, const TraceViews& v, int l, const std::string& where) {
+  const LayerViews& L = v.layers[l];
+  float max_scale = 0;
+  for (float x : L.k_scale) max_scale = std::max(max_scale, x);
+  for (float x : L.k_draft_scale) max_scale = std::max(max_scale, x);
+  const double per_weight = double{kD} * 448.0 * 448.0 * max_scale;
+  const int64_t rows = v.steps * m.next_n;
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (int64_t h = 0; h < m.num_heads; ++h) sum += std::fabs(L.w[r * m.num_heads + h]);
+    if (sum * per_weight > std::numeric_limits<float>::max()) {
+      return data_loss("{}: {} [step {}, row {}]: head weights with Σ|w| = {:.3g} can overflow fp32 scores "
+                       "(bound Σ|w|·128·448²·max k_scale = {:.3g} > 3.4e38)",
+                       where, layer_name(l, "w"), r / m.next_n, r % m.next_n, sum, sum * per_weight);
+    }
+  }
+  return ok_status();
+}
+
 Status check_values(const TraceMeta& m, const TraceViews& v, const std::string& where) {
   const int64_t next_n = m.next_n, heads = m.num_heads;
+  if (v.steps > kTraceMaxSteps) {
+    return data_loss("{}: {} steps, above the supported maximum {} (spin/trace.h)", where, v.steps, kTraceMaxSteps);
+  }
+  for (int l = 0; l < m.num_layers; ++l) {
+    if (v.layers[l].entries > kTraceMaxEntries) {
+      return data_loss("{}: {} holds {} entries, above the supported maximum {} (spin/trace.h)", where,
+                       layer_name(l, "k"), v.layers[l].entries, kTraceMaxEntries);
+    }
+  }
   // ctx_len
   for (int64_t s = 0; s < v.steps; ++s) {
     const int64_t c = v.ctx_len[s];
@@ -170,6 +215,7 @@ Status check_values(const TraceMeta& m, const TraceViews& v, const std::string& 
                        unflatten(i, {{"step", v.steps}, {"row", next_n}, {"head", heads}}),
                        L.w[i]);
     }
+    SPIN_RETURN_IF_ERROR(check_weight_range(m, v, l, where));
     if (int64_t i = find_nan_code(L.k); i >= 0) {
       return data_loss("{}: {}{} holds the e4m3 NaN code {:#04x}", where, layer_name(l, "k"),
                        unflatten(i, {{"entry", L.entries}, {"dim", kD}}), L.k[i]);

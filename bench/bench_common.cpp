@@ -111,7 +111,7 @@ int finish_records(const std::string& path, const nlohmann::json& records) {
   if (path.empty()) return 0;
   const Status status = write_file_atomic(path, records.dump(2) + "\n");
   if (!status.ok()) {
-    std::fprintf(stderr, "error: %s\n", status.to_string().c_str());
+    std::fprintf(stderr, "spin: error: %s\n", status.to_string().c_str());
     return 1;
   }
   std::printf("\nwrote %zu records to %s\n", records.size(), path.c_str());

@@ -131,7 +131,7 @@ nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlo
 int run_decode_bench(const DecodeBenchOptions& o) {
   auto model = model_preset(o.model);
   if (!model.ok()) {
-    fmt::print(stderr, "error: {}\n", model.status().to_string());
+    fmt::print(stderr, "spin: error: {}\n", model.status().to_string());
     return 2;
   }
   fmt::print("spin bench decode — {}: {} of {} indexer layers simulated ({} model layers), top-k {}, {} attention "
@@ -167,7 +167,7 @@ int run_decode_bench(const DecodeBenchOptions& o) {
     for (double sparsity : o.sparsities) {
       auto pair = run_pair(o, model.value(), sparsity, context);
       if (!pair.ok()) {
-        fmt::print(stderr, "error: {}\n", pair.status().to_string());
+        fmt::print(stderr, "spin: error: {}\n", pair.status().to_string());
         return 1;
       }
       const RunResult& base = pair->first;

@@ -110,7 +110,7 @@ int run_indexer_bench(const IndexerBenchOptions& options) {
   else if (options.impl == "portable") impl = IndexerImpl::kPortable;
   else if (options.impl == "reference") impl = IndexerImpl::kReference;
   else if (options.impl != "auto") {
-    fmt::print(stderr, "error: unknown --impl '{}' (auto, avx512bf16, portable, reference)\n", options.impl);
+    fmt::print(stderr, "spin: error: unknown --impl '{}' (auto, avx512bf16, portable, reference)\n", options.impl);
     return 2;
   }
   const IndexerImpl resolved = impl == IndexerImpl::kAuto ? indexer_best_impl() : impl;
@@ -145,7 +145,7 @@ int run_indexer_bench(const IndexerBenchOptions& options) {
         IndexerOptions kernel_options{impl, threads};
         Status status = validate_indexer_params(run);
         if (!status.ok()) {
-          fmt::print(stderr, "error: {}\n", status.to_string());
+          fmt::print(stderr, "spin: error: {}\n", status.to_string());
           return 1;
         }
         const Timing t = time_it([&] { (void)indexer_scores(run, kernel_options); }, options.min_seconds);

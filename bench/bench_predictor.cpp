@@ -31,7 +31,7 @@ int run_predictor_bench(const PredictorBenchOptions& options) {
     config.target_sparsity = options.sparsity;
     auto made = make_predictor(options.predictor, config, 1, 0);
     if (!made.ok()) {
-      fmt::print(stderr, "error: {}\n", made.status().to_string());
+      fmt::print(stderr, "spin: error: {}\n", made.status().to_string());
       return 1;
     }
     std::unique_ptr<BlockPredictor> predictor = std::move(made).value();

@@ -70,6 +70,16 @@ struct ReplayResult {
 
 Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& scored, const ReplayOptions& options);
 
+// Bytes that read_trace() + score_trace() + replay() hold for this trace (the trace in memory, its
+// caches, every row's all-keep scores and top-k, and the kept top-k): compared with the machine's
+// memory before reading, so that a trace too large for it is refused up front, not by bad_alloc.
+double replay_memory_bytes(const TraceReader& trace, bool keep_topk);
+
+// The metrics of a replay as one JSON object (what `spin replay` prints and --json writes):
+// trace, predictor, open_loop, config, samples, recall/miss percentiles, sparsities, Pearson, the
+// trace's top-k block share and the predictor's own time. Non-finite values are written as null.
+std::string replay_json(const std::string& trace_path, const ReplayResult& result, const TraceFacts& facts);
+
 // Writes `layer.{l}.topk` i32 [steps, next_n, topk] (DESIGN.md §3 format) atomically.
 Status write_topk_dump(const std::string& path, const Trace& trace, const ReplayResult& result);
 

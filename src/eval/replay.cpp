@@ -15,7 +15,20 @@
 #include "spin/indexer.h"
 #include "spin/topk.h"
 
+#include <nlohmann/json.hpp>
+
 namespace spin {
+namespace {
+
+// Names where in the trace a failure happened ("layer 3, step 17, row 1: ...").
+Status at_row(const Status& s, int32_t layer, int64_t step, int32_t row = -1) {
+  if (s.ok()) return s;
+  const std::string where = row >= 0 ? fmt::format("layer {}, step {}, row {}", layer, step, row)
+                                     : fmt::format("layer {}, step {}", layer, step);
+  return {s.code(), where + ": " + s.message()};
+}
+
+}  // namespace
 
 class ScoredTrace {
  public:
@@ -94,14 +107,14 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const
       p.logits = logits.data();
       p.logits_stride = cols;
       p.logits_cols = cols;
-      SPIN_RETURN_IF_ERROR(indexer_scores(p, {IndexerImpl::kAuto, threads}));
+      SPIN_RETURN_IF_ERROR(at_row(indexer_scores(p, {IndexerImpl::kAuto, threads}), l, s));
       std::vector<int64_t> row_lens(static_cast<size_t>(m.next_n));
       for (int32_t j = 0; j < m.next_n; ++j) {
         row_lens[j] = indexer_visible_entries(st->ctx_len[s], m.next_n, j, m.compress_ratio);
       }
       topk_out.resize(static_cast<size_t>(m.next_n) * m.topk);
       TopkParams tp{logits.data(), cols, m.next_n, cols, row_lens.data(), m.topk, topk_out.data(), m.topk};
-      SPIN_RETURN_IF_ERROR(topk(tp, {TopkImpl::kAuto, threads}));
+      SPIN_RETURN_IF_ERROR(at_row(topk(tp, {TopkImpl::kAuto, threads}), l, s));
       for (int32_t j = 0; j < m.next_n; ++j) {
         const size_t i = st->index(l, s, j);
         st->visible[i] = row_lens[j];
@@ -231,7 +244,7 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
       in.hisa = &hisa;
       in.want_scores = options.open_loop;
       auto t0 = Clock::now();
-      SPIN_RETURN_IF_ERROR(predictor->select(l, in, &sel));
+      SPIN_RETURN_IF_ERROR(at_row(predictor->select(l, in, &sel), l, s));
       predictor_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
       for (int32_t j = 0; j < next_n; ++j) {
         const size_t i = st.index(l, s, j);
@@ -258,7 +271,7 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
             if (!keep[e / E]) masked[e] = -std::numeric_limits<float>::infinity();
           }
           TopkParams tp{masked.data(), std::max<int64_t>(visible, 1), 1, visible, nullptr, st.topk, spin_topk.data(), st.topk};
-          SPIN_RETURN_IF_ERROR(topk(tp, {TopkImpl::kAuto, 1}));
+          SPIN_RETURN_IF_ERROR(at_row(topk(tp, {TopkImpl::kAuto, 1}), l, s, j));
           q.recall = recall(spin_topk, st.truth[i]);
           q.block_recall = block_recall(sel.blocks, st.truth[i], E);
           q.scored_entries = scored_entries_in(sel.blocks, visible, E);
@@ -276,7 +289,7 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
           rs.scored_blocks = all_blocks.data();
           rs.num_scored_blocks = n_blocks;
           rs.topk_positions = st.truth[i].data();
-          SPIN_RETURN_IF_ERROR(pool_row(config, rs, &pooled, &pool_scratch));
+          SPIN_RETURN_IF_ERROR(at_row(pool_row(config, rs, &pooled, &pool_scratch), l, s, j));
           px.clear();
           py.clear();
           for (size_t k = 0; k < pooled.blocks.size(); ++k) {
@@ -299,18 +312,51 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
         }
         if (!prefill_step) result.quality.add(q);
         t0 = Clock::now();
-        SPIN_RETURN_IF_ERROR(predictor->observe(l, j, rs));
+        SPIN_RETURN_IF_ERROR(at_row(predictor->observe(l, j, rs), l, s, j));
         predictor_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
       }
     }
     const int32_t accepted = trace.accepted.empty() ? 0 : trace.accepted[s];
     const auto t0 = Clock::now();
-    SPIN_RETURN_IF_ERROR(predictor->commit(accepted));
+    if (Status c = predictor->commit(accepted); !c.ok()) return Status(c.code(), fmt::format("step {}: {}", s, c.message()));
     predictor_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     if (options.progress) options.progress(s + 1, st.steps);
   }
   result.predictor_seconds = predictor_seconds;
   return result;
+}
+
+double replay_memory_bytes(const TraceReader& r, bool keep_topk) {
+  const TraceMeta& m = r.meta();
+  double row_entries = 0;  // Σ over steps and rows of the entries a row sees
+  for (int64_t s = 0; s < r.steps(); ++s) {
+    for (int32_t j = 0; j < m.next_n; ++j) row_entries += static_cast<double>(r.visible_entries(s, j));
+  }
+  double cache_entries = 0;
+  for (int32_t l = 0; l < m.num_layers; ++l) cache_entries += static_cast<double>(r.entries(l));
+  const double rows = static_cast<double>(m.num_layers) * static_cast<double>(r.steps()) * m.next_n;
+  const double topk_bytes = rows * m.topk * sizeof(int32_t);
+  return static_cast<double>(r.file_size())                         // the trace, read into memory
+         + cache_entries * (kIndexerHeadDim + sizeof(float))         // paged fp8 caches
+         + static_cast<double>(m.num_layers) * row_entries * sizeof(float)  // all-keep scores
+         + topk_bytes * (keep_topk ? 2 : 1);                          // all-keep (and kept) top-k
+}
+
+std::string replay_json(const std::string& trace_path, const ReplayResult& result, const TraceFacts& facts) {
+  const QualityStats& q = result.quality;
+  nlohmann::json out = {
+      {"trace", trace_path}, {"predictor", result.predictor}, {"open_loop", result.open_loop},
+      {"config", result.config.to_string()}, {"samples", q.samples()},
+      {"exact_by_construction", q.exact_by_construction()}, {"recall_mean", q.recall().mean()},
+      {"miss_p50", q.miss().percentile(50)}, {"miss_p99", q.miss().percentile(99)}, {"miss_max", q.miss().max()},
+      {"block_recall_mean", q.block_recall().mean()}, {"sparsity_mean", q.sparsity().mean()},
+      {"block_sparsity_mean", q.block_sparsity().mean()}, {"pearson_mean", q.pearson().mean()},
+      {"topk_recall_mean", q.topk_recall().mean()}, {"topk_block_share", facts.topk_block_share},
+      {"predictor_seconds", result.predictor_seconds}};
+  for (auto& [k, v] : out.items()) {
+    if (v.is_number_float() && !std::isfinite(v.get<double>())) v = nullptr;  // JSON has no NaN
+  }
+  return out.dump(2) + "\n";
 }
 
 Status write_topk_dump(const std::string& path, const Trace& trace, const ReplayResult& result) {

@@ -1,0 +1,126 @@
+// `spin bench indexer|topk|predictor|decode`: flags and their checks; the benchmarks themselves
+// live in bench/ (one file each, with their reproduction commands).
+#include <fmt/format.h>
+
+#include "bench_common.h"
+#include "cli.h"
+#include "spin/engine.h"
+#include "spin/predict.h"
+
+namespace spin::cli {
+namespace {
+
+using bench::DecodeBenchOptions;
+using bench::IndexerBenchOptions;
+using bench::PredictorBenchOptions;
+using bench::TopkBenchOptions;
+
+// `--context N` replaces the default sweep with one context; absent, the sweep runs.
+CLI::Option* add_context(CLI::App* cmd, std::vector<int64_t>& contexts, const char* help) {
+  return cmd
+      ->add_option_function<int64_t>("--context", [&contexts](int64_t c) { contexts = {c}; }, help)
+      ->check(int_range(1, kMaxContext));
+}
+
+// Bytes of keys and scores (132 per entry) a benchmark lays out for its largest context.
+double largest_cache_bytes(const std::vector<int64_t>& contexts, double copies) {
+  int64_t largest = 0;
+  for (int64_t c : contexts) largest = std::max(largest, c);
+  return copies * static_cast<double>(largest) * (128 + 4 + 4 * 4);
+}
+
+int run_indexer(const IndexerBenchOptions& o) {
+  if (Status s = check_fits_in_memory(largest_cache_bytes(o.contexts, 1), "this indexer benchmark"); !s.ok()) {
+    return fail(s);
+  }
+  return bench::run_indexer_bench(o);
+}
+
+int run_predictor(const PredictorBenchOptions& o) {
+  if (Status s = check_fits_in_memory(largest_cache_bytes(o.contexts, 1), "this predictor benchmark"); !s.ok()) {
+    return fail(s);
+  }
+  return bench::run_predictor_bench(o);
+}
+
+int run_topk(const TopkBenchOptions& o) {
+  if (Status s = check_fits_in_memory(largest_cache_bytes(o.contexts, 1), "this top-k benchmark"); !s.ok()) {
+    return fail(s);
+  }
+  return bench::run_topk_bench(o);
+}
+
+int run_decode(const DecodeBenchOptions& o) {
+  auto model = model_preset(o.model);
+  if (!model.ok()) return usage_error(model.status().message());
+  if (o.layers > model->indexer_layers) {
+    return usage_error(fmt::format("--layers {} is more than the {} indexer layers of {}", o.layers,
+                                   model->indexer_layers, model->name));
+  }
+  return bench::run_decode_bench(o);  // the engine refuses, in GiB, a pool larger than memory
+}
+
+void add_common(CLI::App* cmd, int& threads_value, std::string& json_path) {
+  cmd->add_option("--threads", threads_value, "threads (0 = all)")->check(threads());
+  cmd->add_option("--json", json_path, "write one JSON record per point to FILE")->check(output_file());
+}
+
+}  // namespace
+
+std::vector<Command> add_bench_commands(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "kernel and predictor benchmarks");
+  bench->require_subcommand(1);
+
+  auto indexer = std::make_shared<IndexerBenchOptions>();
+  CLI::App* indexer_cmd = bench->add_subcommand("indexer", "lightning-indexer kernel, full and block-masked");
+  add_context(indexer_cmd, indexer->contexts, "run one context size (entries) instead of 8K–512K");
+  indexer_cmd->add_option("--rows", indexer->rows, "query rows per request (MTP next_n), one or more")
+      ->check(int_range(1, 4));
+  indexer_cmd->add_option("--sparsity", indexer->sparsities, "block sparsities to run (0 = full)")->check(sparsity());
+  indexer_cmd->add_option("--impl", indexer->impl, "kernel path")
+      ->check(one_of({"auto", "avx512bf16", "portable", "reference"}, "--impl"));
+  indexer_cmd->add_option("--min-time", indexer->min_seconds, "seconds of timed runs per point")
+      ->check(positive_seconds());
+  add_common(indexer_cmd, indexer->threads, indexer->json_path);
+
+  auto topk = std::make_shared<TopkBenchOptions>();
+  CLI::App* topk_cmd = bench->add_subcommand("topk", "top-k selection vs std::nth_element");
+  add_context(topk_cmd, topk->contexts, "run one context size instead of 8K–512K");
+  topk_cmd->add_option("--topk", topk->topk, "k")->check(int_range(1, 65536));
+  topk_cmd->add_option("--min-time", topk->min_seconds, "seconds of timed runs per point")->check(positive_seconds());
+  add_common(topk_cmd, topk->threads, topk->json_path);
+
+  auto predictor = std::make_shared<PredictorBenchOptions>();
+  CLI::App* predictor_cmd = bench->add_subcommand("predictor", "select + observe cost vs the full indexer");
+  add_context(predictor_cmd, predictor->contexts, "run one context size instead of 8K–512K");
+  predictor_cmd->add_option("--predictor", predictor->predictor, "predictor name")
+      ->check(one_of(predictor_names(), "predictor"));
+  predictor_cmd->add_option("--sparsity", predictor->sparsity, "target sparsity")->check(sparsity());
+  predictor_cmd->add_option("--steps", predictor->steps, "timed decode steps")->check(int_range(1, 1000000));
+  add_common(predictor_cmd, predictor->threads, predictor->json_path);
+
+  auto decode = std::make_shared<DecodeBenchOptions>();
+  CLI::App* decode_cmd = bench->add_subcommand("decode", "batched decode steps: predictor vs all-keep, stage breakdown");
+  decode_cmd->add_option("--model", decode->model, "model preset")->check(one_of(model_preset_names(), "model"));
+  add_context(decode_cmd, decode->contexts, "indexer entries per request (default: 32K and 128K)");
+  decode_cmd->add_option("--batch", decode->batch, "concurrent requests")->check(int_range(1, 1024));
+  decode_cmd->add_option("--layers", decode->layers, "indexer layers simulated (stated in the output)")
+      ->check(int_range(1, 1024));
+  decode_cmd->add_option("--steps", decode->steps, "timed decode steps")->check(int_range(1, 100000));
+  decode_cmd->add_option("--sparsity", decode->sparsities, "target sparsities of the predictor runs")->check(sparsity());
+  decode_cmd->add_option("--predictor", decode->predictor, "predictor name")->check(one_of(predictor_names(), "predictor"));
+  decode_cmd->add_option("--next-n", decode->next_n, "rows per request (MTP verification)")->check(int_range(1, 4));
+  decode_cmd->add_option("--acceptance", decode->acceptance_rate, "MTP draft acceptance rate")->check(real_range(0, 1));
+  decode_cmd->add_option("--latent", decode->latent, "latent cache format")->check(one_of({"fp8", "bf16"}, "--latent"));
+  decode_cmd->add_option("--path-share", decode->path_share,
+                         "share of a full model step the attention path takes (projection only)")
+      ->check(real_range(0.01, 1));
+  add_common(decode_cmd, decode->threads, decode->json_path);
+
+  return {{indexer_cmd, [indexer] { return run_indexer(*indexer); }},
+          {topk_cmd, [topk] { return run_topk(*topk); }},
+          {predictor_cmd, [predictor] { return run_predictor(*predictor); }},
+          {decode_cmd, [decode] { return run_decode(*decode); }}};
+}
+
+}  // namespace spin::cli

@@ -1,0 +1,102 @@
+// `spin eval` (the main job), `spin calibrate` and `spin config`.
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "cli.h"
+#include "spin/calibrate.h"
+#include "spin/eval.h"
+#include "spin/files.h"
+#include "spin/predict.h"
+#include "spin/workload.h"
+
+namespace spin::cli {
+namespace {
+
+struct EvalArgs {
+  EvalOptions options;
+  std::vector<std::string> sets;
+};
+
+int run_eval_command(EvalArgs& a) {
+  for (const std::string& s : a.sets) {
+    if (Status st = a.options.base_config.parse(s); !st.ok()) return usage_error("--set " + s + ": " + st.message());
+  }
+  if (Status st = a.options.base_config.validate(); !st.ok()) return usage_error("--set: " + st.message());
+  Progress progress;
+  a.options.progress = [&](const std::string& stage, double f) { progress.update(stage, f); };
+  auto summary = run_eval(a.options);
+  progress.done();
+  if (!summary.ok()) return fail(summary.status());
+  fmt::print("{}\nwrote {}/report.md, {}", summary->report_md, a.options.out_dir, summary->results_path);
+  for (const std::string& p : summary->plots) fmt::print(", {}", p);
+  fmt::print("\n");
+  return 0;
+}
+
+int run_calibrate_command(CalibrationOptions& options, bool write) {
+  const std::string path = std::string(SPIN_SOURCE_DIR) + "/data/calibration.json";
+  if (write) {
+    if (Status s = check_output_path(path); !s.ok()) return fail(s);
+  }
+  std::vector<CalibrationResult> results;
+  options.progress = [](const std::string& line) {
+    fmt::print("{}\n", line);
+    std::fflush(stdout);
+  };
+  for (const CalibrationTarget& target : paper_targets()) {
+    fmt::print("calibrating {} to Pearson {:.3f}, top-k recall {:.3f}\n", target.scenario, target.pearson,
+               target.topk_recall);
+    auto r = calibrate(target, options);
+    if (!r.ok()) return fail(r.status());
+    fmt::print("→ {}: query_noise={:.4f} head_spread={:.4f} salience_sigma={:.4f}: Pearson {:.3f}, top-k recall {:.3f}\n",
+               target.scenario, r->params.query_noise, r->params.head_spread, r->params.salience_sigma,
+               r->achieved.pearson, r->achieved.topk_recall);
+    results.push_back(r.value());
+  }
+  if (write) {
+    if (Status s = write_calibration(path, results, "spin calibrate --write"); !s.ok()) return fail(s);
+    fmt::print("wrote {} (rebuild to compile it in)\n", path);
+  }
+  return 0;
+}
+
+int run_config_command() {
+  fmt::print("defaults: {}\npredictors:", PredictorConfig{}.to_string());
+  for (const std::string& n : predictor_names()) fmt::print(" {}", n);
+  fmt::print("\nscenarios:");
+  for (const std::string& n : scenario_names()) fmt::print(" {}", n);
+  fmt::print("\n");
+  return 0;
+}
+
+}  // namespace
+
+std::vector<Command> add_eval_commands(CLI::App& app) {
+  auto eval = std::make_shared<EvalArgs>();
+  CLI::App* eval_cmd = app.add_subcommand("eval", "the main job: predictors vs all-keep on the built-in scenarios");
+  eval_cmd->add_option("--scenario", eval->options.scenarios, "scenarios to run (default: all built-in)")
+      ->check(one_of(scenario_names(), "scenario"));
+  eval_cmd->add_flag("--quick", eval->options.quick, "shorter runs and fewer points (seconds, not minutes)");
+  eval_cmd->add_option("--out", eval->options.out_dir, "output directory (report.md, results.json, plots)")
+      ->check(output_dir());
+  eval_cmd->add_option("--seed", eval->options.seed, "workload seed (any 64-bit value)");
+  eval_cmd->add_option("--threads", eval->options.threads, "threads (0 = all)")->check(threads());
+  eval_cmd->add_option("--set", eval->sets, "predictor config overrides, key=value (see `spin config`)");
+
+  auto calibrate_options = std::make_shared<CalibrationOptions>();
+  auto calibrate_write = std::make_shared<bool>(false);
+  CLI::App* calibrate_cmd = app.add_subcommand("calibrate", "fit the workload generator to the paper's statistics");
+  calibrate_cmd->add_flag("--write", *calibrate_write, "write data/calibration.json (rebuild to use it)");
+  calibrate_cmd->add_option("--iterations", calibrate_options->iterations, "Gauss–Newton iterations")
+      ->check(int_range(1, 100));
+
+  CLI::App* config_cmd = app.add_subcommand("config", "print the predictor config defaults and predictor names");
+  return {{eval_cmd, [eval] { return run_eval_command(*eval); }},
+          {calibrate_cmd, [calibrate_options, calibrate_write] {
+             return run_calibrate_command(*calibrate_options, *calibrate_write);
+           }},
+          {config_cmd, [] { return run_config_command(); }}};
+}
+
+}  // namespace spin::cli

@@ -452,6 +452,7 @@ struct TraceReader::Impl {
   Status load() {
     const std::string& where = file.label();
     SPIN_RETURN_IF_ERROR(parse_meta(file.metadata(), where, &meta));
+    SPIN_RETURN_IF_ERROR(check_meta(meta, where));  // the limits, before any size is used
     const TraceMeta& m = meta;
     // ctx_len fixes the number of steps.
     auto ctx = get("ctx_len", st::Dtype::kI64, {-1});

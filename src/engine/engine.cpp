@@ -168,6 +168,10 @@ Result<std::unique_ptr<DecodeEngine>> DecodeEngine::create(const EngineConfig& c
     return invalid_argument("acceptance_rate must be in [0, 1], got {}", c.acceptance_rate);
   }
   if (requests < 1 || max_tokens < 1) return invalid_argument("requests and max_tokens must be ≥ 1");
+  // Bounds that keep every size product of the memory estimate inside int64.
+  if (requests > 65536 || max_tokens > (int64_t{1} << 26)) {
+    return invalid_argument("requests ({}) must be ≤ 65536 and max_tokens ({}) ≤ 2^26", requests, max_tokens);
+  }
   c.predictor_config.page_size = c.model.page_size;
   c.predictor_config.topk = c.model.topk;
   SPIN_RETURN_IF_ERROR(c.predictor_config.validate());

@@ -29,25 +29,11 @@ double largest_cache_bytes(const std::vector<int64_t>& contexts, double copies) 
   return copies * static_cast<double>(largest) * (128 + 4 + 4 * 4);
 }
 
-int run_indexer(const IndexerBenchOptions& o) {
-  if (Status s = check_fits_in_memory(largest_cache_bytes(o.contexts, 1), "this indexer benchmark"); !s.ok()) {
-    return fail(s);
-  }
-  return bench::run_indexer_bench(o);
-}
-
-int run_predictor(const PredictorBenchOptions& o) {
-  if (Status s = check_fits_in_memory(largest_cache_bytes(o.contexts, 1), "this predictor benchmark"); !s.ok()) {
-    return fail(s);
-  }
-  return bench::run_predictor_bench(o);
-}
-
-int run_topk(const TopkBenchOptions& o) {
-  if (Status s = check_fits_in_memory(largest_cache_bytes(o.contexts, 1), "this top-k benchmark"); !s.ok()) {
-    return fail(s);
-  }
-  return bench::run_topk_bench(o);
+// Runs a kernel benchmark unless its largest context cannot fit in this machine's memory.
+template <typename Options>
+int run_if_it_fits(const Options& o, const char* what, int (*run)(const Options&)) {
+  if (Status s = check_fits_in_memory(largest_cache_bytes(o.contexts, 1), what); !s.ok()) return fail(s);
+  return run(o);
 }
 
 int run_decode(const DecodeBenchOptions& o) {
@@ -117,9 +103,10 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
       ->check(real_range(0.01, 1));
   add_common(decode_cmd, decode->threads, decode->json_path);
 
-  return {{indexer_cmd, [indexer] { return run_indexer(*indexer); }},
-          {topk_cmd, [topk] { return run_topk(*topk); }},
-          {predictor_cmd, [predictor] { return run_predictor(*predictor); }},
+  return {{indexer_cmd, [indexer] { return run_if_it_fits(*indexer, "this indexer benchmark", bench::run_indexer_bench); }},
+          {topk_cmd, [topk] { return run_if_it_fits(*topk, "this top-k benchmark", bench::run_topk_bench); }},
+          {predictor_cmd,
+           [predictor] { return run_if_it_fits(*predictor, "this predictor benchmark", bench::run_predictor_bench); }},
           {decode_cmd, [decode] { return run_decode(*decode); }}};
 }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "spin/replay.h"
@@ -27,7 +28,10 @@ void replay_all(const spin::TraceReader& reader) {
   spin::ScoreOptions so;
   so.threads = 1;
   auto scored = spin::score_trace(trace, so);
-  if (!scored.ok()) __builtin_trap();
+  if (!scored.ok()) {
+    std::fprintf(stderr, "scoring an accepted trace failed: %s\n", scored.status().to_string().c_str());
+    __builtin_trap();
+  }
   for (const char* predictor : {"spin", "prev-iter", "hisa", "oracle"}) {
     for (bool open_loop : {false, true}) {
       spin::ReplayOptions o;
@@ -36,7 +40,10 @@ void replay_all(const spin::TraceReader& reader) {
       o.keep_topk = !open_loop;
       o.config.target_sparsity = 0.5;
       auto r = spin::replay(trace, *scored.value(), o);
-      if (!r.ok()) __builtin_trap();
+      if (!r.ok()) {
+        std::fprintf(stderr, "replay of an accepted trace failed (%s): %s\n", predictor, r.status().to_string().c_str());
+        __builtin_trap();
+      }
       const double recall = r->quality.recall().mean();
       if (!open_loop && r->quality.samples() > r->quality.exact_by_construction() && !(recall >= 0 && recall <= 1)) {
         __builtin_trap();

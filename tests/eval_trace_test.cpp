@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "eval/safetensors.h"
@@ -348,6 +349,18 @@ TEST_F(CorruptTrace, Metadata) {
   c = plain_;
   c.metadata.erase("num_heads");
   expect(c, "metadata has no \"num_heads\"");
+  // Every size a file claims has a documented maximum, checked before it is used.
+  for (const auto& [key, value, message] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"topk", "2147483647", "topk = 2147483647 is above the supported maximum 65536"},
+           {"num_layers", "1025", "num_layers = 1025 is above the supported maximum 1024"},
+           {"next_n", "17", "next_n = 17 is above the supported maximum 16"},
+           {"num_heads", "1025", "num_heads = 1025 is above the supported maximum 1024"},
+           {"page_size", "65537", "page_size = 65537 is above the supported maximum 65536"},
+           {"compress_ratio", "65", "compress_ratio = 65 is above the supported maximum 64"}}) {
+    c = plain_;
+    c.metadata[key] = value;
+    expect(c, message);
+  }
 }
 
 TEST_F(CorruptTrace, MissingTensorWrongDtypeWrongShape) {
@@ -617,6 +630,22 @@ TEST(TraceWrite, ValidateTraceChecksSizes) {
   t = plain_trace();
   t.meta.page_size = 0;
   EXPECT_NE(validate_trace(t).message().find("page_size = 0"), std::string::npos);
+}
+
+// Weights that could overflow an fp32 score — or the head sum before its key scale multiplies
+// it (the fuzzer found w = 2e38 with k_scale = 1e-21) — are refused, naming the row.
+TEST(TraceWrite, WeightsThatCouldOverflowScoresAreRefused) {
+  Trace t = plain_trace();
+  t.layers[1].w[4 * 3 + 2] = 1e38f;  // step 3, row 0, head 2
+  EXPECT_NE(validate_trace(t).message().find("layer.1.w [step 3, row 0]: head weights with"), std::string::npos)
+      << validate_trace(t).message();
+  t = plain_trace();
+  for (float& s : t.layers[0].k_scale) s = 1e-21f;
+  t.layers[0].w[0] = 2e38f;
+  EXPECT_NE(validate_trace(t).message().find("can overflow fp32 scores"), std::string::npos);
+  t = plain_trace();
+  t.layers[0].w[0] = 1e30f;  // Σ|w|·128·448² ≈ 2.6e37: every score stays finite
+  EXPECT_TRUE(validate_trace(t).ok()) << validate_trace(t).message();
 }
 
 // ---------------------------------------------------------------------------------------------

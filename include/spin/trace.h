@@ -27,7 +27,7 @@
 // - ctx_len[s] >= next_n (row 0 sees the step's own token), and the last step's last row may see
 //   at most the layer's entries: floor(ctx_len[last] / compress_ratio) <= entries.
 // - steps >= 1, and no size above the kTraceMax* limits below; head weights small enough that no
-//   fp32 score can overflow (Σ_h |w| · 128 · 448² · max k_scale ≤ FLT_MAX); e4m3 NaN codes (0x7F, 0xFF) in k, q or k_draft are rejected, as are non-finite w
+//   fp32 score can overflow (Σ_h |w| · 128 · 448² · max(1, max k_scale) ≤ FLT_MAX); e4m3 NaN codes (0x7F, 0xFF) in k, q or k_draft are rejected, as are non-finite w
 //   and scales that are not finite and > 0. Extra tensors not starting with "layer." are ignored;
 //   an unknown "layer.*" tensor is an error (it is most likely a misspelling).
 // - Layers are numbered 0..num_layers-1 (indexer layers in model order, not model layer ids);

@@ -138,12 +138,15 @@ std::string unflatten(int64_t i, std::initializer_list<std::pair<const char*, in
   return s + "]";
 }
 
-// Every fp32 score the indexer can compute from these weights is finite: |score| is at most
-// Σ_h |w[h]| · 128 · 448² · max k_scale (e4m3 magnitudes are ≤ 448). A weight that could push a
-// score past FLT_MAX is refused here, naming its row, rather than as an inf deep in a replay.
+// Every fp32 score the indexer can compute from these weights is finite: the head sum
+// Σ_h w[h]·ReLU(q·k) is at most Σ_h |w[h]| · 128 · 448² (e4m3 magnitudes are ≤ 448), and the score
+// is that times k_scale — so both the sum and the score stay below FLT_MAX when
+// Σ|w| · 128 · 448² · max(1, max k_scale) does. A weight that could push a score (or the sum
+// before its scale: the fuzzer found w = 2e38 with k_scale = 1e-21) past FLT_MAX is refused here,
+// naming its row, rather than as an inf deep in a replay.
 Status check_weight_range(const TraceMeta& m, const TraceViews& v, int l, const std::string& where) {
   const LayerViews& L = v.layers[l];
-  float max_scale = 0;
+  float max_scale = 1;
   for (float x : L.k_scale) max_scale = std::max(max_scale, x);
   for (float x : L.k_draft_scale) max_scale = std::max(max_scale, x);
   const double per_weight = double{kD} * 448.0 * 448.0 * max_scale;
@@ -153,7 +156,7 @@ Status check_weight_range(const TraceMeta& m, const TraceViews& v, int l, const 
     for (int64_t h = 0; h < m.num_heads; ++h) sum += std::fabs(L.w[r * m.num_heads + h]);
     if (sum * per_weight > std::numeric_limits<float>::max()) {
       return data_loss("{}: {} [step {}, row {}]: head weights with Σ|w| = {:.3g} can overflow fp32 scores "
-                       "(bound Σ|w|·128·448²·max k_scale = {:.3g} > 3.4e38)",
+                       "(bound Σ|w|·128·448²·max(1, k_scale) = {:.3g} > 3.4e38)",
                        where, layer_name(l, "w"), r / m.next_n, r % m.next_n, sum, sum * per_weight);
     }
   }
@@ -452,7 +455,8 @@ struct TraceReader::Impl {
   Status load() {
     const std::string& where = file.label();
     SPIN_RETURN_IF_ERROR(parse_meta(file.metadata(), where, &meta));
-    SPIN_RETURN_IF_ERROR(check_meta(meta, where));  // the limits, before any size is used
+    // The limits, before any size is used; in a file, a broken rule is a corrupt file.
+    if (Status s = check_meta(meta, where); !s.ok()) return data_loss("{}", s.message());
     const TraceMeta& m = meta;
     // ctx_len fixes the number of steps.
     auto ctx = get("ctx_len", st::Dtype::kI64, {-1});

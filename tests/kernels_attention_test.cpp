@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
 #include "spin/attention.h"
 #include "spin/numerics.h"
+#include "spin/rng.h"
 #include "test_util.h"
 
 namespace spin {

@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "core/rng.h"
+#include "spin/rng.h"
 #include "spin/topk.h"
 #include "test_util.h"
 
@@ -24,7 +24,7 @@ std::vector<int32_t> run_topk(const std::vector<float>& scores, int32_t rows, in
   p.scores_stride = cols;
   p.rows = rows;
   p.cols = cols;
-  p.row_lens = lens ? lens->data() : nullptr;
+  p.visible_entries = lens ? lens->data() : nullptr;
   p.topk = k;
   p.out = out.data();
   p.out_stride = k;
@@ -149,7 +149,7 @@ TEST(Topk, RejectsBadArguments) {
   EXPECT_EQ(topk(bad).code(), StatusCode::kInvalidArgument);
   std::vector<int64_t> lens = {11};
   bad = p;
-  bad.row_lens = lens.data();
+  bad.visible_entries = lens.data();
   EXPECT_EQ(topk(bad).code(), StatusCode::kOutOfRange);
 }
 

@@ -9,7 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "predict/testing.h"
+#include "predict/block_state.h"
+#include "predict_testing.h"
 #include "spin/predict.h"
 
 namespace spin {
@@ -147,7 +148,7 @@ TEST(PredictMtp, ProtocolErrors) {
   // Observe: unselected layer, bad row, wrong visible count, non-finite scores.
   EXPECT_EQ(p->observe(1, 0, rs).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(p->observe(0, 2, rs).code(), StatusCode::kInvalidArgument);
-  rs.visible = 41;
+  rs.visible_entries = 41;
   EXPECT_EQ(p->observe(0, 0, rs).code(), StatusCode::kInvalidArgument);  // row 0 sees 40, not 41
   std::vector<int32_t> b0 = {0};
   row[2] = std::numeric_limits<float>::quiet_NaN();

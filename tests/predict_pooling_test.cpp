@@ -9,8 +9,8 @@
 #include <numeric>
 #include <vector>
 
-#include "core/rng.h"
-#include "spin/predict.h"
+#include "predict/pooling.h"
+#include "spin/rng.h"
 
 namespace spin {
 namespace {
@@ -45,7 +45,7 @@ struct HandRow {
     RowScores r;
     r.scores = scores.data();
     r.num_cols = 12;
-    r.visible = 10;
+    r.visible_entries = 10;
     r.scored_blocks = blocks.data();
     r.num_scored_blocks = 2;
     return r;
@@ -143,7 +143,7 @@ TEST(PredictPooling, BadInputs) {
   PooledRow out;
   const PredictorConfig c = small_config(Pooling::kMax, 4, 3);
   RowScores r = h.row();
-  r.visible = 13;
+  r.visible_entries = 13;
   EXPECT_EQ(pool_row(c, r, &out).code(), StatusCode::kInvalidArgument);
   r = h.row();
   std::vector<int32_t> unsorted = {2, 0};

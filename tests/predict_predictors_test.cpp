@@ -11,10 +11,11 @@
 #include <numeric>
 #include <vector>
 
-#include "core/rng.h"
-#include "predict/testing.h"
+#include "predict/block_state.h"
+#include "predict_testing.h"
 #include "spin/numerics.h"
 #include "spin/predict.h"
+#include "spin/rng.h"
 
 namespace spin {
 namespace {
@@ -271,7 +272,7 @@ TEST(PredictPredictors, HisaPooledKeysIncrementalAndExact) {
     in.hisa = &view;
     in.want_scores = true;
     ASSERT_TRUE(p->select(0, in, &sel).ok()) << entries;
-    const int64_t committed = row_visible_entries(entries, next_n, 0);
+    const int64_t committed = visible_entries(entries, next_n, 0);
     for (int32_t j = 0; j < next_n; ++j) {
       const auto& s = sel.row_scores[static_cast<size_t>(j)];
       for (int32_t b = 0; b < static_cast<int32_t>(s.size()); ++b) {

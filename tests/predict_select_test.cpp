@@ -6,10 +6,11 @@
 #include <memory>
 #include <vector>
 
-#include "core/rng.h"
+#include "predict/block_state.h"
 #include "predict/kselect.h"
-#include "predict/testing.h"
+#include "predict_testing.h"
 #include "spin/predict.h"
+#include "spin/rng.h"
 
 namespace spin {
 namespace {

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
 #include "spin/cache.h"
 #include "spin/indexer.h"
+#include "spin/rng.h"
 
 namespace spin::testing {
 
@@ -91,7 +91,7 @@ struct IndexerCase {
   int64_t max_entries = 0;
 
   int64_t entries(int32_t b) const {
-    return indexer_visible_entries(context_lens[b], next_n, next_n - 1, compress_ratio);
+    return visible_entries(context_lens[b], next_n, next_n - 1, compress_ratio);
   }
 
   IndexerParams params(float* logits, int64_t stride) const {

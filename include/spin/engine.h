@@ -32,7 +32,7 @@ struct ModelPreset {
   int32_t indexer_layers = 0;   // layers with a lightning indexer
   int32_t index_heads = 64;     // indexer heads × 128 dims
   int32_t topk = 2048;
-  int32_t page_size = 64;       // indexer entries per page
+  int32_t page_size = kDefaultPageSize;       // indexer entries per page
   int32_t compress_ratio = 1;   // tokens per indexer entry (V4 CSA: 4)
   int32_t attn_heads = 128;     // MLA query heads
   int32_t window = 0;           // V4 sliding-window entries attended besides the top-k

@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "spin/geometry.h"
 #include "spin/status.h"
 
 namespace spin {
@@ -57,7 +58,7 @@ struct TraceMeta {
   int32_t num_layers = 0;     // indexer layers in the trace
   int32_t next_n = 1;         // rows per step: 1 + draft tokens
   int32_t num_heads = 64;     // indexer heads
-  int32_t page_size = 64;     // entries per cache page
+  int32_t page_size = kDefaultPageSize;     // entries per cache page
   int32_t topk = 2048;        // indexer top-k of the model
   int32_t compress_ratio = 1; // tokens per entry: 1 (V3.2), 4 (V4 CSA)
   std::map<std::string, std::string> extra;  // other metadata keys, kept as they are

@@ -11,9 +11,9 @@
 #include <limits>
 
 #include "core/errors.h"
-#include "core/rng.h"
 #include "spin/cache.h"
 #include "spin/indexer.h"
+#include "spin/rng.h"
 #include "spin/topk.h"
 
 namespace spin {
@@ -94,7 +94,7 @@ struct DecodeEngine::Impl {
   AttentionImpl attention_impl = AttentionImpl::kAuto;
   // Step scratch, reused.
   std::vector<int32_t> block_table, block_ids, block_offsets, topk_out, topk_full, extra;
-  std::vector<int64_t> ctx_lens, row_lens, row_visible;
+  std::vector<int64_t> ctx_lens, visible_entries;
   std::vector<uint8_t> q_index;
   std::vector<float> w_index, logits, logits_full, out, out_full;
   std::vector<uint16_t> q_attn;
@@ -302,10 +302,10 @@ Status DecodeEngine::step(StepStats* stats) {
     const auto& pages = m.requests[b].pages.pages();
     std::copy(pages.begin(), pages.end(), m.block_table.begin() + int64_t{b} * max_pages);
   }
-  m.row_lens.resize(static_cast<size_t>(rows));
+  m.visible_entries.resize(static_cast<size_t>(rows));
   for (int32_t b = 0; b < batch; ++b) {
     for (int32_t j = 0; j < next_n; ++j) {
-      m.row_lens[b * next_n + j] = indexer_visible_entries(m.ctx_lens[b], next_n, j, c.model.compress_ratio);
+      m.visible_entries[b * next_n + j] = visible_entries(m.ctx_lens[b], next_n, j, c.model.compress_ratio);
     }
   }
   stats->cache_ms += ms_since(t0);
@@ -341,7 +341,7 @@ Status DecodeEngine::step(StepStats* stats) {
       for (int64_t i = 0; i < int64_t{H} * kMlaHeadDim; ++i) qv[i] = bf16_from_float(static_cast<float>(qa.uniform() - 0.5));
       // V4: the newest `window` entries of the row (cost-equivalent stand-in for the SWA window).
       for (int32_t i = 0; i < n_extra; ++i) {
-        const int64_t e = m.row_lens[row] - 1 - i;
+        const int64_t e = m.visible_entries[row] - 1 - i;
         m.extra[row * n_extra + i] = e >= 0 ? static_cast<int32_t>(e) : -1;
       }
     }
@@ -361,13 +361,13 @@ Status DecodeEngine::step(StepStats* stats) {
         hisa.num_entries = entries_for_tokens(c, m.ctx_lens[b]);
         hisa.q = m.q_index.data() + int64_t{b} * next_n * HI * kIndexerHeadDim;
         hisa.w = m.w_index.data() + int64_t{b} * next_n * HI;
-        hisa.heads = HI;
+        hisa.num_heads = HI;
         hisa.num_cache_pages = m.allocator.num_pages();
         StepInput in;
         in.step = r.step;
         in.num_entries = hisa.num_entries;
         in.next_n = next_n;
-        in.row_visible = c.model.compress_ratio > 1 ? m.row_lens.data() + int64_t{b} * next_n : nullptr;
+        in.visible_entries = c.model.compress_ratio > 1 ? m.visible_entries.data() + int64_t{b} * next_n : nullptr;
         in.hisa = &hisa;
         SPIN_RETURN_IF_ERROR(r.predictor->select(l, in, &m.selections[b]));
         m.block_ids.insert(m.block_ids.end(), m.selections[b].blocks.begin(), m.selections[b].blocks.end());
@@ -403,7 +403,7 @@ Status DecodeEngine::step(StepStats* stats) {
     stats->indexer_ms += ms_since(t0);
 
     // 4. Top-k per row.
-    TopkParams tp{m.logits.data(), max_entries, static_cast<int32_t>(rows), max_entries, m.row_lens.data(), K,
+    TopkParams tp{m.logits.data(), max_entries, static_cast<int32_t>(rows), max_entries, m.visible_entries.data(), K,
                   m.topk_out.data(), K};
     t0 = Clock::now();
     SPIN_RETURN_IF_ERROR(topk(tp, {m.topk_impl, m.threads}));
@@ -419,7 +419,7 @@ Status DecodeEngine::step(StepStats* stats) {
     ap.block_table_stride = max_pages;
     ap.batch = batch;
     ap.next_n = next_n;
-    ap.visible_entries = m.row_lens.data();
+    ap.visible_entries = m.visible_entries.data();
     ap.num_heads = H;
     ap.q = m.q_attn.data();
     ap.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kMlaHeadDim));
@@ -441,7 +441,7 @@ Status DecodeEngine::step(StepStats* stats) {
           RowScores rs;
           rs.scores = m.logits.data() + row * max_entries;
           rs.num_cols = max_entries;
-          rs.visible = m.row_lens[row];
+          rs.visible_entries = m.visible_entries[row];
           rs.scored_blocks = m.selections[b].blocks.data();
           rs.num_scored_blocks = static_cast<int64_t>(m.selections[b].blocks.size());
           rs.topk_positions = m.topk_out.data() + row * K;
@@ -452,10 +452,10 @@ Status DecodeEngine::step(StepStats* stats) {
     stats->predictor_ms += ms_since(t0);
 
     for (int64_t row = 0; row < rows; ++row) {
-      stats->visible_entries += m.row_lens[row];
+      stats->visible_entries += m.visible_entries[row];
       int64_t scored = 0;
       const float* lr = m.logits.data() + row * max_entries;
-      for (int64_t e = 0; e < m.row_lens[row]; ++e) scored += lr[e] != -std::numeric_limits<float>::infinity();
+      for (int64_t e = 0; e < m.visible_entries[row]; ++e) scored += lr[e] != -std::numeric_limits<float>::infinity();
       stats->scored_entries += scored;
     }
     for (int32_t b = 0; b < batch; ++b) {

@@ -13,9 +13,9 @@
 #include <sstream>
 
 #include "core/errors.h"
-#include "core/rng.h"
 #include "spin/cache.h"
 #include "spin/numerics.h"
+#include "spin/rng.h"
 
 namespace spin {
 

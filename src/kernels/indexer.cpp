@@ -22,15 +22,10 @@ const char* indexer_impl_name(IndexerImpl impl) {
   return "unknown";
 }
 
-int64_t indexer_visible_entries(int64_t context_len, int32_t next_n, int32_t row, int32_t compress_ratio) {
-  const int64_t tokens = context_len - next_n + row + 1;
-  return tokens <= 0 ? 0 : tokens / compress_ratio;
-}
-
 namespace {
 
 int64_t entries_in_cache(const IndexerParams& p, int32_t b) {
-  return indexer_visible_entries(p.context_lens[b], p.next_n, p.next_n - 1, p.compress_ratio);
+  return visible_entries(p.context_lens[b], p.next_n, p.next_n - 1, p.compress_ratio);
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 #include <bit>
 #include <cstdint>
 
-#include "spin/predict.h"
+#include "predict/block_state.h"
 
 namespace spin {
 

@@ -230,8 +230,4 @@ int64_t budget_blocks(const PredictorConfig& config, int64_t n_blocks) {
   return std::min(b, n_blocks);
 }
 
-int64_t row_visible_entries(int64_t num_entries, int32_t next_n, int32_t row) {
-  return std::max<int64_t>(0, num_entries - next_n + row + 1);
-}
-
 }  // namespace spin

@@ -21,13 +21,14 @@
 #include <emmintrin.h>
 #endif
 
+#include "predict/pooling.h"
+
 #include "core/errors.h"
-#include "spin/predict.h"
 
 namespace spin {
 
 void PooledRow::clear() {
-  visible = 0;
+  visible_entries = 0;
   newest_block = -1;
   scored_entries = 0;
   kth_score = 0.0;
@@ -125,20 +126,20 @@ BlockScan scan_block(const float* s, int64_t len, float kth) {
 
 Status pool_row_impl(const PredictorConfig& config, const RowScores& row, PooledRow* out,
                      PoolScratch* scratch) {
-  if (row.num_cols < 0 || row.visible < 0 || row.visible > row.num_cols)
-    return invalid_argument("row scores: visible {} must lie in [0, num_cols = {}]", row.visible,
+  if (row.num_cols < 0 || row.visible_entries < 0 || row.visible_entries > row.num_cols)
+    return invalid_argument("row scores: visible {} must lie in [0, num_cols = {}]", row.visible_entries,
                             row.num_cols);
   if (row.num_scored_blocks < 0)
     return invalid_argument("row scores: num_scored_blocks {} < 0", row.num_scored_blocks);
   if (row.num_scored_blocks > 0 && row.scored_blocks == nullptr)
     return invalid_argument("row scores: scored_blocks is null but num_scored_blocks = {}",
                             row.num_scored_blocks);
-  if (row.num_scored_blocks > 0 && row.visible > 0 && row.scores == nullptr)
+  if (row.num_scored_blocks > 0 && row.visible_entries > 0 && row.scores == nullptr)
     return invalid_argument("row scores: scores is null");
 
   const int64_t e = config.block_entries();
-  const int64_t vis_blocks = blocks_for_entries(config, row.visible);
-  out->visible = row.visible;
+  const int64_t vis_blocks = blocks_for_entries(config, row.visible_entries);
+  out->visible_entries = row.visible_entries;
   out->newest_block = vis_blocks - 1;
   const int32_t* sb = row.scored_blocks;
   const int64_t nsb = row.num_scored_blocks;
@@ -164,12 +165,12 @@ Status pool_row_impl(const PredictorConfig& config, const RowScores& row, Pooled
   if (own_topk) {
     std::vector<float>& values = scratch->values;
     int64_t most = 0;  // an upper bound on the scored visible entries
-    for (int64_t i = 0; i < nvis; ++i) most += std::min(e, row.visible - sb[i] * e);
+    for (int64_t i = 0; i < nvis; ++i) most += std::min(e, row.visible_entries - sb[i] * e);
     if (static_cast<int64_t>(values.size()) < most) values.resize(static_cast<size_t>(most));
     float* copy = values.data();
     int64_t count = 0;  // a local (not out->...) keeps it in a register
     for (int64_t i = 0; i < nvis; ++i) {
-      const int64_t end = std::min(sb[i] * e + e, row.visible);
+      const int64_t end = std::min(sb[i] * e + e, row.visible_entries);
       for (int64_t pos = sb[i] * e; pos < end; ++pos) {
         const float s = row.scores[pos];
         if (s == -kInf) continue;
@@ -202,10 +203,10 @@ Status pool_row_impl(const PredictorConfig& config, const RowScores& row, Pooled
       if (p == -1) continue;
       Status error;
       const int32_t b = p >= 0 ? static_cast<int32_t>(p / e) : -1;
-      const float s = p >= 0 && p < row.visible ? row.scores[p] : 0.0f;
-      if (p < 0 || p >= row.visible) {
+      const float s = p >= 0 && p < row.visible_entries ? row.scores[p] : 0.0f;
+      if (p < 0 || p >= row.visible_entries) {
         error = out_of_range("topk_positions[{}] = {} is outside the row's {} visible entries", t,
-                             p, row.visible);
+                             p, row.visible_entries);
       } else if (index[static_cast<size_t>(b)] < 0) {
         error = invalid_argument("topk_positions[{}] = {} lies in block {}, which was not scored",
                                  t, p, b);
@@ -236,7 +237,7 @@ Status pool_row_impl(const PredictorConfig& config, const RowScores& row, Pooled
   size_t n_out = 0;
   for (int64_t i = 0; i < nvis; ++i) {
     const int64_t begin = sb[i] * e;
-    const int64_t end = std::min(begin + e, row.visible);
+    const int64_t end = std::min(begin + e, row.visible_entries);
     const BlockScan scan = scan_block(row.scores + begin, end - begin, static_cast<float>(kth));
     if (scan.non_finite) {  // find the first offender for the message
       for (int64_t pos = begin; pos < end; ++pos)

@@ -20,8 +20,8 @@
 #include <utility>
 
 #include "core/errors.h"
-#include "core/rng.h"
 #include "predict/kselect.h"
+#include "spin/rng.h"
 
 namespace spin {
 namespace {
@@ -87,11 +87,11 @@ Status PredictorBase::check_step_input(int32_t layer, const StepInput& in) const
   if (in.step < 0 || in.step > INT32_MAX)
     return invalid_argument("{}: step {} is outside [0, 2^31)", name_, in.step);
   if (in.num_entries < 0) return invalid_argument("{}: num_entries {} < 0", name_, in.num_entries);
-  if (in.row_visible) {
+  if (in.visible_entries) {
     for (int32_t j = 0; j < in.next_n; ++j)
-      if (in.row_visible[j] < 0 || in.row_visible[j] > in.num_entries)
-        return invalid_argument("{}: row_visible[{}] = {} is outside [0, num_entries = {}]", name_,
-                                j, in.row_visible[j], in.num_entries);
+      if (in.visible_entries[j] < 0 || in.visible_entries[j] > in.num_entries)
+        return invalid_argument("{}: visible_entries[{}] = {} is outside [0, num_entries = {}]", name_,
+                                j, in.visible_entries[j], in.num_entries);
   }
   // Protocol: select(step) → observe every row → commit(accepted) → next step.
   if (open_) {
@@ -123,7 +123,7 @@ Status PredictorBase::select(int32_t layer, const StepInput& in, Selection* out)
   int64_t max_blocks = 0;
   std::array<int64_t, kMaxNextN> visible{};
   for (int32_t j = 0; j < in.next_n; ++j) {
-    visible[static_cast<size_t>(j)] = row_visible(in, j);
+    visible[static_cast<size_t>(j)] = visible_entries(in, j);
     max_blocks = std::max(max_blocks, blocks_for_entries(config_, visible[static_cast<size_t>(j)]));
   }
   l.state.ensure_blocks(max_blocks);
@@ -165,7 +165,7 @@ Status PredictorBase::select(int32_t layer, const StepInput& in, Selection* out)
   open_next_n_ = in.next_n;
   l.selected = true;
   l.observed = 0;
-  l.visible = visible;
+  l.visible_entries = visible;
   return ok_status();
 }
 
@@ -286,11 +286,11 @@ Status PredictorBase::observe(int32_t layer, int32_t row, const RowScores& score
     return failed_precondition("{}: layer {} row {} was already observed in step {}", name_, layer,
                                row, open_step_);
   const size_t ur = static_cast<size_t>(row);
-  if (scores.visible != l.visible[ur])
+  if (scores.visible_entries != l.visible_entries[ur])
     return invalid_argument(
         "{}: layer {} row {}: visible {} differs from the {} entries the row "
         "saw at select",
-        name_, layer, row, scores.visible, l.visible[ur]);
+        name_, layer, row, scores.visible_entries, l.visible_entries[ur]);
   SPIN_RETURN_IF_ERROR(pool_row(config_, scores, &l.pending[ur], &pool_scratch_));
   l.observed |= 1u << row;
   return ok_status();
@@ -352,7 +352,7 @@ void PredictorBase::reset() {
   for (Layer& l : layers_) {
     l.state.reset();
     for (PooledRow& r : l.pending) r.clear();
-    l.visible = {};
+    l.visible_entries = {};
     l.selected = false;
     l.observed = 0;
     l.prev_topk_blocks.clear();

@@ -1,7 +1,7 @@
 // Header-only helpers for the predictor tests (tests/predict_*_test.cpp): they play the indexer's
 // part of the protocol — score the selected union of a step from given all-keep scores, exactly as
-// the kernel writes a row (-inf outside the scored blocks) — and measure block recall. Not part of
-// the library proper; nothing in src/ includes it.
+// the kernel writes a row (-inf outside the scored blocks) — and measure block recall. Test-only: it
+// lives in tests/, beside the tests that use it.
 #pragma once
 
 #include <algorithm>
@@ -33,12 +33,12 @@ inline Status observe_union(BlockPredictor& p, int32_t layer, const Selection& s
                             int32_t next_n) {
   const int32_t e = p.config().block_entries();
   for (int32_t j = 0; j < next_n; ++j) {
-    const int64_t visible = row_visible_entries(num_entries, next_n, j);
+    const int64_t visible = visible_entries(num_entries, next_n, j);
     const std::vector<float> row = masked_row(full[static_cast<size_t>(j)], visible, sel.blocks, e);
     RowScores r;
     r.scores = row.data();
     r.num_cols = visible;  // the narrowest buffer a caller may pass: the union reaches past it
-    r.visible = visible;
+    r.visible_entries = visible;
     r.scored_blocks = sel.blocks.data();
     r.num_scored_blocks = static_cast<int64_t>(sel.blocks.size());
     Status s = p.observe(layer, j, r);

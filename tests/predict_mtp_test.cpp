@@ -19,12 +19,7 @@ namespace {
 using testing::observe_union;
 
 PredictorConfig mtp_config(MtpUpdate mode) {
-  PredictorConfig c;
-  c.page_size = 4;
-  c.topk = 4;
-  c.sink_blocks = 1;
-  c.local_blocks = 1;
-  c.target_sparsity = 0.5;
+  PredictorConfig c = testing::small_blocks_config(1, 1);
   c.alpha = 0.25;  // not 0.5, so that the replay order shows in the EMA
   c.mtp_update = mode;
   return c;

@@ -22,15 +22,7 @@ namespace {
 
 using testing::observe_union;
 
-PredictorConfig small_config() {
-  PredictorConfig c;
-  c.page_size = 4;
-  c.topk = 4;
-  c.sink_blocks = 1;
-  c.local_blocks = 1;
-  c.target_sparsity = 0.5;
-  return c;
-}
+PredictorConfig small_config() { return testing::small_blocks_config(1, 1); }
 
 std::unique_ptr<BlockPredictor> make(const std::string& name, const PredictorConfig& c,
                                      int32_t layers = 1) {

@@ -18,15 +18,7 @@ namespace {
 using testing::observe_union;
 
 // Blocks of 4 entries, top-k 4 (one block), 2 sinks, 3 locals, 50 % sparsity.
-PredictorConfig base_config() {
-  PredictorConfig c;
-  c.page_size = 4;
-  c.topk = 4;
-  c.sink_blocks = 2;
-  c.local_blocks = 3;
-  c.target_sparsity = 0.5;
-  return c;
-}
+PredictorConfig base_config() { return testing::small_blocks_config(2, 3); }
 
 std::unique_ptr<BlockPredictor> make(const char* name, const PredictorConfig& c, int32_t layers = 1,
                                      int64_t request = 0) {

@@ -13,6 +13,18 @@
 
 namespace spin::testing {
 
+// The predictor tests' small geometry: blocks of 4 entries, top-k 4 (one block), 50 % sparsity,
+// with `sink_blocks` sinks and `local_blocks` locals.
+inline PredictorConfig small_blocks_config(int32_t sink_blocks, int32_t local_blocks) {
+  PredictorConfig c;
+  c.page_size = 4;
+  c.topk = 4;
+  c.sink_blocks = sink_blocks;
+  c.local_blocks = local_blocks;
+  c.target_sparsity = 0.5;
+  return c;
+}
+
 // Row j's buffer after scoring `blocks`: full[pos] for visible entries of those blocks, else -inf.
 inline std::vector<float> masked_row(const std::vector<float>& full, int64_t visible,
                                      const std::vector<int32_t>& blocks, int32_t block_entries) {

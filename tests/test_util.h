@@ -44,32 +44,6 @@ class TempDir {
   std::string path_;
 };
 
-// A buffer with poisoned guard regions before and after the payload (ggml's habit): any write
-// outside the payload is caught by guards_intact().
-template <typename T>
-class GuardedBuffer {
- public:
-  static constexpr size_t kGuard = 64;
-  GuardedBuffer(size_t n, T poison) : data_(n + 2 * kGuard, poison), poison_(poison), n_(n) {
-    std::fill(data_.begin(), data_.end(), poison);
-  }
-  T* data() { return data_.data() + kGuard; }
-  const T* data() const { return data_.data() + kGuard; }
-  size_t size() const { return n_; }
-  bool guards_intact() const {
-    for (size_t i = 0; i < kGuard; ++i) {
-      if (!same(data_[i]) || !same(data_[kGuard + n_ + i])) return false;
-    }
-    return true;
-  }
-
- private:
-  bool same(const T& v) const { return std::memcmp(&v, &poison_, sizeof(T)) == 0; }
-  std::vector<T> data_;
-  T poison_;
-  size_t n_;
-};
-
 struct IndexerCase {
   std::string name;
   int32_t page_size = 64;

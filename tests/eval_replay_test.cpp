@@ -11,6 +11,7 @@
 #include "spin/eval.h"
 #include "spin/replay.h"
 #include "spin/workload.h"
+#include "test_util.h"
 
 namespace spin {
 namespace {
@@ -155,7 +156,9 @@ nlohmann::json results_without_timing(const std::string& dir) {
 }
 
 TEST(Eval, SameSeedGivesIdenticalResultsWhateverTheThreads) {
-  const std::string base = ::testing::TempDir() + "spin-eval-test";
+  // A directory of its own: a fixed name under /tmp races with another checkout's test run.
+  const testing::TempDir dir;
+  const std::string base = dir.path() + "/spin-eval-test";
   EvalOptions o;
   o.quick = true;
   o.scenarios = {"doc-qa-10k"};

@@ -201,6 +201,42 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
   }
 
   // 1. Forced.
+  const int64_t n_cand = mark_forced(n);
+  int64_t left = budget - (n - n_cand);  // budget_blocks() guarantees forced ≤ budget
+
+  // 2. Exploration (or the whole fill, for random).
+  int64_t n_explore = 0;
+  if (f == Fill::kRandom) {
+    n_explore = left;
+  } else if (explores()) {
+    n_explore =
+        std::min<int64_t>(std::llround(config_.explore_ratio * static_cast<double>(budget)), left);
+  }
+  if (n_explore > 0) {
+    mark_explored(ctx, f, n_cand, n_explore);
+    left -= n_explore;
+    *explored = static_cast<int32_t>(n_explore);
+  }
+
+  // 3. Prediction: the highest p first.
+  if (left > 0) {
+    SPIN_RETURN_IF_ERROR(rank_once());
+    mark_predicted(p, n_explore, n_cand - n_explore, left);
+  }
+
+  blocks->resize(static_cast<size_t>(n));
+  int32_t* o = blocks->data();
+  const uint8_t* mark = mark_.data();
+  int64_t count = 0;
+  for (int64_t b = 0; b < n; ++b) {
+    o[count] = static_cast<int32_t>(b);
+    count += mark[b] != 0;
+  }
+  blocks->resize(static_cast<size_t>(count));
+  return ok_status();
+}
+
+int64_t PredictorBase::mark_forced(int64_t n) {
   uint8_t* mark = mark_.data();
   std::fill(mark, mark + n, uint8_t{0});
   for (int64_t b = std::max<int64_t>(0, n - config_.local_blocks); b < n; ++b) mark[b] = 1;
@@ -213,61 +249,42 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
     keys[n_cand] = static_cast<uint64_t>(b);
     n_cand += mark[b] == 0;
   }
-  int64_t left = budget - (n - n_cand);  // budget_blocks() guarantees forced ≤ budget
+  return n_cand;
+}
 
-  // 2. Exploration (or the whole fill, for random).
-  int64_t n_explore = 0;
-  if (f == Fill::kRandom) {
-    n_explore = left;
-  } else if (explores()) {
-    n_explore =
-        std::min<int64_t>(std::llround(config_.explore_ratio * static_cast<double>(budget)), left);
-  }
-  if (n_explore > 0) {
-    if (f == Fill::kRandom || config_.explore_policy == ExplorePolicy::kUniform) {
-      // The top 32 bits of a counter hash per block: a uniformly random order (ties, 2^-32 rare,
-      // fall to the lower block), the same for every row of the step.
-      const CounterRng rng(stream_key(config_.seed, static_cast<uint64_t>(request_id_),
-                                      static_cast<uint64_t>(ctx.layer),
-                                      static_cast<uint64_t>(ctx.step)));
-      for (int64_t i = 0; i < n_cand; ++i)
-        keys[i] = (rng.at(keys[i]) & 0xFFFFFFFF00000000ULL) | keys[i];
-    } else {
-      // Oldest last_seen first; never seen (-1) maps to 0, older than every step.
-      const BlockState& st = layers_[static_cast<size_t>(ctx.layer)].state;
-      for (int64_t i = 0; i < n_cand; ++i) {
-        const uint64_t age = static_cast<uint32_t>(st.last_seen(static_cast<int64_t>(keys[i])) + 1);
-        keys[i] = age << 32 | keys[i];
-      }
+void PredictorBase::mark_explored(const RowContext& ctx, Fill f, int64_t n_cand, int64_t n_explore) {
+  uint64_t* keys = keys_.data();
+  if (f == Fill::kRandom || config_.explore_policy == ExplorePolicy::kUniform) {
+    // The top 32 bits of a counter hash per block: a uniformly random order (ties, 2^-32 rare,
+    // fall to the lower block), the same for every row of the step.
+    const CounterRng rng(stream_key(config_.seed, static_cast<uint64_t>(request_id_),
+                                    static_cast<uint64_t>(ctx.layer),
+                                    static_cast<uint64_t>(ctx.step)));
+    for (int64_t i = 0; i < n_cand; ++i)
+      keys[i] = (rng.at(keys[i]) & 0xFFFFFFFF00000000ULL) | keys[i];
+  } else {
+    // Oldest last_seen first; never seen (-1) maps to 0, older than every step.
+    const BlockState& st = layers_[static_cast<size_t>(ctx.layer)].state;
+    for (int64_t i = 0; i < n_cand; ++i) {
+      const uint64_t age = static_cast<uint32_t>(st.last_seen(static_cast<int64_t>(keys[i])) + 1);
+      keys[i] = age << 32 | keys[i];
     }
-    select_smallest(keys, n_cand, n_explore);
-    for (int64_t i = 0; i < n_explore; ++i) mark[keys[i] & 0xFFFFFFFFu] = 2;
-    left -= n_explore;
-    *explored = static_cast<int32_t>(n_explore);
   }
+  select_smallest(keys, n_cand, n_explore);
+  uint8_t* mark = mark_.data();
+  for (int64_t i = 0; i < n_explore; ++i) mark[keys[i] & 0xFFFFFFFFu] = 2;
+}
 
-  // 3. Prediction: the highest p first, as ascending keys of ~order(p).
-  if (left > 0) {
-    SPIN_RETURN_IF_ERROR(rank_once());
-    uint64_t* rest = keys + n_explore;
-    const int64_t n_rest = n_cand - n_explore;
-    for (int64_t i = 0; i < n_rest; ++i) {
-      const uint64_t b = rest[i] & 0xFFFFFFFFu;
-      rest[i] = static_cast<uint64_t>(~float_order(sanitize(p[b]))) << 32 | b;
-    }
-    select_smallest(rest, n_rest, left);
-    for (int64_t i = 0; i < left; ++i) mark[rest[i] & 0xFFFFFFFFu] = 3;
+void PredictorBase::mark_predicted(const float* p, int64_t first, int64_t n_rest, int64_t left) {
+  // The highest p first, as ascending keys of ~order(p).
+  uint64_t* rest = keys_.data() + first;
+  for (int64_t i = 0; i < n_rest; ++i) {
+    const uint64_t b = rest[i] & 0xFFFFFFFFu;
+    rest[i] = static_cast<uint64_t>(~float_order(sanitize(p[b]))) << 32 | b;
   }
-
-  blocks->resize(static_cast<size_t>(n));
-  int32_t* o = blocks->data();
-  int64_t count = 0;
-  for (int64_t b = 0; b < n; ++b) {
-    o[count] = static_cast<int32_t>(b);
-    count += mark[b] != 0;
-  }
-  blocks->resize(static_cast<size_t>(count));
-  return ok_status();
+  select_smallest(rest, n_rest, left);
+  uint8_t* mark = mark_.data();
+  for (int64_t i = 0; i < left; ++i) mark[rest[i] & 0xFFFFFFFFu] = 3;
 }
 
 Status PredictorBase::observe(int32_t layer, int32_t row, const RowScores& scores) {

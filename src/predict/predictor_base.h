@@ -99,6 +99,11 @@ class PredictorBase : public BlockPredictor {
   Status check_step_input(int32_t layer, const StepInput& in) const;
   Status select_row(const RowContext& ctx, Fill f, std::vector<int32_t>* blocks, int32_t* explored,
                     std::vector<float>* scores);
+  // select_row's stages over mark_ (0 = not selected, 1 forced, 2 explored, 3 predicted) and the
+  // candidate keys_ (ordering value << 32 | block). mark_forced returns the candidates' count.
+  int64_t mark_forced(int64_t n);
+  void mark_explored(const RowContext& ctx, Fill f, int64_t n_cand, int64_t n_explore);
+  void mark_predicted(const float* p, int64_t first, int64_t n_rest, int64_t left);
 
   std::string name_;
   PredictorConfig config_;

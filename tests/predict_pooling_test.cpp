@@ -220,7 +220,7 @@ TEST(PredictPooling, TopkPositionsValidation) {
   EXPECT_EQ(pool_row(c, r, &out).code(), StatusCode::kOutOfRange);
 }
 
-// The tie rule of DESIGN.md §3, by brute force: score descending, position ascending.
+// The tie rule of spin/topk.h, by brute force: score descending, position ascending.
 std::vector<int32_t> brute_topk(const std::vector<float>& s, int64_t visible, int32_t k) {
   std::vector<int32_t> pos;
   for (int32_t i = 0; i < visible; ++i)

@@ -170,7 +170,7 @@ TEST(PredictPredictors, IndexCacheFullAndSharedLayers) {
 
 // ---- hisa ---------------------------------------------------------------------------------------
 
-// A paged e4m3 key cache (DESIGN.md §3) with pages scattered by a permutation.
+// A paged e4m3 key cache (spin/geometry.h layout) with pages scattered by a permutation.
 struct Cache {
   int32_t page_size;
   std::vector<uint8_t> bytes;

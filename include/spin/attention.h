@@ -1,5 +1,6 @@
-// spin/attention.h — sparse MLA decode attention over the top-k entries (DSA core attention,
-// DESIGN.md §1, §3; FlashMLA's sparse decode, absorbed "MQA" form: one shared latent KV head).
+// spin/attention.h — sparse MLA decode attention over the top-k entries (DSA core attention, which
+// consumes spin/topk.h's output; FlashMLA's sparse decode, absorbed "MQA" form: one shared latent
+// KV head).
 //
 // For row r (one query token of request b) and head h, over the selected entries s of
 // S_r = [ indices[r, 0..topk) ‖ extra_indices[r, 0..n_extra) ] with every -1 skipped:
@@ -18,7 +19,7 @@
 // outputs o = 0 and lse = -inf (the log of an empty sum; FlashMLA's test reference reports +inf).
 // Order inside S_r only changes fp32 rounding (the softmax is permutation-invariant).
 // The output is fp32, not bf16 like FlashMLA's: the CPU kernels accumulate in fp32 anyway, the
-// consumers here (the W_UV absorption, DESIGN.md §5's attn_err) want it unrounded, and rounding
+// consumers here (the W_UV absorption, spin/engine.h's attn_err) want it unrounded, and rounding
 // to bf16 is one call for a caller that needs it. Cost: 2 · rows · heads · |S_r| · (576 + 512) FLOP.
 //
 // Extra indices are the V4 sliding-window entries: they address the same cache and page table as

@@ -1,4 +1,4 @@
-// spin/indexer.h — lightning-indexer scoring over the paged key cache (DSA, DESIGN.md §1, §3).
+// spin/indexer.h — lightning-indexer scoring over the paged key cache (DSA; layout: spin/geometry.h).
 //
 // For request b, row r (one of next_n query rows) and visible entry s:
 //

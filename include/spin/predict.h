@@ -1,10 +1,13 @@
 // spin/predict.h — SPIN's block predictors: which KV blocks the lightning indexer should score.
 //
-// Owns (DESIGN.md §4): the typed predictor config, the per-(request, layer) block state (slot EMA,
-// last_seen, relative-offset EMA), pooling of a row's indexer scores into per-block observations,
-// budgeted selection (forced → exploration → prediction), the speculative-decoding (MTP) pending
-// buffers and their replay, and every predictor of §4 behind one interface. It does not score
-// anything itself (the kernels do), and it never allocates per call once warmed up.
+// Exposes: the typed predictor config, the budget arithmetic, the row scores a predictor observes,
+// and every predictor (all-keep, random, prev-iter, prev-layer, ema-slot, ema-offset, spin, oracle,
+// step-reuse, hisa, indexcache-2/4) behind one interface: budgeted selection (forced → exploration
+// → prediction), observation, and the speculative-decoding (MTP) pending buffers and their replay.
+// The per-(request, layer) state (slot EMA, last_seen, relative-offset EMA: predict/block_state.h)
+// and the pooling of scores into per-block observations (predict/pooling.h) stay behind src/. It
+// does not score anything itself (the kernels do), and it never allocates per call once warmed up.
+// What SPIN computes, in brief: ARCHITECTURE.md.
 //
 // Protocol, per request (one BlockPredictor object per request, all of its indexer layers):
 //
@@ -80,8 +83,8 @@ struct PredictorConfig {
   // State updates: slot[b] ← (1-alpha)·slot[b] + alpha·x, offset[bucket] likewise with beta.
   double alpha = 0.5;
   double beta = 0.1;
-  // p[b] = max(slot, offset) or w·slot + (1-w)·offset. Default weighted 0.8, not DESIGN.md's
-  // max, by a measured ablation (closed loop, spin replay of `spin trace gen` traces, seed 1):
+  // p[b] = max(slot, offset) or w·slot + (1-w)·offset. Default weighted 0.8, not the max of the
+  // first definition, by a measured ablation (closed loop, spin replay of `spin trace gen` traces, seed 1):
   //   doc-qa-94k @30 %: max 0.771 mean recall, weighted 0.8 0.890, weighted 1.0 0.891;
   //   needle-shift @50 %: max 0.568 / p99 miss 0.551, weighted 0.8 0.607 / 0.471.
   // With max, the offset prior outranks what a block's own history says (ema-offset alone has a

@@ -1,4 +1,4 @@
-// spin/workload.h — synthetic indexer workloads with documented, calibrated dynamics (DESIGN §6).
+// spin/workload.h — synthetic indexer workloads with documented, calibrated dynamics.
 //
 // No DSA weights can be downloaded here, so quality is measured on generated traces whose
 // structure is spelled out below and whose two headline statistics (all-keep prev-iter Pearson of

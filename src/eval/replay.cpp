@@ -177,6 +177,8 @@ int64_t blocks_within(const std::vector<int32_t>& blocks, int64_t visible, int32
 
 }  // namespace
 
+// One loop nest (~135 lines): closed and open loop share the walk over (step, layer, row) in decode
+// order and its reused buffers; the per-row work differs only in which scores the predictor sees.
 Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const ReplayOptions& options) {
   PredictorConfig config = options.config;
   config.page_size = st.page_size;

@@ -403,6 +403,8 @@ struct TraceReader::Impl {
     return {reinterpret_cast<const T*>(p), t.nbytes / sizeof(T)};
   }
 
+  // Checks the file against the schema (metadata, every tensor's dtype and shape, the values)
+  // before anything is exposed; ~80 lines, one check after another in the order of the schema.
   Status load() {
     const std::string& where = file.label();
     SPIN_RETURN_IF_ERROR(parse_meta(file.metadata(), where, &meta));

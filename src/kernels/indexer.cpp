@@ -30,6 +30,8 @@ int64_t entries_in_cache(const IndexerParams& p, int32_t b) {
 
 }  // namespace
 
+// One flat list of checks (~80 lines) on purpose: their order is part of the contract (the first
+// error reported is the most basic one), and it reads top to bottom here.
 Status validate_indexer_params(const IndexerParams& p) {
   // Sizes first, then pointers, then contents — so the first error is the most basic one.
   if (p.page_size < 1) return invalid_argument("page_size must be ≥ 1, got {}", p.page_size);

@@ -1,4 +1,4 @@
-// BlockState: the per-(request, layer) SPIN state of DESIGN.md §4 — slot EMA + last_seen per block
+// BlockState (predict/block_state.h): the per-(request, layer) SPIN state — slot EMA + last_seen per block
 // and the relative-offset EMA over bucketed distances. Updated in O(observed blocks), grown by
 // appending blocks, never rebuilt from history.
 #include <algorithm>

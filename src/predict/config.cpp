@@ -1,5 +1,6 @@
 // Predictor config: enum names, validation, one-line printing, key=value parsing, and the budget
-// arithmetic every predictor shares (DESIGN.md §2 "budget", §4 "selection").
+// arithmetic every predictor shares (budget = ceil((1 - target_sparsity) · n_blocks), never below
+// what top-k needs; selection = forced → exploration → prediction, spin/predict.h).
 #include <algorithm>
 #include <charconv>
 #include <cmath>

@@ -1,6 +1,6 @@
-// Pooling: one row's indexer scores → one normalised value x[b] per scored block (DESIGN.md §4
-// "Observation"). Normalisation and the pooling modes are defined next to PooledRow in
-// spin/predict.h; this file owns the validation of the row and the passes that compute them.
+// Pooling: one row's indexer scores → one normalised value x[b] per scored block (a predictor's
+// observation, ARCHITECTURE.md). Normalisation and the pooling modes are defined next to PooledRow
+// in predict/pooling.h; this file owns the validation of the row and the passes that compute them.
 //
 // With the kernel's top-k (topk_positions), the scored entries are read ONCE:
 //   k-th:   kth and row max from the top-k positions (O(topk));
@@ -9,7 +9,7 @@
 //           against the counts (how many entries lie above / at its smallest score).
 // Without it, a first pass validates, takes the row max and copies the values, nth_element finds
 // the k-th, and the pool pass follows; ties at the k-th score go to lower positions first (the
-// DESIGN.md §3 tie rule).
+// top-k tie rule of spin/topk.h: score descending, position ascending).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

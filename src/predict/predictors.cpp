@@ -1,5 +1,6 @@
-// The predictors of DESIGN.md §4 and make_predictor(). Each one only ranks a row's blocks; the
-// protocol, budget, forced blocks and replay live in PredictorBase. Exploration belongs to `spin`
+// The predictors of spin/predict.h (ARCHITECTURE.md, "SPIN in brief") and make_predictor(). Each
+// one only ranks a row's blocks; the protocol, budget, forced blocks and replay live in
+// PredictorBase. Exploration belongs to `spin`
 // alone (and `random` is all exploration): the other state predictors are the ablations the paper
 // compares, so they must not borrow spin's coin.
 //

@@ -25,11 +25,8 @@ PredictorConfig mtp_config(MtpUpdate mode) {
   return c;
 }
 
-std::unique_ptr<BlockPredictor> make(const char* name, const PredictorConfig& c,
-                                     int32_t layers = 1) {
-  auto r = make_predictor(name, c, layers, 3);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  return std::move(r).value();
+std::unique_ptr<BlockPredictor> make(const char* name, const PredictorConfig& c, int32_t layers = 1) {
+  return testing::make_checked(name, c, layers, 3);
 }
 
 // Row j of a 41-entry step with next_n 3 sees 39, 40, 41 entries: blocks 0..9, 0..9, 0..10.

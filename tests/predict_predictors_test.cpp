@@ -24,17 +24,10 @@ using testing::observe_union;
 
 PredictorConfig small_config() { return testing::small_blocks_config(1, 1); }
 
-std::unique_ptr<BlockPredictor> make(const std::string& name, const PredictorConfig& c,
-                                     int32_t layers = 1) {
-  auto r = make_predictor(name, c, layers, 11);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  return std::move(r).value();
-}
+using testing::block_scores;
 
-std::vector<float> block_scores(const std::vector<float>& v, int32_t e) {
-  std::vector<float> s;
-  for (float x : v) s.insert(s.end(), static_cast<size_t>(e), x);
-  return s;
+std::unique_ptr<BlockPredictor> make(const std::string& name, const PredictorConfig& c, int32_t layers = 1) {
+  return testing::make_checked(name, c, layers, 11);
 }
 
 Selection all_blocks(int32_t n) {

@@ -4,14 +4,33 @@
 // lives in tests/, beside the tests that use it.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <string_view>
 #include <vector>
 
 #include "spin/predict.h"
 
 namespace spin::testing {
+
+// make_predictor that must succeed (a test failure otherwise).
+inline std::unique_ptr<BlockPredictor> make_checked(std::string_view name, const PredictorConfig& c,
+                                                    int32_t layers, int64_t request_id) {
+  auto r = make_predictor(name, c, layers, request_id);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
+// All-keep scores where every entry of block b (of e entries) equals v[b].
+inline std::vector<float> block_scores(const std::vector<float>& v, int32_t e) {
+  std::vector<float> s;
+  for (float x : v) s.insert(s.end(), static_cast<size_t>(e), x);
+  return s;
+}
 
 // The predictor tests' small geometry: blocks of 4 entries, top-k 4 (one block), 50 % sparsity,
 // with `sink_blocks` sinks and `local_blocks` locals.

@@ -525,31 +525,31 @@ void make_keys(const WorkloadParams& P, const World& w, const std::vector<const 
 // Queries: per layer, step, row and head (focus + head direction + salience + sink + noise + rope),
 // quantised with the weights as vLLM's fused q-rope-quant does.
 void make_queries(const WorkloadParams& P, const World& w, const Timeline& tl, Trace& trace) {
-  const int32_t H = P.num_heads;
+  const int32_t num_heads = P.num_heads;
   const int32_t next_n = P.next_n;
   for (int32_t l = 0; l < P.layers; ++l) {
     TraceLayer& layer = trace.layers[l];
-    std::vector<Vec> head_dir(static_cast<size_t>(H));
-    std::vector<float> raw_w(static_cast<size_t>(H));
-    for (int32_t h = 0; h < H; ++h) {
+    std::vector<Vec> head_dir(static_cast<size_t>(num_heads));
+    std::vector<float> raw_w(static_cast<size_t>(num_heads));
+    for (int32_t h = 0; h < num_heads; ++h) {
       CounterRng rng(stream_key(P.seed, kTagHead, l, h));
       head_dir[h] = random_unit(rng);
       raw_w[h] = static_cast<float>(1.0 + 0.3 * rng.normal());
     }
-    layer.q.resize(static_cast<size_t>(P.steps) * next_n * H * kDim);
-    layer.w.resize(static_cast<size_t>(P.steps) * next_n * H);
+    layer.q.resize(static_cast<size_t>(P.steps) * next_n * num_heads * kDim);
+    layer.w.resize(static_cast<size_t>(P.steps) * next_n * num_heads);
 #pragma omp parallel for schedule(static)
     for (int32_t s = 0; s < P.steps; ++s) {
-      std::vector<float> q(static_cast<size_t>(next_n) * H * kDim);
-      std::vector<float> weights(static_cast<size_t>(next_n) * H);
+      std::vector<float> q(static_cast<size_t>(next_n) * num_heads * kDim);
+      std::vector<float> weights(static_cast<size_t>(next_n) * num_heads);
       CounterRng step_rng(stream_key(P.seed, kTagQueryNoise, l, s));
       float shared_noise[kDim];
       normal_fill(step_rng, shared_noise, kDim, P.query_noise / std::sqrt(double{kDim}));
       const Vec& f = tl.focus_at[l][s];
       for (int32_t j = 0; j < next_n; ++j) {
         const int64_t position = trace.ctx_len[s] - next_n + j;
-        for (int32_t h = 0; h < H; ++h) {
-          float* v = q.data() + (int64_t{j} * H + h) * kDim;
+        for (int32_t h = 0; h < num_heads; ++h) {
+          float* v = q.data() + (int64_t{j} * num_heads + h) * kDim;
           CounterRng rng(stream_key(P.seed, kTagQueryNoise, l, s, j, h));
           normal_fill(rng, v, kDim, P.head_noise / std::sqrt(double{kDim}));
           for (int d = 0; d < kDim; ++d) {
@@ -558,12 +558,12 @@ void make_queries(const WorkloadParams& P, const World& w, const Timeline& tl, T
                     shared_noise[d];
           }
           add_rope(v, position, P.rope_weight);
-          weights[int64_t{j} * H + h] = raw_w[h];
+          weights[int64_t{j} * num_heads + h] = raw_w[h];
         }
       }
-      const Status st = quantize_queries(q.data(), weights.data(), next_n, H,
-                                         layer.q.data() + static_cast<size_t>(s) * next_n * H * kDim,
-                                         layer.w.data() + static_cast<size_t>(s) * next_n * H);
+      const Status st = quantize_queries(q.data(), weights.data(), next_n, num_heads,
+                                         layer.q.data() + static_cast<size_t>(s) * next_n * num_heads * kDim,
+                                         layer.w.data() + static_cast<size_t>(s) * next_n * num_heads);
       (void)st;  // inputs are finite by construction
     }
   }

@@ -76,11 +76,13 @@ Replayed scored_small(int32_t next_n = 1) {
   return r;
 }
 
-ReplayResult run(const Replayed& r, const std::string& predictor, double sparsity, bool open_loop = false) {
+enum class Loop { kClosed, kOpen };  // ReplayOptions::open_loop
+
+ReplayResult run(const Replayed& r, const std::string& predictor, double sparsity, Loop loop = Loop::kClosed) {
   ReplayOptions o;
   o.predictor = predictor;
   o.config.target_sparsity = sparsity;
-  o.open_loop = open_loop;
+  o.open_loop = loop == Loop::kOpen;
   auto result = replay(r.trace, *r.scored, o);
   EXPECT_TRUE(result.ok()) << result.status().to_string();
   return std::move(result).value();
@@ -131,7 +133,7 @@ TEST(Replay, OracleBoundsEveryPredictorAndSparsityIsRealised) {
 
 TEST(Replay, OpenLoopReportsPearson) {
   const Replayed r = scored_small();
-  const ReplayResult res = run(r, "prev-iter", 0.3, /*open_loop=*/true);
+  const ReplayResult res = run(r, "prev-iter", 0.3, Loop::kOpen);
   EXPECT_GT(res.quality.pearson().count(), 0);
   EXPECT_GT(res.quality.pearson().mean(), 0.0);
   EXPECT_LE(res.quality.pearson().mean(), 1.0);

@@ -237,11 +237,15 @@ RowMagnitudes row_magnitudes(const AttnCase& c, int64_t row) {
   return r;
 }
 
+// The probabilities the fast run multiplied V with (AttentionOptions::bf16_probabilities).
+enum class Probabilities { kFp32, kBf16 };
+
 // Returns the worst error relative to the tolerance (≤ 1 passes).
-// bf16_p: the fast run rounded probabilities to bf16 (|Δo| ≤ 2^-9 · max|v| more, see attention.h;
-// 2^-8 allows for the normaliser being summed from the unrounded probabilities).
+// Probabilities::kBf16: the fast run rounded probabilities to bf16 (|Δo| ≤ 2^-9 · max|v| more, see
+// attention.h; 2^-8 allows for the normaliser being summed from the unrounded probabilities).
 double expect_matches_reference(const AttnCase& c, const AttnRun& fast, const AttnRun& ref, AttentionImpl impl,
-                                const std::vector<RowMagnitudes>& mags, bool bf16_p = false) {
+                                const std::vector<RowMagnitudes>& mags, Probabilities probs = Probabilities::kFp32) {
+  const bool bf16_p = probs == Probabilities::kBf16;
   double worst = 0.0;
   for (int64_t row = 0; row < c.rows(); ++row) {
     const bool empty = row_is_empty(c, row);
@@ -360,7 +364,7 @@ TEST(AttentionKernel, FastMatchesReferenceOnHostileShapes) {
     for (int64_t row = 0; row < c.rows(); ++row) mags.push_back(row_magnitudes(c, row));
     for (size_t i = 0; i < fast.size(); ++i) {
       worst = std::max(worst, expect_matches_reference(c, fast[i], ref, fast_impls()[i], mags));
-      expect_matches_reference(c, fast_bf16p[i], ref, fast_impls()[i], mags, /*bf16_p=*/true);
+      expect_matches_reference(c, fast_bf16p[i], ref, fast_impls()[i], mags, Probabilities::kBf16);
     }
   }
   std::printf("worst error / tolerance over all cases: %.3g\n", worst);

@@ -1,7 +1,7 @@
 // Benchmark plumbing: timing loop, machine peak, machine description, atomic JSON output.
 #include "bench_common.h"
 
-#include "core/atomic_file.h"
+#include "spin/files.h"
 
 #include <immintrin.h>
 #include <omp.h>

@@ -1,6 +1,6 @@
 // Benchmark plumbing shared by every `spin bench` subcommand: timing, machine peak, records.
 //
-// Conventions (STYLE.md): warm up, repeat until a minimum time and run count, report the median
+// Conventions: warm up, repeat until a minimum time and run count, report the median
 // in µs with GFLOP/s, GB/s and the fraction of the machine peak measured in the same process; each
 // JSON record carries the commit, machine and shape.
 #pragma once

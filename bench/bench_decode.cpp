@@ -138,6 +138,7 @@ int run_decode_bench(const DecodeBenchOptions& o) {
              "heads, latent {}, next_n {}, batch {}, {} timed steps (+{} warm-up)\n",
              model->name, o.layers, model->indexer_layers, model->model_layers, model->topk, model->attn_heads,
              o.latent, o.next_n, o.batch, o.steps, o.warmup);
+  fmt::print("kernels: {}\n", EngineKernels{}.to_string());
   fmt::print("times are per step over all simulated layers; whole-model projection assumes the attention path is "
              "{:.0f}% of a full decode step\n\n", 100 * o.path_share);
   fmt::print("{:>8} {:>12} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}\n", "context",
@@ -161,7 +162,8 @@ int run_decode_bench(const DecodeBenchOptions& o) {
                   {"attention_ms", r.mean.attention_ms}, {"predictor_ms", r.mean.predictor_ms},
                   {"speedup_vs_all_keep", speedup}, {"predicted_speedup", predicted},
                   {"model_speedup_projection", model_speedup}, {"path_share", o.path_share},
-                  {"attn_err", num(r.attn_err)}, {"latent", o.latent}, {"peak_rss_mib", peak_rss_mib()}});
+                  {"attn_err", num(r.attn_err)}, {"latent", o.latent}, {"peak_rss_mib", peak_rss_mib()},
+                  {"kernels", EngineKernels{}.to_string()}});
       records.push_back(rec);
     };
     for (double sparsity : o.sparsities) {

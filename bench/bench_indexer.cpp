@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "bench_common.h"
-#include "core/rng.h"
 #include "spin/cache.h"
 #include "spin/indexer.h"
+#include "spin/rng.h"
 
 namespace spin::bench {
 namespace {

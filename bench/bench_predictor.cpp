@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "bench_common.h"
-#include "core/rng.h"
 #include "spin/indexer.h"
 #include "spin/predict.h"
+#include "spin/rng.h"
 #include "spin/topk.h"
 
 namespace spin::bench {
@@ -64,7 +64,7 @@ int run_predictor_bench(const PredictorBenchOptions& options) {
       RowScores rs;
       rs.scores = masked.data();
       rs.num_cols = context;
-      rs.visible = context;
+      rs.visible_entries = context;
       rs.scored_blocks = sel.blocks.data();
       rs.num_scored_blocks = static_cast<int64_t>(sel.blocks.size());
       rs.topk_positions = topk_out.data();

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "bench_common.h"
-#include "core/rng.h"
+#include "spin/rng.h"
 #include "spin/topk.h"
 
 namespace spin::bench {

@@ -7,8 +7,8 @@
 #include <set>
 #include <vector>
 
-#include "core/rng.h"
 #include "spin/cache.h"
+#include "spin/rng.h"
 
 namespace spin {
 namespace {

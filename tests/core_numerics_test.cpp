@@ -6,8 +6,8 @@
 #include <limits>
 #include <vector>
 
-#include "core/rng.h"
 #include "spin/numerics.h"
+#include "spin/rng.h"
 
 namespace spin {
 namespace {

@@ -66,7 +66,7 @@ TEST(Engine, BatchedStepEqualsEachRequestAloneOnReferenceKernels) {
         for (int s = 0; s < 3; ++s) ASSERT_TRUE(batched->step(&st).ok());
         for (int32_t b = 0; b < 3; ++b) {
           EngineConfig rc = c;
-          rc.reference_kernels = true;
+          rc.kernels = EngineKernels::reference();
           auto alone = make(rc, 1);
           ASSERT_TRUE(alone->add_request(100 + b, prompts[b]).ok());
           for (int s = 0; s < 3; ++s) ASSERT_TRUE(alone->step(&st).ok());

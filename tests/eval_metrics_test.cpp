@@ -1,4 +1,4 @@
-// Quality metrics against hand-computed values (spin/metrics.h, DESIGN.md §5).
+// Quality metrics against hand-computed values (spin/metrics.h).
 #include "spin/metrics.h"
 
 #include <gtest/gtest.h>

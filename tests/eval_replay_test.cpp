@@ -11,6 +11,7 @@
 #include "spin/eval.h"
 #include "spin/replay.h"
 #include "spin/workload.h"
+#include "test_util.h"
 
 namespace spin {
 namespace {
@@ -75,11 +76,13 @@ Replayed scored_small(int32_t next_n = 1) {
   return r;
 }
 
-ReplayResult run(const Replayed& r, const std::string& predictor, double sparsity, bool open_loop = false) {
+enum class Loop { kClosed, kOpen };  // ReplayOptions::open_loop
+
+ReplayResult run(const Replayed& r, const std::string& predictor, double sparsity, Loop loop = Loop::kClosed) {
   ReplayOptions o;
   o.predictor = predictor;
   o.config.target_sparsity = sparsity;
-  o.open_loop = open_loop;
+  o.open_loop = loop == Loop::kOpen;
   auto result = replay(r.trace, *r.scored, o);
   EXPECT_TRUE(result.ok()) << result.status().to_string();
   return std::move(result).value();
@@ -130,7 +133,7 @@ TEST(Replay, OracleBoundsEveryPredictorAndSparsityIsRealised) {
 
 TEST(Replay, OpenLoopReportsPearson) {
   const Replayed r = scored_small();
-  const ReplayResult res = run(r, "prev-iter", 0.3, /*open_loop=*/true);
+  const ReplayResult res = run(r, "prev-iter", 0.3, Loop::kOpen);
   EXPECT_GT(res.quality.pearson().count(), 0);
   EXPECT_GT(res.quality.pearson().mean(), 0.0);
   EXPECT_LE(res.quality.pearson().mean(), 1.0);
@@ -155,7 +158,9 @@ nlohmann::json results_without_timing(const std::string& dir) {
 }
 
 TEST(Eval, SameSeedGivesIdenticalResultsWhateverTheThreads) {
-  const std::string base = ::testing::TempDir() + "spin-eval-test";
+  // A directory of its own: a fixed name under /tmp races with another checkout's test run.
+  const testing::TempDir dir;
+  const std::string base = dir.path() + "/spin-eval-test";
   EvalOptions o;
   o.quick = true;
   o.scenarios = {"doc-qa-10k"};

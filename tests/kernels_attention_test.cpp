@@ -22,23 +22,19 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
+#include "kernel_harness.h"
 #include "spin/attention.h"
 #include "spin/numerics.h"
+#include "spin/rng.h"
 #include "test_util.h"
 
 namespace spin {
 namespace {
 
 using testing::GuardedBuffer;
+using testing::kPoisonScore;
 
-constexpr float kPoison = 12345.678f;
-
-std::vector<AttentionImpl> fast_impls() {
-  std::vector<AttentionImpl> impls = {AttentionImpl::kPortable};
-  if (attention_best_impl() == AttentionImpl::kAvx512Bf16) impls.push_back(AttentionImpl::kAvx512Bf16);
-  return impls;
-}
+std::vector<AttentionImpl> fast_impls() { return testing::fast_impls<AttentionImpl>(); }
 
 // A seeded problem: a scattered paged latent cache, bf16 queries, index lists with holes.
 struct AttnCase {
@@ -158,7 +154,7 @@ void build_case(AttnCase& c, uint64_t seed) {
   for (int64_t row = 0; row < rows; ++row) {
     const int32_t b = static_cast<int32_t>(row / c.next_n);
     // Row j of next_n sees all but the last next_n-1-j entries (its own and earlier drafts).
-    const int64_t visible = std::max<int64_t>(0, c.entries[b] - (c.next_n - 1 - row % c.next_n));
+    const int64_t visible = visible_entries(c.entries[b], c.next_n, static_cast<int32_t>(row % c.next_n));
     c.visible[row] = visible;
     const bool empty = std::find(c.empty_rows.begin(), c.empty_rows.end(), row) != c.empty_rows.end();
     fill_indices(rng, c, visible, c.topk, empty, c.indices.data() + row * c.topk);
@@ -170,26 +166,35 @@ struct AttnRun {
   std::vector<float> out;  // [rows, heads, 512]
   std::vector<float> lse;  // [rows, heads]
 };
+bool bitwise_equal(const AttnRun& a, const AttnRun& b) {
+  return testing::bitwise_equal(a.out, b.out) && testing::bitwise_equal(a.lse, b.lse);
+}
 
-AttnRun run(const AttnCase& c, AttentionImpl impl, int threads = 0, int heads_per_task = 0, bool with_lse = true,
-            bool bf16_probabilities = true) {
+struct RunOptions {
+  int threads = 0;
+  int heads_per_task = 0;
+  bool with_lse = true;             // false: lse is null and must stay untouched
+  bool bf16_probabilities = true;   // AttentionOptions::bf16_probabilities
+};
+
+AttnRun run(const AttnCase& c, AttentionImpl impl, const RunOptions& o = {}) {
   const int64_t rows = c.rows();
-  GuardedBuffer<float> out(static_cast<size_t>(rows * c.num_heads * kMlaLatentDim), kPoison);
-  GuardedBuffer<float> lse(static_cast<size_t>(rows * c.num_heads), kPoison);
-  const SparseAttentionParams p = c.params(out.data(), with_lse ? lse.data() : nullptr);
+  GuardedBuffer<float> out(static_cast<size_t>(rows * c.num_heads * kMlaLatentDim), kPoisonScore);
+  GuardedBuffer<float> lse(static_cast<size_t>(rows * c.num_heads), kPoisonScore);
+  const SparseAttentionParams p = c.params(out.data(), o.with_lse ? lse.data() : nullptr);
   AttentionOptions options;
   options.impl = impl;
-  options.num_threads = threads;
-  options.heads_per_task = heads_per_task;
-  options.bf16_probabilities = bf16_probabilities;
+  options.num_threads = o.threads;
+  options.heads_per_task = o.heads_per_task;
+  options.bf16_probabilities = o.bf16_probabilities;
   const Status status = sparse_attention(p, options);
   EXPECT_TRUE(status.ok()) << status.to_string();
   EXPECT_TRUE(out.guards_intact()) << c.name << " " << attention_impl_name(impl) << ": wrote outside out";
   EXPECT_TRUE(lse.guards_intact()) << c.name << " " << attention_impl_name(impl) << ": wrote outside lse";
-  if (!with_lse) {
-    for (size_t i = 0; i < lse.size(); ++i) EXPECT_EQ(lse.data()[i], kPoison) << "lse written though null";
+  if (!o.with_lse) {
+    EXPECT_TRUE(lse.untouched(0, lse.size())) << "lse written though null";
   }
-  return {std::vector<float>(out.data(), out.data() + out.size()), std::vector<float>(lse.data(), lse.data() + lse.size())};
+  return {out.payload(), lse.payload()};
 }
 
 bool row_is_empty(const AttnCase& c, int64_t row) {
@@ -232,11 +237,15 @@ RowMagnitudes row_magnitudes(const AttnCase& c, int64_t row) {
   return r;
 }
 
+// The probabilities the fast run multiplied V with (AttentionOptions::bf16_probabilities).
+enum class Probabilities { kFp32, kBf16 };
+
 // Returns the worst error relative to the tolerance (≤ 1 passes).
-// bf16_p: the fast run rounded probabilities to bf16 (|Δo| ≤ 2^-9 · max|v| more, see attention.h;
-// 2^-8 allows for the normaliser being summed from the unrounded probabilities).
+// Probabilities::kBf16: the fast run rounded probabilities to bf16 (|Δo| ≤ 2^-9 · max|v| more, see
+// attention.h; 2^-8 allows for the normaliser being summed from the unrounded probabilities).
 double expect_matches_reference(const AttnCase& c, const AttnRun& fast, const AttnRun& ref, AttentionImpl impl,
-                                const std::vector<RowMagnitudes>& mags, bool bf16_p = false) {
+                                const std::vector<RowMagnitudes>& mags, Probabilities probs = Probabilities::kFp32) {
+  const bool bf16_p = probs == Probabilities::kBf16;
   double worst = 0.0;
   for (int64_t row = 0; row < c.rows(); ++row) {
     const bool empty = row_is_empty(c, row);
@@ -347,7 +356,7 @@ TEST(AttentionKernel, FastMatchesReferenceOnHostileShapes) {
     SCOPED_TRACE(c.name);
     build_case(c, ++seed);
     std::vector<AttnRun> fast;  // fp32 P·V: the tight bound
-    for (AttentionImpl impl : fast_impls()) fast.push_back(run(c, impl, 0, 0, true, /*bf16_probabilities=*/false));
+    for (AttentionImpl impl : fast_impls()) fast.push_back(run(c, impl, {.bf16_probabilities = false}));
     std::vector<AttnRun> fast_bf16p;  // bf16 P·V (the default): the tight bound + 2^-8 · max|v|
     for (AttentionImpl impl : fast_impls()) fast_bf16p.push_back(run(c, impl));
     const AttnRun ref = run(c, AttentionImpl::kReference);  // after the fast runs: stale memory cannot hide a bug
@@ -355,7 +364,7 @@ TEST(AttentionKernel, FastMatchesReferenceOnHostileShapes) {
     for (int64_t row = 0; row < c.rows(); ++row) mags.push_back(row_magnitudes(c, row));
     for (size_t i = 0; i < fast.size(); ++i) {
       worst = std::max(worst, expect_matches_reference(c, fast[i], ref, fast_impls()[i], mags));
-      expect_matches_reference(c, fast_bf16p[i], ref, fast_impls()[i], mags, /*bf16_p=*/true);
+      expect_matches_reference(c, fast_bf16p[i], ref, fast_impls()[i], mags, Probabilities::kBf16);
     }
   }
   std::printf("worst error / tolerance over all cases: %.3g\n", worst);
@@ -380,7 +389,7 @@ TEST(AttentionKernel, DuplicatesHolesOrderAndExtras) {
     k.indices = std::move(indices);
     k.extra = std::move(extra);
     // Semantics, not precision: fp32 P·V (the hostile-shape test covers bf16 P against the reference).
-    return run(k, impl, 0, 0, true, /*bf16_probabilities=*/false);
+    return run(k, impl, {.bf16_probabilities = false});
   };
   for (AttentionImpl impl : {AttentionImpl::kReference, AttentionImpl::kPortable, attention_best_impl()}) {
     SCOPED_TRACE(attention_impl_name(impl));
@@ -415,7 +424,7 @@ TEST(AttentionKernel, DuplicatesHolesOrderAndExtras) {
     AttnCase k = c;
     k.indices = {3, 17, 25, 9, 30};
     k.topk = 5;
-    const AttnRun no_lse = run(k, impl, 0, 0, false, /*bf16_probabilities=*/false);
+    const AttnRun no_lse = run(k, impl, {.with_lse = false, .bf16_probabilities = false});
     EXPECT_EQ(std::memcmp(compact.out.data(), no_lse.out.data(), compact.out.size() * 4), 0);
   }
 }
@@ -431,18 +440,12 @@ TEST(AttentionKernel, BitwiseDeterministicAcrossRerunsThreadsAndHeadGroups) {
   c.empty_rows = {3};
   build_case(c, 99);
   for (AttentionImpl impl : fast_impls()) {
-    const AttnRun first = run(c, impl, 1);
-    for (int rerun = 0; rerun < 20; ++rerun) {
-      const AttnRun again = run(c, impl, 1 + rerun % 2);  // 1 and 2 threads alternate
-      ASSERT_EQ(std::memcmp(first.out.data(), again.out.data(), first.out.size() * 4), 0)
-          << attention_impl_name(impl) << " rerun " << rerun;
-      ASSERT_EQ(std::memcmp(first.lse.data(), again.lse.data(), first.lse.size() * 4), 0)
-          << attention_impl_name(impl) << " rerun " << rerun;
-    }
+    const AttnRun first = testing::expect_deterministic_across_threads(
+        [&](int threads) { return run(c, impl, {.threads = threads}); }, attention_impl_name(impl));
     if (impl != AttentionImpl::kAvx512Bf16) continue;
     for (int group : {16, 32, 64, 128}) {
       for (int threads : {1, 2, 3}) {
-        const AttnRun again = run(c, impl, threads, group);
+        const AttnRun again = run(c, impl, {.threads = threads, .heads_per_task = group});
         ASSERT_EQ(std::memcmp(first.out.data(), again.out.data(), first.out.size() * 4), 0)
             << "heads_per_task " << group << " threads " << threads;
         ASSERT_EQ(std::memcmp(first.lse.data(), again.lse.data(), first.lse.size() * 4), 0);
@@ -628,9 +631,7 @@ TEST(AttentionValidation, RejectsBadArgumentsWithClearErrors) {
   build_case(c, 3);
   std::vector<float> out(static_cast<size_t>(c.rows()) * c.num_heads * kMlaLatentDim);
   auto expect_error = [&](const SparseAttentionParams& p, StatusCode code, const std::string& needle) {
-    const Status s = sparse_attention(p);
-    EXPECT_EQ(s.code(), code) << s.to_string();
-    EXPECT_NE(s.message().find(needle), std::string::npos) << "message: " << s.message();
+    testing::expect_status(sparse_attention(p), code, needle);
   };
   const SparseAttentionParams good = c.params(out.data(), nullptr);
   ASSERT_TRUE(sparse_attention(good).ok());

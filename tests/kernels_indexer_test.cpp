@@ -2,51 +2,55 @@
 // shapes; masks, -inf positions and guard bytes exact; reruns and thread counts bitwise identical.
 #include <gtest/gtest.h>
 
+#include "kernel_harness.h"
 #include "spin/numerics.h"
 #include "test_util.h"
 
 namespace spin {
 namespace {
 
+using testing::fast_impls;
 using testing::GuardedBuffer;
 using testing::IndexerCase;
-
-constexpr float kPoison = 12345.678f;
-
-std::vector<IndexerImpl> fast_impls() {
-  std::vector<IndexerImpl> impls = {IndexerImpl::kPortable};
-  if (indexer_best_impl() == IndexerImpl::kAvx512Bf16) impls.push_back(IndexerImpl::kAvx512Bf16);
-  return impls;
-}
 
 struct ScoreRun {
   std::vector<float> logits;  // rows × stride
   int64_t stride = 0;
   int64_t cols = 0;
 };
+bool bitwise_equal(const ScoreRun& a, const ScoreRun& b) { return testing::bitwise_equal(a.logits, b.logits); }
 
-ScoreRun run(const IndexerCase& c, IndexerImpl impl, const std::vector<int32_t>* block_ids = nullptr,
-        const std::vector<int32_t>* block_offsets = nullptr, int threads = 0) {
+// A block mask in IndexerParams' CSR form.
+struct BlockMask {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> offsets;  // [batch + 1]
+};
+
+struct RunOptions {
+  const BlockMask* mask = nullptr;  // null: score every visible entry
+  int threads = 0;
+};
+
+ScoreRun run(const IndexerCase& c, IndexerImpl impl, const RunOptions& o = {}) {
   const int64_t rows = static_cast<int64_t>(c.context_lens.size()) * c.next_n;
   const int64_t stride = std::max<int64_t>(c.max_entries, 1) + 3;  // stride > cols: the gap must stay poisoned
-  GuardedBuffer<float> out(static_cast<size_t>(rows * stride), kPoison);
+  GuardedBuffer<float> out(static_cast<size_t>(rows * stride), testing::kPoisonScore);
   IndexerParams p = c.params(out.data(), stride);
-  if (block_ids != nullptr) {
-    p.block_ids = block_ids->data();
-    p.block_offsets = block_offsets->data();
+  if (o.mask != nullptr) {
+    p.block_ids = o.mask->ids.data();
+    p.block_offsets = o.mask->offsets.data();
   }
   IndexerOptions options;
   options.impl = impl;
-  options.num_threads = threads;
+  options.num_threads = o.threads;
   const Status status = indexer_scores(p, options);
   EXPECT_TRUE(status.ok()) << status.to_string();
   EXPECT_TRUE(out.guards_intact()) << c.name << " " << indexer_impl_name(impl) << ": wrote outside the buffer";
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t col = p.logits_cols; col < stride; ++col) {
-      EXPECT_EQ(out.data()[r * stride + col], kPoison) << c.name << ": wrote past logits_cols";
-    }
+    EXPECT_TRUE(out.untouched(static_cast<size_t>(r * stride + p.logits_cols), static_cast<size_t>(stride - p.logits_cols)))
+        << c.name << ": wrote past logits_cols in row " << r;
   }
-  return {std::vector<float>(out.data(), out.data() + rows * stride), stride, p.logits_cols};
+  return {out.payload(), stride, p.logits_cols};
 }
 
 // |Σ| of the absolute terms of I[r,s]: the scale against which summation-order error is judged.
@@ -134,11 +138,9 @@ TEST(IndexerKernel, FastMatchesReferenceOnHostileShapes) {
   for (IndexerCase& c : hostile_cases()) {
     SCOPED_TRACE(c.name);
     testing::build_case(c, ++seed);
-    for (IndexerImpl impl : fast_impls()) {
-      const ScoreRun fast = run(c, impl);  // fast first, so stale memory cannot hide a reference bug
-      const ScoreRun ref = run(c, IndexerImpl::kReference);
-      expect_matches_reference(c, fast, ref, impl);
-    }
+    testing::for_each_fast_impl_against_reference<IndexerImpl>(
+        [&](IndexerImpl impl) { return run(c, impl); },
+        [&](IndexerImpl impl, const ScoreRun& fast, const ScoreRun& ref) { expect_matches_reference(c, fast, ref, impl); });
   }
 }
 
@@ -151,24 +153,24 @@ TEST(IndexerKernel, MaskedEqualsFullOnSelectedBlocks) {
     CounterRng rng(stream_key(seed, 7));
     const int32_t batch = static_cast<int32_t>(c.context_lens.size());
     const int64_t block_entries = int64_t{c.block_pages} * c.page_size;
-    std::vector<int32_t> ids;
-    std::vector<int32_t> offsets = {0};
+    BlockMask mask;
+    mask.offsets = {0};
     std::vector<std::vector<char>> keep(batch);
     for (int32_t b = 0; b < batch; ++b) {
       const int64_t n_blocks = (c.entries(b) + block_entries - 1) / block_entries;
       keep[b].assign(n_blocks, 0);
       for (int64_t blk = 0; blk < n_blocks; ++blk) {
         if (rng.uniform() < 0.5) {
-          ids.push_back(static_cast<int32_t>(blk));
+          mask.ids.push_back(static_cast<int32_t>(blk));
           keep[b][blk] = 1;
         }
       }
-      offsets.push_back(static_cast<int32_t>(ids.size()));
+      mask.offsets.push_back(static_cast<int32_t>(mask.ids.size()));
     }
-    for (IndexerImpl impl : fast_impls()) {
-      const ScoreRun masked = run(c, impl, &ids, &offsets);
+    for (IndexerImpl impl : fast_impls<IndexerImpl>()) {
+      const ScoreRun masked = run(c, impl, {.mask = &mask});
       const ScoreRun full = run(c, impl);
-      const ScoreRun ref_masked = run(c, IndexerImpl::kReference, &ids, &offsets);
+      const ScoreRun ref_masked = run(c, IndexerImpl::kReference, {.mask = &mask});
       for (int32_t b = 0; b < batch; ++b) {
         for (int32_t r = 0; r < c.next_n; ++r) {
           const int64_t row = int64_t{b} * c.next_n + r;
@@ -194,13 +196,9 @@ TEST(IndexerKernel, BitwiseDeterministicAcrossRerunsAndThreads) {
   c.next_n = 2;
   c.context_lens = {5000, 3100, 64, 1};
   testing::build_case(c, 99);
-  for (IndexerImpl impl : fast_impls()) {
-    const ScoreRun first = run(c, impl, nullptr, nullptr, 1);
-    for (int rerun = 0; rerun < 20; ++rerun) {
-      const ScoreRun again = run(c, impl, nullptr, nullptr, 1 + rerun % 2);  // 1 and 2 threads alternate
-      ASSERT_EQ(std::memcmp(first.logits.data(), again.logits.data(), first.logits.size() * 4), 0)
-          << indexer_impl_name(impl) << " rerun " << rerun;
-    }
+  for (IndexerImpl impl : fast_impls<IndexerImpl>()) {
+    testing::expect_deterministic_across_threads([&](int threads) { return run(c, impl, {.threads = threads}); },
+                                                 indexer_impl_name(impl));
   }
 }
 
@@ -242,9 +240,7 @@ TEST(IndexerValidation, RejectsBadArgumentsWithClearErrors) {
   testing::build_case(c, 3);
   std::vector<float> out(2 * 1000);
   auto expect_error = [&](IndexerParams p, StatusCode code, const std::string& needle) {
-    const Status s = indexer_scores(p);
-    EXPECT_EQ(s.code(), code) << s.to_string();
-    EXPECT_NE(s.message().find(needle), std::string::npos) << "message: " << s.message();
+    testing::expect_status(indexer_scores(p), code, needle);
   };
   const IndexerParams good = c.params(out.data(), 1000);
   ASSERT_TRUE(indexer_scores(good).ok());

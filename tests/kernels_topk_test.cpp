@@ -7,31 +7,36 @@
 #include <limits>
 #include <vector>
 
-#include "core/rng.h"
+#include "kernel_harness.h"
+#include "spin/rng.h"
 #include "spin/topk.h"
-#include "test_util.h"
 
 namespace spin {
 namespace {
 
 using testing::GuardedBuffer;
 
+struct RunOptions {
+  const std::vector<int64_t>* visible_entries = nullptr;  // null: every row reads all cols
+  int threads = 0;
+};
+
 std::vector<int32_t> run_topk(const std::vector<float>& scores, int32_t rows, int64_t cols, int32_t k,
-                              TopkImpl impl, const std::vector<int64_t>* lens = nullptr, int threads = 0) {
-  GuardedBuffer<int32_t> out(static_cast<size_t>(rows) * k, -77);
+                              TopkImpl impl, const RunOptions& o = {}) {
+  GuardedBuffer<int32_t> out(static_cast<size_t>(rows) * k, testing::kPoisonIndex);
   TopkParams p;
   p.scores = scores.data();
   p.scores_stride = cols;
   p.rows = rows;
   p.cols = cols;
-  p.row_lens = lens ? lens->data() : nullptr;
+  p.visible_entries = o.visible_entries ? o.visible_entries->data() : nullptr;
   p.topk = k;
   p.out = out.data();
   p.out_stride = k;
-  const Status s = topk(p, TopkOptions{impl, threads});
+  const Status s = topk(p, TopkOptions{impl, o.threads});
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_TRUE(out.guards_intact());
-  return {out.data(), out.data() + static_cast<size_t>(rows) * k};
+  return out.payload();
 }
 
 // Checks shape rules that hold for any correct answer: ascending, unique, -1 only at the end,
@@ -72,13 +77,15 @@ TEST(Topk, RadixMatchesReferenceOnRandomRows) {
         s = u < 0.1 ? -std::numeric_limits<float>::infinity() : static_cast<float>(rng.normal() * 10);
       }
       if (cols > 10) scores[3] = std::numeric_limits<float>::quiet_NaN();  // ignored like -inf
-      const auto fast = run_topk(scores, rows, cols, k, TopkImpl::kRadix);
-      const auto ref = run_topk(scores, rows, cols, k, TopkImpl::kReference);
-      ASSERT_EQ(fast, ref) << "cols " << cols << " k " << k;
-      for (int32_t r = 0; r < rows; ++r) {
-        std::vector<float> row(scores.begin() + r * cols, scores.begin() + (r + 1) * cols);
-        check_well_formed(row, cols, k, fast.data() + r * k);
-      }
+      testing::for_each_fast_impl_against_reference<TopkImpl>(
+          [&](TopkImpl impl) { return run_topk(scores, rows, cols, k, impl); },
+          [&](TopkImpl, const std::vector<int32_t>& fast, const std::vector<int32_t>& ref) {
+            ASSERT_EQ(fast, ref) << "cols " << cols << " k " << k;
+            for (int32_t r = 0; r < rows; ++r) {
+              std::vector<float> row(scores.begin() + r * cols, scores.begin() + (r + 1) * cols);
+              check_well_formed(row, cols, k, fast.data() + r * k);
+            }
+          });
     }
   }
 }
@@ -108,7 +115,7 @@ TEST(Topk, PadsWithMinusOneAndHonoursRowLengths) {
   std::vector<float> scores = {3, ninf, 1, 2, 100, 100, 100, 100};
   std::vector<int64_t> lens = {4, 0};
   for (TopkImpl impl : {TopkImpl::kRadix, TopkImpl::kReference}) {
-    const auto out = run_topk(scores, 2, 4, 5, impl, &lens);
+    const auto out = run_topk(scores, 2, 4, 5, impl, {.visible_entries = &lens});
     EXPECT_EQ(out, (std::vector<int32_t>{0, 2, 3, -1, -1, -1, -1, -1, -1, -1}));
   }
 }
@@ -127,10 +134,8 @@ TEST(Topk, DeterministicAcrossThreads) {
   CounterRng rng(stream_key(77));
   std::vector<float> scores(8 * 20000);
   for (float& s : scores) s = static_cast<float>(std::round(rng.normal() * 50));  // many ties
-  const auto first = run_topk(scores, 8, 20000, 2048, TopkImpl::kRadix, nullptr, 1);
-  for (int rerun = 0; rerun < 20; ++rerun) {
-    ASSERT_EQ(run_topk(scores, 8, 20000, 2048, TopkImpl::kRadix, nullptr, 1 + rerun % 2), first);
-  }
+  testing::expect_deterministic_across_threads(
+      [&](int threads) { return run_topk(scores, 8, 20000, 2048, TopkImpl::kRadix, {.threads = threads}); }, "radix");
 }
 
 TEST(Topk, RejectsBadArguments) {
@@ -149,7 +154,7 @@ TEST(Topk, RejectsBadArguments) {
   EXPECT_EQ(topk(bad).code(), StatusCode::kInvalidArgument);
   std::vector<int64_t> lens = {11};
   bad = p;
-  bad.row_lens = lens.data();
+  bad.visible_entries = lens.data();
   EXPECT_EQ(topk(bad).code(), StatusCode::kOutOfRange);
 }
 

@@ -172,11 +172,11 @@ TEST(PredictBudget, Rules) {
 }
 
 TEST(PredictBudget, Visibility) {
-  EXPECT_EQ(row_visible_entries(100, 1, 0), 100);
-  EXPECT_EQ(row_visible_entries(100, 4, 0), 97);
-  EXPECT_EQ(row_visible_entries(100, 4, 3), 100);
-  EXPECT_EQ(row_visible_entries(2, 4, 0), 0);  // clamped at 0
-  EXPECT_EQ(row_visible_entries(0, 1, 0), 0);
+  EXPECT_EQ(visible_entries(100, 1, 0), 100);
+  EXPECT_EQ(visible_entries(100, 4, 0), 97);
+  EXPECT_EQ(visible_entries(100, 4, 3), 100);
+  EXPECT_EQ(visible_entries(2, 4, 0), 0);  // clamped at 0
+  EXPECT_EQ(visible_entries(0, 1, 0), 0);
   PredictorConfig c;
   c.page_size = 16;
   c.block_pages = 2;

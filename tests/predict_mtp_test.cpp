@@ -9,7 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "predict/testing.h"
+#include "predict/block_state.h"
+#include "predict_testing.h"
 #include "spin/predict.h"
 
 namespace spin {
@@ -18,22 +19,14 @@ namespace {
 using testing::observe_union;
 
 PredictorConfig mtp_config(MtpUpdate mode) {
-  PredictorConfig c;
-  c.page_size = 4;
-  c.topk = 4;
-  c.sink_blocks = 1;
-  c.local_blocks = 1;
-  c.target_sparsity = 0.5;
+  PredictorConfig c = testing::small_blocks_config(1, 1);
   c.alpha = 0.25;  // not 0.5, so that the replay order shows in the EMA
   c.mtp_update = mode;
   return c;
 }
 
-std::unique_ptr<BlockPredictor> make(const char* name, const PredictorConfig& c,
-                                     int32_t layers = 1) {
-  auto r = make_predictor(name, c, layers, 3);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  return std::move(r).value();
+std::unique_ptr<BlockPredictor> make(const char* name, const PredictorConfig& c, int32_t layers = 1) {
+  return testing::make_checked(name, c, layers, 3);
 }
 
 // Row j of a 41-entry step with next_n 3 sees 39, 40, 41 entries: blocks 0..9, 0..9, 0..10.
@@ -147,7 +140,7 @@ TEST(PredictMtp, ProtocolErrors) {
   // Observe: unselected layer, bad row, wrong visible count, non-finite scores.
   EXPECT_EQ(p->observe(1, 0, rs).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(p->observe(0, 2, rs).code(), StatusCode::kInvalidArgument);
-  rs.visible = 41;
+  rs.visible_entries = 41;
   EXPECT_EQ(p->observe(0, 0, rs).code(), StatusCode::kInvalidArgument);  // row 0 sees 40, not 41
   std::vector<int32_t> b0 = {0};
   row[2] = std::numeric_limits<float>::quiet_NaN();

@@ -9,8 +9,8 @@
 #include <numeric>
 #include <vector>
 
-#include "core/rng.h"
-#include "spin/predict.h"
+#include "predict/pooling.h"
+#include "spin/rng.h"
 
 namespace spin {
 namespace {
@@ -45,7 +45,7 @@ struct HandRow {
     RowScores r;
     r.scores = scores.data();
     r.num_cols = 12;
-    r.visible = 10;
+    r.visible_entries = 10;
     r.scored_blocks = blocks.data();
     r.num_scored_blocks = 2;
     return r;
@@ -143,7 +143,7 @@ TEST(PredictPooling, BadInputs) {
   PooledRow out;
   const PredictorConfig c = small_config(Pooling::kMax, 4, 3);
   RowScores r = h.row();
-  r.visible = 13;
+  r.visible_entries = 13;
   EXPECT_EQ(pool_row(c, r, &out).code(), StatusCode::kInvalidArgument);
   r = h.row();
   std::vector<int32_t> unsorted = {2, 0};
@@ -220,7 +220,7 @@ TEST(PredictPooling, TopkPositionsValidation) {
   EXPECT_EQ(pool_row(c, r, &out).code(), StatusCode::kOutOfRange);
 }
 
-// The tie rule of DESIGN.md §3, by brute force: score descending, position ascending.
+// The tie rule of spin/topk.h, by brute force: score descending, position ascending.
 std::vector<int32_t> brute_topk(const std::vector<float>& s, int64_t visible, int32_t k) {
   std::vector<int32_t> pos;
   for (int32_t i = 0; i < visible; ++i)

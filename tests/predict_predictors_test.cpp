@@ -11,37 +11,23 @@
 #include <numeric>
 #include <vector>
 
-#include "core/rng.h"
-#include "predict/testing.h"
+#include "predict/block_state.h"
+#include "predict_testing.h"
 #include "spin/numerics.h"
 #include "spin/predict.h"
+#include "spin/rng.h"
 
 namespace spin {
 namespace {
 
 using testing::observe_union;
 
-PredictorConfig small_config() {
-  PredictorConfig c;
-  c.page_size = 4;
-  c.topk = 4;
-  c.sink_blocks = 1;
-  c.local_blocks = 1;
-  c.target_sparsity = 0.5;
-  return c;
-}
+PredictorConfig small_config() { return testing::small_blocks_config(1, 1); }
 
-std::unique_ptr<BlockPredictor> make(const std::string& name, const PredictorConfig& c,
-                                     int32_t layers = 1) {
-  auto r = make_predictor(name, c, layers, 11);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  return std::move(r).value();
-}
+using testing::block_scores;
 
-std::vector<float> block_scores(const std::vector<float>& v, int32_t e) {
-  std::vector<float> s;
-  for (float x : v) s.insert(s.end(), static_cast<size_t>(e), x);
-  return s;
+std::unique_ptr<BlockPredictor> make(const std::string& name, const PredictorConfig& c, int32_t layers = 1) {
+  return testing::make_checked(name, c, layers, 11);
 }
 
 Selection all_blocks(int32_t n) {
@@ -177,7 +163,7 @@ TEST(PredictPredictors, IndexCacheFullAndSharedLayers) {
 
 // ---- hisa ---------------------------------------------------------------------------------------
 
-// A paged e4m3 key cache (DESIGN.md §3) with pages scattered by a permutation.
+// A paged e4m3 key cache (spin/geometry.h layout) with pages scattered by a permutation.
 struct Cache {
   int32_t page_size;
   std::vector<uint8_t> bytes;
@@ -271,7 +257,7 @@ TEST(PredictPredictors, HisaPooledKeysIncrementalAndExact) {
     in.hisa = &view;
     in.want_scores = true;
     ASSERT_TRUE(p->select(0, in, &sel).ok()) << entries;
-    const int64_t committed = row_visible_entries(entries, next_n, 0);
+    const int64_t committed = visible_entries(entries, next_n, 0);
     for (int32_t j = 0; j < next_n; ++j) {
       const auto& s = sel.row_scores[static_cast<size_t>(j)];
       for (int32_t b = 0; b < static_cast<int32_t>(s.size()); ++b) {

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
-#include "predict/testing.h"
+#include "predict_testing.h"
 #include "spin/numerics.h"
 #include "spin/predict.h"
+#include "spin/rng.h"
 
 namespace spin {
 namespace {
@@ -131,7 +131,7 @@ TEST(PredictProperty, RandomConfigurations) {
                 : coarse      ? static_cast<float>((r >> 8) % 5)
                               : static_cast<float>(static_cast<double>(r >> 40) * 0x1.0p-20 - 8.0);
           }
-          const auto t = testing::true_topk(f, row_visible_entries(entries, next_n, j), c.topk);
+          const auto t = testing::true_topk(f, visible_entries(entries, next_n, j), c.topk);
           std::copy(t.begin(), t.end(), top.begin() + static_cast<ptrdiff_t>(j) * c.topk);
         }
         HisaView view{hisa.cache.data(),
@@ -160,7 +160,7 @@ TEST(PredictProperty, RandomConfigurations) {
           std::vector<double> recall;
           for (int32_t j = 0; j < next_n; ++j) {
             const auto& rb = sel.row_blocks[static_cast<size_t>(j)];
-            const int64_t n = blocks_for_entries(c, row_visible_entries(entries, next_n, j));
+            const int64_t n = blocks_for_entries(c, visible_entries(entries, next_n, j));
             const int64_t want = is_full_layer(name, layer) ? n : budget_blocks(c, n);
             ASSERT_EQ(static_cast<int64_t>(rb.size()), want)
                 << name << " row " << j << " " << where;

@@ -6,10 +6,11 @@
 #include <memory>
 #include <vector>
 
-#include "core/rng.h"
+#include "predict/block_state.h"
 #include "predict/kselect.h"
-#include "predict/testing.h"
+#include "predict_testing.h"
 #include "spin/predict.h"
+#include "spin/rng.h"
 
 namespace spin {
 namespace {
@@ -17,28 +18,13 @@ namespace {
 using testing::observe_union;
 
 // Blocks of 4 entries, top-k 4 (one block), 2 sinks, 3 locals, 50 % sparsity.
-PredictorConfig base_config() {
-  PredictorConfig c;
-  c.page_size = 4;
-  c.topk = 4;
-  c.sink_blocks = 2;
-  c.local_blocks = 3;
-  c.target_sparsity = 0.5;
-  return c;
-}
+PredictorConfig base_config() { return testing::small_blocks_config(2, 3); }
+
+using testing::block_scores;
 
 std::unique_ptr<BlockPredictor> make(const char* name, const PredictorConfig& c, int32_t layers = 1,
                                      int64_t request = 0) {
-  auto r = make_predictor(name, c, layers, request);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  return std::move(r).value();
-}
-
-// All-keep scores of 20 blocks: every entry of block b equals v[b].
-std::vector<float> block_scores(const std::vector<float>& v, int32_t e) {
-  std::vector<float> s;
-  for (float x : v) s.insert(s.end(), static_cast<size_t>(e), x);
-  return s;
+  return testing::make_checked(name, c, layers, request);
 }
 
 bool contains(const std::vector<int32_t>& v, int32_t b) {

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "spin/predict.h"
+#include "predict/block_state.h"
 
 namespace spin {
 namespace {
@@ -12,7 +12,7 @@ namespace {
 PooledRow make_row(int64_t newest, std::vector<int32_t> blocks, std::vector<float> x) {
   PooledRow r;
   r.newest_block = newest;
-  r.visible = (newest + 1) * 64;
+  r.visible_entries = (newest + 1) * 64;
   r.blocks = std::move(blocks);
   r.x = std::move(x);
   r.topk_hits.assign(r.blocks.size(), 0);

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "core/rng.h"
 #include "spin/cache.h"
 #include "spin/indexer.h"
+#include "spin/rng.h"
 
 namespace spin::testing {
 
@@ -44,32 +44,6 @@ class TempDir {
   std::string path_;
 };
 
-// A buffer with poisoned guard regions before and after the payload (ggml's habit): any write
-// outside the payload is caught by guards_intact().
-template <typename T>
-class GuardedBuffer {
- public:
-  static constexpr size_t kGuard = 64;
-  GuardedBuffer(size_t n, T poison) : data_(n + 2 * kGuard, poison), poison_(poison), n_(n) {
-    std::fill(data_.begin(), data_.end(), poison);
-  }
-  T* data() { return data_.data() + kGuard; }
-  const T* data() const { return data_.data() + kGuard; }
-  size_t size() const { return n_; }
-  bool guards_intact() const {
-    for (size_t i = 0; i < kGuard; ++i) {
-      if (!same(data_[i]) || !same(data_[kGuard + n_ + i])) return false;
-    }
-    return true;
-  }
-
- private:
-  bool same(const T& v) const { return std::memcmp(&v, &poison_, sizeof(T)) == 0; }
-  std::vector<T> data_;
-  T poison_;
-  size_t n_;
-};
-
 struct IndexerCase {
   std::string name;
   int32_t page_size = 64;
@@ -91,7 +65,7 @@ struct IndexerCase {
   int64_t max_entries = 0;
 
   int64_t entries(int32_t b) const {
-    return indexer_visible_entries(context_lens[b], next_n, next_n - 1, compress_ratio);
+    return visible_entries(context_lens[b], next_n, next_n - 1, compress_ratio);
   }
 
   IndexerParams params(float* logits, int64_t stride) const {

@@ -1,12 +1,6 @@
-// spin/cache.h — the paged indexer key cache, byte-compatible with vLLM / DeepGEMM.
-//
-// One page of one indexer layer holds `page_size` entries:
-//
-//   [ page_size × 128 bytes of e4m3 key values | page_size × 4 bytes of fp32 UE8M0 scales ]
-//
-// so entry `o` of physical page `p` has its values at p·page_bytes + o·128 and its scale at
-// p·page_bytes + page_size·128 + 4·o (8448 bytes per page at the default page_size 64). This is
-// vLLM's `[num_blocks, block_size, 132]` uint8 indexer cache and DeepGEMM's paged-logits input.
+// spin/cache.h — the paged caches, byte-compatible with vLLM / DeepGEMM / FlashMLA: the indexer
+// key cache (quantised writes) and the MLA latent cache, both over one PagedBuffer, plus the page
+// allocator and request page tables they share. Byte layouts: spin/geometry.h.
 //
 // Pages are handed out by a PageAllocator shared by all requests (and all layers: every layer
 // uses the same block table, as in vLLM). A request's logical page i lives in physical page
@@ -18,31 +12,11 @@
 #include <memory>
 #include <vector>
 
+#include "spin/geometry.h"
 #include "spin/numerics.h"
 #include "spin/status.h"
 
 namespace spin {
-
-inline constexpr int32_t kDefaultPageSize = 64;
-inline constexpr int32_t kEntryValueBytes = kIndexerHeadDim;               // 128 e4m3 codes
-inline constexpr int32_t kEntryScaleBytes = 4;                             // one fp32 scale
-inline constexpr int32_t kEntryBytes = kEntryValueBytes + kEntryScaleBytes;  // 132
-
-// Offsets inside one page; the only place the layout is spelled out.
-struct IndexerPageLayout {
-  int32_t page_size = kDefaultPageSize;
-
-  constexpr int64_t page_bytes() const { return int64_t{page_size} * kEntryBytes; }
-  constexpr int64_t value_offset(int32_t entry) const { return int64_t{entry} * kEntryValueBytes; }
-  constexpr int64_t scale_offset(int32_t entry) const {
-    return int64_t{page_size} * kEntryValueBytes + int64_t{entry} * kEntryScaleBytes;
-  }
-};
-static_assert(IndexerPageLayout{64}.page_bytes() == 8448, "vLLM V3.2 indexer page is 8448 bytes");
-static_assert(IndexerPageLayout{64}.value_offset(1) == 128, "values are entry-major, 128 B each");
-static_assert(IndexerPageLayout{64}.scale_offset(0) == 8192, "scales follow all 64 value rows");
-static_assert(IndexerPageLayout{64}.scale_offset(63) == 8444, "last scale ends the page");
-static_assert(IndexerPageLayout{1}.page_bytes() == 132, "page_size 1 is one 132-byte entry");
 
 // Hands out physical page ids in [0, num_pages). Not thread-safe: one scheduler owns it.
 class PageAllocator {
@@ -80,16 +54,55 @@ struct KeyQuantOptions {
   bool hadamard = false;
 };
 
-// The key cache of one indexer layer: num_pages pages in the layout above, 64-byte aligned.
-class IndexerKeyCache {
+// What both paged caches share: num_pages pages of page_bytes each in one 64-byte aligned, zeroed
+// allocation (with a transparent huge-page hint: the kernels read entries at random positions,
+// where 4 KiB pages make nearly every access a TLB miss; attention measured 2–5 % faster), and
+// the check of a span of request positions against a request's page table. The caches below add
+// only their layout and their writes.
+class PagedBuffer {
  public:
-  static Result<IndexerKeyCache> create(int32_t page_size, int32_t num_pages);
-
-  IndexerPageLayout layout() const { return layout_; }
+  int32_t page_size() const { return page_size_; }
   int32_t num_pages() const { return num_pages_; }
   uint8_t* data() { return data_.get(); }
   const uint8_t* data() const { return data_.get(); }
-  size_t size_bytes() const { return static_cast<size_t>(layout_.page_bytes()) * num_pages_; }
+  size_t size_bytes() const { return static_cast<size_t>(page_bytes_) * static_cast<size_t>(num_pages_); }
+
+ protected:
+  // Fails with kInvalidArgument for a page_size or num_pages below 1, kResourceExhausted when the
+  // memory is not there; `what` names the pages in the message ("indexer", "latent fp8").
+  static Result<PagedBuffer> allocate(const char* what, int32_t page_size, int64_t page_bytes, int32_t num_pages);
+  // Positions [first_position, first_position + count): every logical page they need is in the
+  // table (num_pages_in_table long) and maps to a physical page in [0, num_pages).
+  Status check_span(const int32_t* pages, int64_t num_pages_in_table, int64_t first_position,
+                    int64_t count) const;
+  // The page holding request position `position` (after check_span).
+  uint8_t* page_of(const int32_t* pages, int64_t position) {
+    return data_.get() + int64_t{pages[position / page_size_]} * page_bytes_;
+  }
+  const uint8_t* page_of(const int32_t* pages, int64_t position) const {
+    return data_.get() + int64_t{pages[position / page_size_]} * page_bytes_;
+  }
+  int32_t offset_in_page(int64_t position) const { return static_cast<int32_t>(position % page_size_); }
+
+ private:
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const;
+  };
+  PagedBuffer(int32_t page_size, int64_t page_bytes, int32_t num_pages, uint8_t* data)
+      : page_size_(page_size), page_bytes_(page_bytes), num_pages_(num_pages), data_(data) {}
+
+  int32_t page_size_ = 0;
+  int64_t page_bytes_ = 0;
+  int32_t num_pages_ = 0;
+  std::unique_ptr<uint8_t[], FreeDeleter> data_;
+};
+
+// The key cache of one indexer layer: num_pages pages in IndexerPageLayout.
+class IndexerKeyCache : public PagedBuffer {
+ public:
+  static Result<IndexerKeyCache> create(int32_t page_size, int32_t num_pages);
+
+  IndexerPageLayout layout() const { return IndexerPageLayout{page_size()}; }
 
   // Quantises `count` fp32 keys [count, 128] and stores them at request positions
   // [first_position, first_position + count) through the request's page table.
@@ -106,17 +119,39 @@ class IndexerKeyCache {
                     uint8_t* values, float* scale) const;
 
  private:
-  struct FreeDeleter {
-    void operator()(uint8_t* p) const;
-  };
-  IndexerKeyCache(IndexerPageLayout layout, int32_t num_pages, std::unique_ptr<uint8_t[], FreeDeleter> data)
-      : layout_(layout), num_pages_(num_pages), data_(std::move(data)) {}
-  Status check_span(const int32_t* pages, int64_t num_pages_in_table, int64_t first_position,
-                    int64_t count) const;
+  explicit IndexerKeyCache(PagedBuffer buffer) : PagedBuffer(std::move(buffer)) {}
+};
 
-  IndexerPageLayout layout_;
-  int32_t num_pages_ = 0;
-  std::unique_ptr<uint8_t[], FreeDeleter> data_;
+// One latent entry: fp32 [576] = [latent 512 | rope 64] → bytes in `dtype`'s layout (entry_bytes
+// long). kBf16 rounds every value to bf16 (RNE); kFp8 quantises each 128-dim latent tile with
+// quantize_e4m3_block128 (UE8M0 scale) and rounds the rope to bf16. Values must be finite.
+// (FlashMLA's test quantiser floors the scale at 1e-4 rather than amax at 1e-4, so tiles with
+// amax < 0.0448 get other bytes there; both read back through the same formula.)
+void encode_latent_entry(LatentDtype dtype, const float* values, uint8_t* entry);
+// The inverse: bytes → fp32 [576], e4m3 · scale computed in fp32 (exact for power-of-two scales).
+void decode_latent_entry(LatentDtype dtype, const uint8_t* entry, float* values);
+
+// The MLA latent cache of one layer: num_pages pages in LatentPageLayout, addressed through the
+// same request page tables as the indexer cache.
+class LatentCache : public PagedBuffer {
+ public:
+  static Result<LatentCache> create(LatentDtype dtype, int32_t page_size, int32_t num_pages);
+
+  LatentPageLayout layout() const { return LatentPageLayout{dtype_, page_size()}; }
+  LatentDtype dtype() const { return dtype_; }
+
+  // Encodes `count` fp32 entries [count, 576] and stores them at request positions
+  // [first_position, first_position + count) through the request's page table (pages[logical]).
+  // Everything is checked before anything is written: a failed call leaves the cache unchanged.
+  Status write(const int32_t* pages, int64_t num_pages_in_table, int64_t first_position, const float* entries,
+               int64_t count);
+  // Reads one entry back, decoded to fp32 [576] — for tests and tools, not hot paths.
+  Status read_entry(const int32_t* pages, int64_t num_pages_in_table, int64_t position, float* values) const;
+
+ private:
+  LatentCache(PagedBuffer buffer, LatentDtype dtype) : PagedBuffer(std::move(buffer)), dtype_(dtype) {}
+
+  LatentDtype dtype_ = LatentDtype::kFp8;
 };
 
 // Quantises indexer queries the way vLLM's fused q-rope-quant does: one UE8M0 scale per

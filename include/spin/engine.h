@@ -21,8 +21,10 @@
 #include <vector>
 
 #include "spin/attention.h"
+#include "spin/indexer.h"
 #include "spin/predict.h"
 #include "spin/status.h"
+#include "spin/topk.h"
 
 namespace spin {
 
@@ -32,7 +34,7 @@ struct ModelPreset {
   int32_t indexer_layers = 0;   // layers with a lightning indexer
   int32_t index_heads = 64;     // indexer heads × 128 dims
   int32_t topk = 2048;
-  int32_t page_size = 64;       // indexer entries per page
+  int32_t page_size = kDefaultPageSize;       // indexer entries per page
   int32_t compress_ratio = 1;   // tokens per indexer entry (V4 CSA: 4)
   int32_t attn_heads = 128;     // MLA query heads
   int32_t window = 0;           // V4 sliding-window entries attended besides the top-k
@@ -42,6 +44,19 @@ struct ModelPreset {
 // window 128).
 Result<ModelPreset> model_preset(const std::string& name);
 const std::vector<std::string>& model_preset_names();
+
+// The kernels' own options, one struct per kernel family, as the engine passes them to every call
+// of a step (their num_threads are replaced by EngineConfig::threads). Printed with results.
+struct EngineKernels {
+  IndexerOptions indexer;
+  TopkOptions topk;
+  AttentionOptions attention;
+
+  // The scalar reference indexer, top-k and attention (ground truth for tests).
+  static EngineKernels reference();
+  // "indexer=auto(avx512bf16) topk=auto attention=auto(avx512bf16) heads_per_task=0 bf16_probabilities=1".
+  std::string to_string() const;
+};
 
 struct EngineConfig {
   ModelPreset model;
@@ -55,7 +70,7 @@ struct EngineConfig {
   int threads = 0;
   uint64_t seed = 1;
   bool measure_attn_err = false;   // also run all-keep (untimed) each step and compare outputs
-  bool reference_kernels = false;  // scalar reference indexer, top-k and attention (tests)
+  EngineKernels kernels;           // which implementation of each kernel, and its switches
 };
 
 struct StepStats {

@@ -1,12 +1,12 @@
-// spin/indexer.h — lightning-indexer scoring over the paged key cache (DSA, DESIGN.md §1, §3).
+// spin/indexer.h — lightning-indexer scoring over the paged key cache (DSA; layout: spin/geometry.h).
 //
 // For request b, row r (one of next_n query rows) and visible entry s:
 //
 //   I[r,s] = k_scale[s] · Σ_h w[r,h] · ReLU( Σ_d q[r,h,d] · k[s,d] )     q, k: e4m3; w, I: fp32
 //
-// Row r of next_n sees entries [0, visible_entries(ctx_len, next_n, r)) where, with the token
-// position t = ctx_len - next_n + r and compress_ratio c (1 on V3.2, 4 on V4 CSA layers),
-// visible = floor((t + 1) / c), clamped at 0 (V3.2: t+1 tokens; V4: row s visible iff s < (t+1)/4).
+// Row r of next_n sees entries [0, visible_entries(ctx_len, next_n, r, compress_ratio)): the rule
+// of spin/geometry.h (V3.2: t+1 tokens at token position t = ctx_len - next_n + r; V4 CSA layers:
+// compressed row s visible iff s < floor((t+1)/4)).
 //
 // Either every visible entry is scored, or only the entries of a sorted list of logical blocks
 // (a block = block_pages consecutive logical pages). Every output column in [0, logits_cols)
@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "spin/geometry.h"
 #include "spin/numerics.h"
 #include "spin/status.h"
 
@@ -27,9 +28,9 @@ namespace spin {
 inline constexpr int32_t kMaxIndexerHeads = 128;
 
 struct IndexerParams {
-  // --- Key cache of one indexer layer (layout: spin/cache.h) -----------------------------------
+  // --- Key cache of one indexer layer (layout: spin/geometry.h) -----------------------------------
   const uint8_t* key_cache = nullptr;  // [num_pages, page_size · 132] bytes
-  int32_t page_size = 64;
+  int32_t page_size = kDefaultPageSize;
   int32_t num_pages = 0;
   const int32_t* block_table = nullptr;  // [batch, block_table_stride]: logical → physical page
   int32_t block_table_stride = 0;
@@ -64,9 +65,6 @@ struct IndexerOptions {
   IndexerImpl impl = IndexerImpl::kAuto;
   int num_threads = 0;  // 0 = OpenMP default; results are bitwise identical for any value
 };
-
-// Entries visible to row `row` of a step (see the banner).
-int64_t indexer_visible_entries(int64_t context_len, int32_t next_n, int32_t row, int32_t compress_ratio);
 
 // Checks every field once, in a fixed order; the message names the field and what is supported.
 Status validate_indexer_params(const IndexerParams& params);

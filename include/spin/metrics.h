@@ -1,4 +1,5 @@
-// spin/metrics.h — quality metrics against all-keep, one definition everywhere (DESIGN.md §5).
+// spin/metrics.h — quality metrics against all-keep, one definition everywhere
+// (library, CLI, reports, tests).
 //
 // Per sample (request, layer, step, row):
 //   recall       = |A ∩ B| / |B|, A = SPIN's top-k, B = all-keep top-k; miss = 1 - recall
@@ -7,7 +8,7 @@
 //   pearson      = correlation of predicted and true pooled block scores over the visible blocks
 //   topk_recall  = token-level open-loop recall, e.g. |TopK(I_{t-1}) ∩ TopK(I_t)| / k, which is
 //                  recall(previous top-k, current top-k)
-// Top-k arrays are int32 entry positions, -1 = padding (DESIGN.md §3); negative values are
+// Top-k arrays are int32 entry positions, -1 = padding (spin/topk.h); negative values are
 // skipped wherever they stand, and duplicates count once (the arrays are sets).
 //
 // Decisions:

@@ -1,10 +1,13 @@
 // spin/predict.h — SPIN's block predictors: which KV blocks the lightning indexer should score.
 //
-// Owns (DESIGN.md §4): the typed predictor config, the per-(request, layer) block state (slot EMA,
-// last_seen, relative-offset EMA), pooling of a row's indexer scores into per-block observations,
-// budgeted selection (forced → exploration → prediction), the speculative-decoding (MTP) pending
-// buffers and their replay, and every predictor of §4 behind one interface. It does not score
-// anything itself (the kernels do), and it never allocates per call once warmed up.
+// Exposes: the typed predictor config, the budget arithmetic, the row scores a predictor observes,
+// and every predictor (all-keep, random, prev-iter, prev-layer, ema-slot, ema-offset, spin, oracle,
+// step-reuse, hisa, indexcache-2/4) behind one interface: budgeted selection (forced → exploration
+// → prediction), observation, and the speculative-decoding (MTP) pending buffers and their replay.
+// The per-(request, layer) state (slot EMA, last_seen, relative-offset EMA: predict/block_state.h)
+// and the pooling of scores into per-block observations (predict/pooling.h) stay behind src/. It
+// does not score anything itself (the kernels do), and it never allocates per call once warmed up.
+// What SPIN computes, in brief: ARCHITECTURE.md.
 //
 // Protocol, per request (one BlockPredictor object per request, all of its indexer layers):
 //
@@ -28,10 +31,13 @@
 #include <string_view>
 #include <vector>
 
+#include "spin/geometry.h"
 #include "spin/numerics.h"
 #include "spin/status.h"
 
 namespace spin {
+
+class BlockState;  // the per-(request, layer) state, src/predict/block_state.h (tests read it)
 
 // ---------------------------------------------------------------------------------------------
 // Enums and their names (the names are what configs, CLIs and reports use).
@@ -53,21 +59,12 @@ Result<MtpUpdate> mtp_update_from_name(std::string_view name);
 // ---------------------------------------------------------------------------------------------
 // Constants of the state layout.
 
-// Offset buckets: distance d (in blocks) maps to bucket d while d < kOffsetExactDistances, then to
-// kOffsetBucketsPerOctave log-spaced buckets per doubling: bucket(d) = 64 + 4·(floor(log2 d) − 6)
-// + (the two bits after d's leading bit). Distances 64..127 → buckets of 16, 128..255 → 32, ...
-inline constexpr int64_t kOffsetExactDistances = 64;
-inline constexpr int64_t kOffsetBucketsPerOctave = 4;
-int32_t offset_bucket(int64_t distance);  // distance ≥ 0
-
 // Persistent state bytes per block per (request, layer): float slot + int32 last_seen.
 inline constexpr size_t kStateBytesPerBlock = 8;
 // Per offset bucket: float EMA + int32 update count.
 inline constexpr size_t kStateBytesPerOffsetBucket = 8;
 // hisa keeps a 128-float key sum + int32 pooled-entry count per block per layer on top.
 inline constexpr size_t kHisaBytesPerBlock = 128 * 4 + 4;
-// last_seen of a block that was never observed (older than every step, which are ≥ 0).
-inline constexpr int32_t kNeverSeen = -1;
 // kMaxNextN (rows per step) comes from spin/numerics.h.
 
 // ---------------------------------------------------------------------------------------------
@@ -86,8 +83,8 @@ struct PredictorConfig {
   // State updates: slot[b] ← (1-alpha)·slot[b] + alpha·x, offset[bucket] likewise with beta.
   double alpha = 0.5;
   double beta = 0.1;
-  // p[b] = max(slot, offset) or w·slot + (1-w)·offset. Default weighted 0.8, not DESIGN.md's
-  // max, by a measured ablation (closed loop, spin replay of `spin trace gen` traces, seed 1):
+  // p[b] = max(slot, offset) or w·slot + (1-w)·offset. Default weighted 0.8, not the max of the
+  // first definition, by a measured ablation (closed loop, spin replay of `spin trace gen` traces, seed 1):
   //   doc-qa-94k @30 %: max 0.771 mean recall, weighted 0.8 0.890, weighted 1.0 0.891;
   //   needle-shift @50 %: max 0.568 / p99 miss 0.551, weighted 0.8 0.607 / 0.471.
   // With max, the offset prior outranks what a block's own history says (ema-offset alone has a
@@ -97,7 +94,7 @@ struct PredictorConfig {
   Pooling pooling = Pooling::kMax;
   MtpUpdate mtp_update = MtpUpdate::kPrefix;
   // Geometry.
-  int32_t page_size = 64;   // entries per cache page
+  int32_t page_size = kDefaultPageSize;   // entries per cache page
   int32_t block_pages = 1;  // pages per block
   int32_t topk = 2048;      // the indexer's top-k (V3.2: 2048)
   uint64_t seed = 0;        // keys every random draw with (request, layer, step)
@@ -121,8 +118,6 @@ int64_t blocks_for_topk(const PredictorConfig& config);
 // Budget for a row that sees n_blocks blocks: ceil((1 - s)·n) (or the explicit count), clamped up
 // to blocks_for_topk and to the forced-block count, and down to n_blocks.
 int64_t budget_blocks(const PredictorConfig& config, int64_t n_blocks);
-// Entries row `row` of `next_n` sees: max(0, num_entries - next_n + row + 1) (DESIGN.md §3).
-int64_t row_visible_entries(int64_t num_entries, int32_t next_n, int32_t row);
 // Blocks holding `entries` entries: ceil(entries / block_entries).
 int64_t blocks_for_entries(const PredictorConfig& config, int64_t entries);
 
@@ -131,8 +126,8 @@ int64_t blocks_for_entries(const PredictorConfig& config, int64_t entries);
 
 struct RowScores {
   const float* scores = nullptr;  // [num_cols] request-local positions; -inf = not scored
-  int64_t num_cols = 0;           // width of `scores` (≥ visible; columns ≥ visible unread)
-  int64_t visible = 0;            // entries this row sees
+  int64_t num_cols = 0;           // width of `scores` (≥ visible_entries; columns beyond unread)
+  int64_t visible_entries = 0;    // entries this row sees
   const int32_t* scored_blocks = nullptr;  // [num_scored_blocks] strictly ascending block ids
                                            // (an MTP step's union; blocks past `visible` skipped)
   int64_t num_scored_blocks = 0;
@@ -141,102 +136,19 @@ struct RowScores {
   const int32_t* topk_positions = nullptr;
 };
 
-// Normalisation (per row, so that steps are comparable): with kth = the row's k-th largest scored
-// value (k = min(topk, scored entries); tie rule score desc, position asc) and spread = max - kth
-// (or |max|, or 1, when that is 0), a pooled value v is first made relative, r = (v - kth)/spread
-// (shift- and scale-free, any sign of scores), then squashed below 0 as r/(1-r): monotone, so the
-// ranking is kept, and bounded by -1 (reached only by float rounding) so that a very bad block
-// cannot swamp an EMA. Blocks nothing is known about rank below -1 (see predictors.cpp).
-//   max:       r of the block's max score           → x in [-1, 1]; 0 = the block holds the kth
-//   mean:      r of the block's mean score          → x in [-1, 1]
-//   lse:       log Σ exp((s - kth)/spread)           → x in [-1, 1 + ln E]
-//   topk-hits: (block's entries in the row's top-k) / E → x in [0, 1]
-struct PooledRow {
-  int64_t visible = 0;
-  int64_t newest_block = -1;   // block of the row's last visible entry; -1 if none
-  int64_t scored_entries = 0;  // finite scored entries seen
-  double kth_score = 0.0;
-  double max_score = 0.0;
-  std::vector<int32_t> blocks;     // observed blocks (≥ 1 finite entry), ascending
-  std::vector<float> x;            // pooled, normalised value per observed block
-  std::vector<int32_t> topk_hits;  // entries of the block in the row's top-k
-  void clear();
-};
-
-// Buffers pool_row reuses across calls (optional): no allocation once warmed up.
-struct PoolScratch {
-  std::vector<float> values;         // copy of the scored values for the k-th selection
-  std::vector<int32_t> block_index;  // block → index in scored_blocks (-1 elsewhere)
-};
-
-// Validates and pools one row. Errors: a NaN or +inf score in a scored, visible entry (message
-// names the block and position); blocks not ascending or outside the row buffer; inconsistent
-// topk_positions. With topk_positions the scored entries are read once; without, twice plus an
-// nth_element over them (an engine has the top-k already: pass it).
-// Blocks listed beyond the row's visible entries are skipped (an MTP union holds later rows'
-// newest blocks).
-Status pool_row(const PredictorConfig& config, const RowScores& row, PooledRow* out,
-                PoolScratch* scratch = nullptr);
-// The same with only the values buffer kept between calls (the block map is rebuilt per call).
-Status pool_row(const PredictorConfig& config, const RowScores& row, PooledRow* out,
-                std::vector<float>* values_scratch);
-
-// ---------------------------------------------------------------------------------------------
-// State of one (request, indexer layer).
-
-class BlockState {
- public:
-  BlockState() = default;
-  BlockState(double alpha, double beta)
-      : alpha_(static_cast<float>(alpha)), beta_(static_cast<float>(beta)) {}
-
-  // Grows to n_blocks (new blocks: never seen). Never shrinks; amortised O(new blocks).
-  void ensure_blocks(int64_t n_blocks);
-  // Drops blocks ≥ n_blocks (prefix sharing of a shorter context).
-  void truncate(int64_t n_blocks);
-  // Applies one row's observation at `step`: slot EMA + last_seen for every observed block, then
-  // one offset EMA update per touched bucket with the mean x of the row's blocks in that bucket.
-  // O(observed blocks).
-  void apply(const PooledRow& row, int32_t step);
-  void reset();
-
-  int64_t n_blocks() const { return static_cast<int64_t>(slot_.size()); }
-  bool seen(int64_t b) const { return last_seen_[b] != kNeverSeen; }
-  float slot(int64_t b) const { return slot_[b]; }
-  int32_t last_seen(int64_t b) const { return last_seen_[b]; }
-  int64_t n_offset_buckets() const { return static_cast<int64_t>(offset_.size()); }
-  bool offset_known(int32_t bucket) const {
-    return bucket < n_offset_buckets() && offset_count_[bucket] > 0;
-  }
-  float offset(int32_t bucket) const { return offset_[bucket]; }
-  int32_t offset_updates(int32_t bucket) const { return offset_count_[bucket]; }
-  float alpha() const { return alpha_; }
-  float beta() const { return beta_; }
-  // n_blocks · kStateBytesPerBlock + buckets · kStateBytesPerOffsetBucket.
-  size_t memory_bytes() const;
-
- private:
-  float alpha_ = 0.5f;
-  float beta_ = 0.1f;
-  std::vector<float> slot_;
-  std::vector<int32_t> last_seen_;
-  std::vector<float> offset_;
-  std::vector<int32_t> offset_count_;
-};
-
 // ---------------------------------------------------------------------------------------------
 // Selection.
 
-// The flat view hisa needs to pool keys and score them (DESIGN.md §3 layouts): page p's bytes at
-// p·page_size·132; entry o's 128 e4m3 values at +o·128, its fp32 scale at +page_size·128 + 4·o.
+// The flat view hisa needs to pool keys and score them: the key cache in IndexerPageLayout
+// (spin/geometry.h), the page table and the step's query.
 struct HisaView {
   const uint8_t* key_cache = nullptr;    // this layer's paged indexer key cache
   int32_t page_size = 0;                 // must equal PredictorConfig::page_size
   const int32_t* block_table = nullptr;  // [ceil(num_entries / page_size)] logical → physical page
   int64_t num_entries = 0;               // must equal StepInput::num_entries
-  const uint8_t* q = nullptr;            // [next_n, heads, 128] e4m3 (scales folded into w)
-  const float* w = nullptr;              // [next_n, heads]
-  int32_t heads = 0;
+  const uint8_t* q = nullptr;            // [next_n, num_heads, 128] e4m3 (scales folded into w)
+  const float* w = nullptr;              // [next_n, num_heads]
+  int32_t num_heads = 0;
   int64_t num_cache_pages = -1;  // physical pages in key_cache, to check block_table; -1: unchecked
 };
 
@@ -244,7 +156,7 @@ struct StepInput {
   int64_t step = 0;                      // decode step of this request: ≥ 0, < 2^31, increasing
   int64_t num_entries = 0;               // entries in this layer's cache incl. the step's rows
   int32_t next_n = 1;                    // rows this step, 1..kMaxNextN
-  const int64_t* row_visible = nullptr;  // optional [next_n] override of row_visible_entries (V4)
+  const int64_t* visible_entries = nullptr;  // optional [next_n] override of visible_entries() (V4)
   const int32_t* true_topk = nullptr;    // oracle: [next_n, topk] this step's true top-k, -1 padded
   const HisaView* hisa = nullptr;        // hisa: the query and the cache
   bool want_scores = false;              // fill Selection::row_scores

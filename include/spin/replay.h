@@ -3,7 +3,7 @@
 // Two steps, so that many predictors and budgets share the expensive part:
 //   1. score_trace(): runs the real indexer kernel (all blocks scored: all-keep) and the real
 //      top-k for every (layer, step, row) of the trace, on a paged cache built from the trace.
-//      This is the ground truth of every metric (DESIGN.md §5).
+//      This is the ground truth of every metric (spin/metrics.h).
 //   2. replay(): walks (step, layer, row) in decode order through a predictor.
 //      closed loop: the predictor selects blocks; only their scores exist for it (the indexer
 //        output with -inf elsewhere — bitwise what the block-masked kernel writes); top-k runs on
@@ -80,7 +80,7 @@ double replay_memory_bytes(const TraceReader& trace, bool keep_topk);
 // trace's top-k block share and the predictor's own time. Non-finite values are written as null.
 std::string replay_json(const std::string& trace_path, const ReplayResult& result, const TraceFacts& facts);
 
-// Writes `layer.{l}.topk` i32 [steps, next_n, topk] (DESIGN.md §3 format) atomically.
+// Writes `layer.{l}.topk` i32 [steps, next_n, topk] (spin/topk.h format) atomically.
 Status write_topk_dump(const std::string& path, const Trace& trace, const ReplayResult& result);
 
 }  // namespace spin

@@ -18,7 +18,7 @@ struct TopkParams {
   int64_t scores_stride = 0;
   int32_t rows = 0;
   int64_t cols = 0;                  // columns read per row
-  const int64_t* row_lens = nullptr;  // optional [rows]: read only the first row_lens[r] ≤ cols
+  const int64_t* visible_entries = nullptr;  // optional [rows]: read only the first visible_entries[r] ≤ cols
   int32_t topk = 0;
   int32_t* out = nullptr;  // [rows, out_stride], out_stride ≥ topk
   int64_t out_stride = 0;

@@ -1,6 +1,6 @@
 // spin/trace.h — recorded indexer inputs of one request: the trace file, schema version 1.
 //
-// A trace is a safetensors file (DESIGN.md §6), so a PyTorch/vLLM user can write it with the
+// A trace is a safetensors file (8-byte little-endian header length, JSON header, raw tensors), so a PyTorch/vLLM user can write it with the
 // `safetensors` package (examples/record_trace.py shows how, with numpy only):
 //
 //   metadata (all values are strings, as safetensors requires):
@@ -18,11 +18,11 @@
 //     accepted  I32 [steps]  MTP (required when next_n > 1): draft tokens accepted, 0..next_n-1
 //
 // Visibility. Row j (0..next_n-1) of step s is token t = ctx_len[s] - next_n + j and sees entries
-// [0, visible) with visible = floor((t + 1) / compress_ratio): with compress_ratio 1 (V3.2) a token
-// is an entry and this is DESIGN.md §3's [0, ctx_len - next_n + j + 1); with 4 (V4 CSA) it is the
+// [0, visible) with visible = floor((t + 1) / compress_ratio) (spin/geometry.h's visible_entries): with compress_ratio 1 (V3.2) a token
+// is an entry and this is [0, ctx_len - next_n + j + 1); with 4 (V4 CSA) it is the
 // V4 rule "row s is visible iff s < floor((t+1)/4)". ctx_len therefore counts tokens.
 //
-// Decisions (DESIGN.md is silent or loose on these):
+// Decisions (where the schema above leaves room):
 // - ctx_len must be strictly increasing: every decode step appends at least one token.
 // - ctx_len[s] >= next_n (row 0 sees the step's own token), and the last step's last row may see
 //   at most the layer's entries: floor(ctx_len[last] / compress_ratio) <= entries.
@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "spin/geometry.h"
 #include "spin/status.h"
 
 namespace spin {
@@ -70,7 +71,7 @@ struct TraceMeta {
   int32_t num_layers = 0;     // indexer layers in the trace
   int32_t next_n = 1;         // rows per step: 1 + draft tokens
   int32_t num_heads = 64;     // indexer heads
-  int32_t page_size = 64;     // entries per cache page
+  int32_t page_size = kDefaultPageSize;     // entries per cache page
   int32_t topk = 2048;        // indexer top-k of the model
   int32_t compress_ratio = 1; // tokens per entry: 1 (V3.2), 4 (V4 CSA)
   std::map<std::string, std::string> extra;  // other metadata keys, kept as they are

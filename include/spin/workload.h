@@ -1,4 +1,4 @@
-// spin/workload.h — synthetic indexer workloads with documented, calibrated dynamics (DESIGN §6).
+// spin/workload.h — synthetic indexer workloads with documented, calibrated dynamics.
 //
 // No DSA weights can be downloaded here, so quality is measured on generated traces whose
 // structure is spelled out below and whose two headline statistics (all-keep prev-iter Pearson of
@@ -53,7 +53,7 @@ struct WorkloadParams {
   int32_t next_n = 1;              // rows per step: 1, or 2..4 for MTP verification
   double acceptance_rate = 0.7;    // MTP: each draft token accepted with this probability, in order
   int32_t num_heads = 64;
-  int32_t page_size = 64;
+  int32_t page_size = kDefaultPageSize;
   int32_t topk = 2048;
   // Content.
   int64_t segment_tokens = 1500;   // mean segment (document, turn) length; lengths 0.5–1.5× mean

@@ -1,5 +1,5 @@
 // Paged indexer key cache: page allocation, request page tables, quantised writes.
-// The byte layout itself is defined (and static_assert-ed) in spin/cache.h.
+// The byte layout itself is defined (and static_assert-ed) in spin/geometry.h.
 #include "spin/cache.h"
 
 #include <algorithm>
@@ -8,7 +8,6 @@
 #include <cstring>
 #include <new>
 
-#include "cache/paged_memory.h"
 #include "core/errors.h"
 
 namespace spin {
@@ -80,24 +79,10 @@ Status RequestPages::release_all(PageAllocator& allocator) {
 // ---------------------------------------------------------------------------------------------
 // IndexerKeyCache
 
-void IndexerKeyCache::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
-
 Result<IndexerKeyCache> IndexerKeyCache::create(int32_t page_size, int32_t num_pages) {
-  if (page_size <= 0) return invalid_argument("page_size must be ≥ 1, got {}", page_size);
-  if (num_pages <= 0) return invalid_argument("num_pages must be ≥ 1, got {}", num_pages);
-  const IndexerPageLayout layout{page_size};
-  const size_t bytes = static_cast<size_t>(layout.page_bytes()) * static_cast<size_t>(num_pages);
-  uint8_t* raw = detail::allocate_page_memory(bytes);
-  if (raw == nullptr) {
-    return resource_exhausted("cannot allocate {} bytes for {} indexer pages of {} entries", bytes,
-                              num_pages, page_size);
-  }
-  return IndexerKeyCache(layout, num_pages, std::unique_ptr<uint8_t[], FreeDeleter>(raw));
-}
-
-Status IndexerKeyCache::check_span(const int32_t* pages, int64_t num_pages_in_table,
-                                   int64_t first_position, int64_t count) const {
-  return detail::check_page_span(pages, num_pages_in_table, first_position, count, layout_.page_size, num_pages_);
+  auto buffer = allocate("indexer", page_size, IndexerPageLayout{page_size}.page_bytes(), num_pages);
+  if (!buffer.ok()) return buffer.status();
+  return IndexerKeyCache(std::move(buffer).value());
 }
 
 Status IndexerKeyCache::write_quantized(const int32_t* pages, int64_t num_pages_in_table,
@@ -111,10 +96,10 @@ Status IndexerKeyCache::write_quantized(const int32_t* pages, int64_t num_pages_
   }
   for (int64_t i = 0; i < count; ++i) {
     const int64_t pos = first_position + i;
-    const int32_t offset = static_cast<int32_t>(pos % layout_.page_size);
-    uint8_t* page = data_.get() + pages[pos / layout_.page_size] * layout_.page_bytes();
-    std::memcpy(page + layout_.value_offset(offset), values + i * kEntryValueBytes, kEntryValueBytes);
-    std::memcpy(page + layout_.scale_offset(offset), &scales[i], sizeof(float));
+    const int32_t offset = offset_in_page(pos);
+    uint8_t* page = page_of(pages, pos);
+    std::memcpy(page + layout().value_offset(offset), values + i * kEntryValueBytes, kEntryValueBytes);
+    std::memcpy(page + layout().scale_offset(offset), &scales[i], sizeof(float));
   }
   return ok_status();
 }
@@ -152,10 +137,10 @@ Status IndexerKeyCache::write_keys_bf16(const int32_t* pages, int64_t num_pages_
 Status IndexerKeyCache::read_entry(const int32_t* pages, int64_t num_pages_in_table, int64_t position,
                                    uint8_t* values, float* scale) const {
   SPIN_RETURN_IF_ERROR(check_span(pages, num_pages_in_table, position, 1));
-  const int32_t offset = static_cast<int32_t>(position % layout_.page_size);
-  const uint8_t* page = data_.get() + pages[position / layout_.page_size] * layout_.page_bytes();
-  std::memcpy(values, page + layout_.value_offset(offset), kEntryValueBytes);
-  std::memcpy(scale, page + layout_.scale_offset(offset), sizeof(float));
+  const int32_t offset = offset_in_page(position);
+  const uint8_t* page = page_of(pages, position);
+  std::memcpy(values, page + layout().value_offset(offset), kEntryValueBytes);
+  std::memcpy(scale, page + layout().scale_offset(offset), sizeof(float));
   return ok_status();
 }
 

@@ -1,5 +1,5 @@
 // Counter-based random numbers (see rng.h).
-#include "core/rng.h"
+#include "spin/rng.h"
 
 #include <cmath>
 

@@ -2,6 +2,7 @@
 #include "spin/engine.h"
 
 #include <omp.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,9 +12,9 @@
 #include <limits>
 
 #include "core/errors.h"
-#include "core/rng.h"
 #include "spin/cache.h"
 #include "spin/indexer.h"
+#include "spin/rng.h"
 #include "spin/topk.h"
 
 namespace spin {
@@ -24,11 +25,35 @@ const std::vector<std::string>& model_preset_names() {
 }
 
 Result<ModelPreset> model_preset(const std::string& name) {
-  // Shapes from shared/reference/dsa_indexer_spec.md §1.1 and §2.2.
+  // The published model configs: V3.2 has an indexer on all 61 layers (64 heads × 128, top-k 2048,
+  // 128 MLA heads); V4-Flash / V4-Pro index their CSA layers (21 of 43 / 30 of 61) over entries
+  // that compress 4 tokens, with top-k 512 / 1024 and a 128-entry sliding window besides.
   if (name == "deepseek-v3.2") return ModelPreset{name, 61, 61, 64, 2048, 64, 1, 128, 0};
   if (name == "deepseek-v4-flash") return ModelPreset{name, 43, 21, 64, 512, 64, 4, 64, 128};
   if (name == "deepseek-v4-pro") return ModelPreset{name, 61, 30, 64, 1024, 64, 4, 128, 128};
   return invalid_argument("unknown model preset '{}' (deepseek-v3.2, deepseek-v4-flash, deepseek-v4-pro)", name);
+}
+
+EngineKernels EngineKernels::reference() {
+  EngineKernels k;
+  k.indexer.impl = IndexerImpl::kReference;
+  k.topk.impl = TopkImpl::kReference;
+  k.attention.impl = AttentionImpl::kReference;
+  return k;
+}
+
+std::string EngineKernels::to_string() const {
+  // kAuto is printed with what it resolves to on this machine.
+  const IndexerImpl indexer_impl = indexer.impl == IndexerImpl::kAuto ? indexer_best_impl() : indexer.impl;
+  const AttentionImpl attention_impl = attention.impl == AttentionImpl::kAuto ? attention_best_impl() : attention.impl;
+  return fmt::format("indexer={}{} topk={} attention={}{} heads_per_task={} bf16_probabilities={}",
+                     indexer_impl_name(indexer.impl),
+                     indexer.impl == IndexerImpl::kAuto ? fmt::format("({})", indexer_impl_name(indexer_impl)) : "",
+                     topk_impl_name(topk.impl), attention_impl_name(attention.impl),
+                     attention.impl == AttentionImpl::kAuto
+                         ? fmt::format("({})", attention_impl_name(attention_impl))
+                         : "",
+                     attention.heads_per_task, attention.bf16_probabilities ? 1 : 0);
 }
 
 namespace {
@@ -89,12 +114,14 @@ struct DecodeEngine::Impl {
   };
   std::vector<Request> requests;
   int threads = 1;
-  IndexerImpl indexer_impl = IndexerImpl::kAuto;
-  TopkImpl topk_impl = TopkImpl::kAuto;
-  AttentionImpl attention_impl = AttentionImpl::kAuto;
+  EngineKernels kernels;  // cfg.kernels with every num_threads set to `threads`
+  // The shape of the open step (set by append_tokens and size_buffers).
+  int32_t batch = 0, max_pages = 1, n_extra = 0;
+  int64_t rows = 0, max_entries = 1;
+  bool predicted = false;  // a predictor chooses the blocks (not all-keep)
   // Step scratch, reused.
   std::vector<int32_t> block_table, block_ids, block_offsets, topk_out, topk_full, extra;
-  std::vector<int64_t> ctx_lens, row_lens, row_visible;
+  std::vector<int64_t> ctx_lens, visible_entries;  // [batch], [rows]
   std::vector<uint8_t> q_index;
   std::vector<float> w_index, logits, logits_full, out, out_full;
   std::vector<uint16_t> q_attn;
@@ -152,6 +179,258 @@ struct DecodeEngine::Impl {
       }
     }
   }
+
+  // ---- The stages of one step (DecodeEngine::step runs and times them in order) ---------------
+
+  // 1. Appends this step's next_n tokens (their keys and latents) to every request's caches, and
+  // sets the step's shape: the block table, each request's context and each row's visible entries.
+  Status append_tokens() {
+    batch = static_cast<int32_t>(requests.size());
+    rows = int64_t{batch} * cfg.next_n;
+    max_entries = 1;
+    max_pages = 1;
+    ctx_lens.assign(static_cast<size_t>(batch), 0);
+    for (int32_t b = 0; b < batch; ++b) {
+      Request& r = requests[b];
+      if (r.tokens + cfg.next_n > max_tokens + cfg.next_n) {
+        return out_of_range("request {} reached the engine's max_tokens ({})", r.id, max_tokens);
+      }
+      const int64_t ctx = r.tokens + cfg.next_n;
+      const int64_t before = entries_for_tokens(cfg, r.tokens);
+      const int64_t after = entries_for_tokens(cfg, ctx);
+      SPIN_RETURN_IF_ERROR(r.pages.reserve(after + 1, cfg.model.page_size, allocator));
+      fill_entries(r, before, after);
+      ctx_lens[b] = ctx;
+      max_entries = std::max(max_entries, after);
+      max_pages = std::max(max_pages, static_cast<int32_t>(r.pages.pages().size()));
+    }
+    block_table.assign(static_cast<size_t>(batch) * max_pages, 0);
+    for (int32_t b = 0; b < batch; ++b) {
+      const auto& pages = requests[b].pages.pages();
+      std::copy(pages.begin(), pages.end(), block_table.begin() + int64_t{b} * max_pages);
+    }
+    visible_entries.resize(static_cast<size_t>(rows));
+    for (int32_t b = 0; b < batch; ++b) {
+      for (int32_t j = 0; j < cfg.next_n; ++j) {
+        visible_entries[b * cfg.next_n + j] =
+            spin::visible_entries(ctx_lens[b], cfg.next_n, j, cfg.model.compress_ratio);
+      }
+    }
+    return ok_status();
+  }
+
+  // Sizes the per-layer buffers for the step's shape.
+  void size_buffers() {
+    const int32_t attn_heads = cfg.model.attn_heads, index_heads = cfg.model.index_heads;
+    n_extra = std::min<int32_t>(cfg.model.window, static_cast<int32_t>(max_entries));
+    logits.resize(static_cast<size_t>(rows) * max_entries);
+    topk_out.resize(static_cast<size_t>(rows) * cfg.model.topk);
+    out.resize(static_cast<size_t>(rows) * attn_heads * kMlaLatentDim);
+    q_index.resize(static_cast<size_t>(rows) * index_heads * kIndexerHeadDim);
+    w_index.resize(static_cast<size_t>(rows) * index_heads);
+    q_attn.resize(static_cast<size_t>(rows) * attn_heads * kMlaHeadDim);
+    extra.assign(static_cast<size_t>(rows) * std::max(n_extra, 1), -1);
+    selections.resize(static_cast<size_t>(batch));
+    predicted = cfg.predictor != "all-keep";
+  }
+
+  // Queries of layer l (random, keyed on seed, layer, request and position) and the V4 window.
+  void make_queries(int32_t l) {
+    const int32_t next_n = cfg.next_n;
+    const int32_t attn_heads = cfg.model.attn_heads, index_heads = cfg.model.index_heads;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t row = 0; row < rows; ++row) {
+      const Request& r = requests[row / next_n];
+      const int64_t position = ctx_lens[row / next_n] - next_n + row % next_n;
+      CounterRng qi(stream_key(cfg.seed, kTagIndexQuery, l, r.id, position));
+      uint8_t* q = q_index.data() + row * index_heads * kIndexerHeadDim;
+      for (int64_t i = 0; i < int64_t{index_heads} * kIndexerHeadDim; i += 8) {
+        const uint64_t bits = qi.next_u64();
+        for (int k = 0; k < 8; ++k) q[i + k] = random_code(bits >> (8 * k));
+      }
+      for (int32_t h = 0; h < index_heads; ++h) w_index[row * index_heads + h] = static_cast<float>(qi.uniform() * 0.02);
+      CounterRng qa(stream_key(cfg.seed, kTagAttnQuery, l, r.id, position));
+      uint16_t* qv = q_attn.data() + row * attn_heads * kMlaHeadDim;
+      for (int64_t i = 0; i < int64_t{attn_heads} * kMlaHeadDim; ++i) {
+        qv[i] = bf16_from_float(static_cast<float>(qa.uniform() - 0.5));
+      }
+      // V4: the newest `window` entries of the row (cost-equivalent stand-in for the SWA window).
+      for (int32_t i = 0; i < n_extra; ++i) {
+        const int64_t e = visible_entries[row] - 1 - i;
+        extra[row * n_extra + i] = e >= 0 ? static_cast<int32_t>(e) : -1;
+      }
+    }
+  }
+
+  // 2. The predictor of every request chooses layer l's blocks; block_ids/offsets are their CSR.
+  Status select_blocks(int32_t l) {
+    const int32_t next_n = cfg.next_n, index_heads = cfg.model.index_heads;
+    block_ids.clear();
+    block_offsets.assign(1, 0);
+    for (int32_t b = 0; b < batch; ++b) {
+      Request& r = requests[b];
+      HisaView hisa;
+      hisa.key_cache = index_caches[l].data();
+      hisa.page_size = cfg.model.page_size;
+      hisa.block_table = r.pages.pages().data();
+      hisa.num_entries = entries_for_tokens(cfg, ctx_lens[b]);
+      hisa.q = q_index.data() + int64_t{b} * next_n * index_heads * kIndexerHeadDim;
+      hisa.w = w_index.data() + int64_t{b} * next_n * index_heads;
+      hisa.num_heads = index_heads;
+      hisa.num_cache_pages = allocator.num_pages();
+      StepInput in;
+      in.step = r.step;
+      in.num_entries = hisa.num_entries;
+      in.next_n = next_n;
+      in.visible_entries = cfg.model.compress_ratio > 1 ? visible_entries.data() + int64_t{b} * next_n : nullptr;
+      in.hisa = &hisa;
+      SPIN_RETURN_IF_ERROR(r.predictor->select(l, in, &selections[b]));
+      block_ids.insert(block_ids.end(), selections[b].blocks.begin(), selections[b].blocks.end());
+      block_offsets.push_back(static_cast<int32_t>(block_ids.size()));
+    }
+    return ok_status();
+  }
+
+  // 3. Indexer over the selected blocks (all blocks for all-keep), all requests in one call.
+  IndexerParams indexer_params(int32_t l) {
+    IndexerParams ip;
+    ip.key_cache = index_caches[l].data();
+    ip.page_size = cfg.model.page_size;
+    ip.num_pages = allocator.num_pages();
+    ip.block_table = block_table.data();
+    ip.block_table_stride = max_pages;
+    ip.batch = batch;
+    ip.context_lens = ctx_lens.data();
+    ip.next_n = cfg.next_n;
+    ip.compress_ratio = cfg.model.compress_ratio;
+    ip.num_heads = cfg.model.index_heads;
+    ip.q = q_index.data();
+    ip.weights = w_index.data();
+    ip.logits = logits.data();
+    ip.logits_stride = max_entries;
+    ip.logits_cols = max_entries;
+    if (predicted) {
+      ip.block_ids = block_ids.data();
+      ip.block_offsets = block_offsets.data();
+      ip.block_pages = cfg.predictor_config.block_pages;
+    }
+    return ip;
+  }
+
+  // 4. Top-k per row.
+  TopkParams topk_params() {
+    const int32_t k = cfg.model.topk;
+    return TopkParams{logits.data(), max_entries,     static_cast<int32_t>(rows), max_entries,
+                      visible_entries.data(), k, topk_out.data(), k};
+  }
+
+  // 5. Sparse MLA attention of layer l over the top-k (+ window).
+  SparseAttentionParams attention_params(int32_t l) {
+    SparseAttentionParams ap;
+    ap.latent_cache = latent_caches[l].data();
+    ap.dtype = cfg.latent_dtype;
+    ap.page_size = cfg.model.page_size;
+    ap.num_pages = allocator.num_pages();
+    ap.block_table = block_table.data();
+    ap.block_table_stride = max_pages;
+    ap.batch = batch;
+    ap.next_n = cfg.next_n;
+    ap.visible_entries = visible_entries.data();
+    ap.num_heads = cfg.model.attn_heads;
+    ap.q = q_attn.data();
+    ap.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kMlaHeadDim));
+    ap.indices = topk_out.data();
+    ap.topk = cfg.model.topk;
+    ap.extra_indices = n_extra > 0 ? extra.data() : nullptr;
+    ap.n_extra = n_extra;
+    ap.out = out.data();
+    return ap;
+  }
+
+  // 6. Every row's scores and top-k to its predictor (buffered until commit).
+  Status observe(int32_t l) {
+    const int32_t k = cfg.model.topk;
+    for (int32_t b = 0; b < batch; ++b) {
+      for (int32_t j = 0; j < cfg.next_n; ++j) {
+        const int64_t row = int64_t{b} * cfg.next_n + j;
+        RowScores rs;
+        rs.scores = logits.data() + row * max_entries;
+        rs.num_cols = max_entries;
+        rs.visible_entries = visible_entries[row];
+        rs.scored_blocks = selections[b].blocks.data();
+        rs.num_scored_blocks = static_cast<int64_t>(selections[b].blocks.size());
+        rs.topk_positions = topk_out.data() + row * k;
+        SPIN_RETURN_IF_ERROR(requests[b].predictor->observe(l, j, rs));
+      }
+    }
+    return ok_status();
+  }
+
+  // Entries seen and scored by layer l's rows; each request's attention output kept for tests.
+  void record_layer(int32_t l, StepStats* stats) {
+    const int64_t row_values = int64_t{cfg.model.attn_heads} * kMlaLatentDim;
+    for (int64_t row = 0; row < rows; ++row) {
+      stats->visible_entries += visible_entries[row];
+      int64_t scored = 0;
+      const float* lr = logits.data() + row * max_entries;
+      for (int64_t e = 0; e < visible_entries[row]; ++e) scored += lr[e] != -std::numeric_limits<float>::infinity();
+      stats->scored_entries += scored;
+    }
+    for (int32_t b = 0; b < batch; ++b) {
+      const float* o = out.data() + int64_t{b} * cfg.next_n * row_values;
+      requests[b].last_out[l].assign(o, o + cfg.next_n * row_values);
+    }
+  }
+
+  // 7. Untimed: the all-keep output of the same step (default kernels), compared with `out`.
+  Status measure_attn_err(const IndexerParams& ip, const TopkParams& tp, const SparseAttentionParams& ap,
+                          StepStats* stats) {
+    IndexerParams full = ip;
+    full.block_ids = nullptr;
+    full.block_offsets = nullptr;
+    logits_full.resize(logits.size());
+    full.logits = logits_full.data();
+    SPIN_RETURN_IF_ERROR(indexer_scores(full, {IndexerImpl::kAuto, threads}));
+    topk_full.resize(topk_out.size());
+    TopkParams ftp = tp;
+    ftp.scores = logits_full.data();
+    ftp.out = topk_full.data();
+    SPIN_RETURN_IF_ERROR(topk(ftp, {TopkImpl::kAuto, threads}));
+    out_full.resize(out.size());
+    SparseAttentionParams fap = ap;
+    fap.indices = topk_full.data();
+    fap.out = out_full.data();
+    SPIN_RETURN_IF_ERROR(sparse_attention(fap, {AttentionImpl::kAuto, threads}));
+    const int64_t row_values = int64_t{cfg.model.attn_heads} * kMlaLatentDim;
+    for (int64_t row = 0; row < rows; ++row) {
+      double diff = 0, norm = 0;
+      const float* a = out.data() + row * row_values;
+      const float* f = out_full.data() + row * row_values;
+      for (int64_t i = 0; i < row_values; ++i) {
+        diff += (double{a[i]} - f[i]) * (double{a[i]} - f[i]);
+        norm += double{f[i]} * f[i];
+      }
+      if (norm > 0) {
+        stats->attn_err_sum += std::sqrt(diff / norm);
+        ++stats->attn_err_rows;
+      }
+    }
+    return ok_status();
+  }
+
+  // 8. Verification: draws the accepted drafts, commits the predictors, advances the sequences.
+  Status verify(StepStats* stats) {
+    for (Request& r : requests) {
+      int32_t accepted = 0;
+      CounterRng rng(stream_key(cfg.seed, kTagAccept, r.id, r.step));
+      while (accepted < cfg.next_n - 1 && rng.uniform() < cfg.acceptance_rate) ++accepted;
+      if (r.predictor) SPIN_RETURN_IF_ERROR(r.predictor->commit(accepted));
+      r.tokens += accepted + 1;
+      ++r.step;
+      stats->tokens += accepted + 1;
+    }
+    return ok_status();
+  }
 };
 
 DecodeEngine::DecodeEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -193,11 +472,10 @@ Result<std::unique_ptr<DecodeEngine>> DecodeEngine::create(const EngineConfig& c
   impl->max_requests = requests;
   impl->max_tokens = max_tokens;
   impl->threads = c.threads > 0 ? c.threads : omp_get_max_threads();
-  if (c.reference_kernels) {
-    impl->indexer_impl = IndexerImpl::kReference;
-    impl->topk_impl = TopkImpl::kReference;
-    impl->attention_impl = AttentionImpl::kReference;
-  }
+  impl->kernels = c.kernels;
+  impl->kernels.indexer.num_threads = impl->threads;
+  impl->kernels.topk.num_threads = impl->threads;
+  impl->kernels.attention.num_threads = impl->threads;
   const int64_t pages = c.pool_pages > 0 ? c.pool_pages : int64_t{requests} * pages_per_request(c, max_tokens) + requests;
   if (pages > INT32_MAX) return invalid_argument("{} pages exceed int32 page ids", pages);
   impl->allocator = PageAllocator(static_cast<int32_t>(pages));
@@ -269,251 +547,51 @@ const std::vector<float>* DecodeEngine::last_output(int64_t request_id, int32_t 
   return nullptr;
 }
 
+// The stages are Impl's methods above; this runs them in order and times each.
 Status DecodeEngine::step(StepStats* stats) {
   Impl& m = *impl_;
-  const EngineConfig& c = m.cfg;
   *stats = StepStats{};
   const auto step_start = Clock::now();
-  const int32_t batch = static_cast<int32_t>(m.requests.size());
-  if (batch == 0) return ok_status();
-  const int32_t next_n = c.next_n;
-  const int64_t rows = int64_t{batch} * next_n;
-  const int32_t H = c.model.attn_heads;
-  const int32_t HI = c.model.index_heads;
-  const int32_t page_size = c.model.page_size;
-
-  // 1. Append this step's next_n tokens (their keys and latents) to every request's caches.
+  if (m.requests.empty()) return ok_status();
   auto t0 = Clock::now();
-  int64_t max_entries = 1;
-  int32_t max_pages = 1;
-  m.ctx_lens.assign(static_cast<size_t>(batch), 0);
-  for (int32_t b = 0; b < batch; ++b) {
-    Impl::Request& r = m.requests[b];
-    if (r.tokens + next_n > m.max_tokens + next_n) {
-      return out_of_range("request {} reached the engine's max_tokens ({})", r.id, m.max_tokens);
-    }
-    const int64_t ctx = r.tokens + next_n;
-    const int64_t before = entries_for_tokens(c, r.tokens);
-    const int64_t after = entries_for_tokens(c, ctx);
-    SPIN_RETURN_IF_ERROR(r.pages.reserve(after + 1, page_size, m.allocator));
-    m.fill_entries(r, before, after);
-    m.ctx_lens[b] = ctx;
-    max_entries = std::max(max_entries, after);
-    max_pages = std::max(max_pages, static_cast<int32_t>(r.pages.pages().size()));
-  }
-  m.block_table.assign(static_cast<size_t>(batch) * max_pages, 0);
-  for (int32_t b = 0; b < batch; ++b) {
-    const auto& pages = m.requests[b].pages.pages();
-    std::copy(pages.begin(), pages.end(), m.block_table.begin() + int64_t{b} * max_pages);
-  }
-  m.row_lens.resize(static_cast<size_t>(rows));
-  for (int32_t b = 0; b < batch; ++b) {
-    for (int32_t j = 0; j < next_n; ++j) {
-      m.row_lens[b * next_n + j] = indexer_visible_entries(m.ctx_lens[b], next_n, j, c.model.compress_ratio);
-    }
-  }
+  SPIN_RETURN_IF_ERROR(m.append_tokens());
   stats->cache_ms += ms_since(t0);
-
-  const int32_t K = c.model.topk;
-  const int32_t n_extra = std::min<int32_t>(c.model.window, static_cast<int32_t>(max_entries));
-  m.logits.resize(static_cast<size_t>(rows) * max_entries);
-  m.topk_out.resize(static_cast<size_t>(rows) * K);
-  m.out.resize(static_cast<size_t>(rows) * H * kMlaLatentDim);
-  m.q_index.resize(static_cast<size_t>(rows) * HI * kIndexerHeadDim);
-  m.w_index.resize(static_cast<size_t>(rows) * HI);
-  m.q_attn.resize(static_cast<size_t>(rows) * H * kMlaHeadDim);
-  m.extra.assign(static_cast<size_t>(rows) * std::max(n_extra, 1), -1);
-  m.selections.resize(static_cast<size_t>(batch));
-  const bool predicted = c.predictor != "all-keep";
-
-  for (int32_t l = 0; l < c.layers; ++l) {
-    // Queries of this layer (random, keyed on seed, layer, request and position).
+  m.size_buffers();
+  for (int32_t l = 0; l < m.cfg.layers; ++l) {
     t0 = Clock::now();
-#pragma omp parallel for schedule(static) num_threads(m.threads)
-    for (int64_t row = 0; row < rows; ++row) {
-      const Impl::Request& r = m.requests[row / next_n];
-      const int64_t position = m.ctx_lens[row / next_n] - next_n + row % next_n;
-      CounterRng qi(stream_key(c.seed, kTagIndexQuery, l, r.id, position));
-      uint8_t* q = m.q_index.data() + row * HI * kIndexerHeadDim;
-      for (int64_t i = 0; i < int64_t{HI} * kIndexerHeadDim; i += 8) {
-        const uint64_t bits = qi.next_u64();
-        for (int k = 0; k < 8; ++k) q[i + k] = random_code(bits >> (8 * k));
-      }
-      for (int32_t h = 0; h < HI; ++h) m.w_index[row * HI + h] = static_cast<float>(qi.uniform() * 0.02);
-      CounterRng qa(stream_key(c.seed, kTagAttnQuery, l, r.id, position));
-      uint16_t* qv = m.q_attn.data() + row * H * kMlaHeadDim;
-      for (int64_t i = 0; i < int64_t{H} * kMlaHeadDim; ++i) qv[i] = bf16_from_float(static_cast<float>(qa.uniform() - 0.5));
-      // V4: the newest `window` entries of the row (cost-equivalent stand-in for the SWA window).
-      for (int32_t i = 0; i < n_extra; ++i) {
-        const int64_t e = m.row_lens[row] - 1 - i;
-        m.extra[row * n_extra + i] = e >= 0 ? static_cast<int32_t>(e) : -1;
-      }
-    }
+    m.make_queries(l);
     stats->cache_ms += ms_since(t0);
 
-    // 2. Predictor: which blocks to score.
     t0 = Clock::now();
-    if (predicted) {
-      m.block_ids.clear();
-      m.block_offsets.assign(1, 0);
-      for (int32_t b = 0; b < batch; ++b) {
-        Impl::Request& r = m.requests[b];
-        HisaView hisa;
-        hisa.key_cache = m.index_caches[l].data();
-        hisa.page_size = page_size;
-        hisa.block_table = r.pages.pages().data();
-        hisa.num_entries = entries_for_tokens(c, m.ctx_lens[b]);
-        hisa.q = m.q_index.data() + int64_t{b} * next_n * HI * kIndexerHeadDim;
-        hisa.w = m.w_index.data() + int64_t{b} * next_n * HI;
-        hisa.heads = HI;
-        hisa.num_cache_pages = m.allocator.num_pages();
-        StepInput in;
-        in.step = r.step;
-        in.num_entries = hisa.num_entries;
-        in.next_n = next_n;
-        in.row_visible = c.model.compress_ratio > 1 ? m.row_lens.data() + int64_t{b} * next_n : nullptr;
-        in.hisa = &hisa;
-        SPIN_RETURN_IF_ERROR(r.predictor->select(l, in, &m.selections[b]));
-        m.block_ids.insert(m.block_ids.end(), m.selections[b].blocks.begin(), m.selections[b].blocks.end());
-        m.block_offsets.push_back(static_cast<int32_t>(m.block_ids.size()));
-      }
-    }
+    if (m.predicted) SPIN_RETURN_IF_ERROR(m.select_blocks(l));
     stats->predictor_ms += ms_since(t0);
 
-    // 3. Indexer over the selected blocks (all blocks for all-keep), all requests in one call.
-    IndexerParams ip;
-    ip.key_cache = m.index_caches[l].data();
-    ip.page_size = page_size;
-    ip.num_pages = m.allocator.num_pages();
-    ip.block_table = m.block_table.data();
-    ip.block_table_stride = max_pages;
-    ip.batch = batch;
-    ip.context_lens = m.ctx_lens.data();
-    ip.next_n = next_n;
-    ip.compress_ratio = c.model.compress_ratio;
-    ip.num_heads = HI;
-    ip.q = m.q_index.data();
-    ip.weights = m.w_index.data();
-    ip.logits = m.logits.data();
-    ip.logits_stride = max_entries;
-    ip.logits_cols = max_entries;
-    if (predicted) {
-      ip.block_ids = m.block_ids.data();
-      ip.block_offsets = m.block_offsets.data();
-      ip.block_pages = c.predictor_config.block_pages;
-    }
+    const IndexerParams ip = m.indexer_params(l);
     t0 = Clock::now();
-    SPIN_RETURN_IF_ERROR(indexer_scores(ip, {m.indexer_impl, m.threads}));
+    SPIN_RETURN_IF_ERROR(indexer_scores(ip, m.kernels.indexer));
     stats->indexer_ms += ms_since(t0);
 
-    // 4. Top-k per row.
-    TopkParams tp{m.logits.data(), max_entries, static_cast<int32_t>(rows), max_entries, m.row_lens.data(), K,
-                  m.topk_out.data(), K};
+    const TopkParams tp = m.topk_params();
     t0 = Clock::now();
-    SPIN_RETURN_IF_ERROR(topk(tp, {m.topk_impl, m.threads}));
+    SPIN_RETURN_IF_ERROR(topk(tp, m.kernels.topk));
     stats->topk_ms += ms_since(t0);
 
-    // 5. Sparse MLA attention over the top-k (+ window).
-    SparseAttentionParams ap;
-    ap.latent_cache = m.latent_caches[l].data();
-    ap.dtype = c.latent_dtype;
-    ap.page_size = page_size;
-    ap.num_pages = m.allocator.num_pages();
-    ap.block_table = m.block_table.data();
-    ap.block_table_stride = max_pages;
-    ap.batch = batch;
-    ap.next_n = next_n;
-    ap.visible_entries = m.row_lens.data();
-    ap.num_heads = H;
-    ap.q = m.q_attn.data();
-    ap.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kMlaHeadDim));
-    ap.indices = m.topk_out.data();
-    ap.topk = K;
-    ap.extra_indices = n_extra > 0 ? m.extra.data() : nullptr;
-    ap.n_extra = n_extra;
-    ap.out = m.out.data();
+    const SparseAttentionParams ap = m.attention_params(l);
     t0 = Clock::now();
-    SPIN_RETURN_IF_ERROR(sparse_attention(ap, {m.attention_impl, m.threads}));
+    SPIN_RETURN_IF_ERROR(sparse_attention(ap, m.kernels.attention));
     stats->attention_ms += ms_since(t0);
 
-    // 6. Observe (buffered until commit).
     t0 = Clock::now();
-    if (predicted) {
-      for (int32_t b = 0; b < batch; ++b) {
-        for (int32_t j = 0; j < next_n; ++j) {
-          const int64_t row = int64_t{b} * next_n + j;
-          RowScores rs;
-          rs.scores = m.logits.data() + row * max_entries;
-          rs.num_cols = max_entries;
-          rs.visible = m.row_lens[row];
-          rs.scored_blocks = m.selections[b].blocks.data();
-          rs.num_scored_blocks = static_cast<int64_t>(m.selections[b].blocks.size());
-          rs.topk_positions = m.topk_out.data() + row * K;
-          SPIN_RETURN_IF_ERROR(m.requests[b].predictor->observe(l, j, rs));
-        }
-      }
-    }
+    if (m.predicted) SPIN_RETURN_IF_ERROR(m.observe(l));
     stats->predictor_ms += ms_since(t0);
 
-    for (int64_t row = 0; row < rows; ++row) {
-      stats->visible_entries += m.row_lens[row];
-      int64_t scored = 0;
-      const float* lr = m.logits.data() + row * max_entries;
-      for (int64_t e = 0; e < m.row_lens[row]; ++e) scored += lr[e] != -std::numeric_limits<float>::infinity();
-      stats->scored_entries += scored;
-    }
-    for (int32_t b = 0; b < batch; ++b) {
-      const float* o = m.out.data() + int64_t{b} * next_n * H * kMlaLatentDim;
-      m.requests[b].last_out[l].assign(o, o + int64_t{next_n} * H * kMlaLatentDim);
-    }
-
-    // 7. Untimed: the all-keep output of the same step, for attn_err.
-    if (c.measure_attn_err && predicted) {
-      IndexerParams full = ip;
-      full.block_ids = nullptr;
-      full.block_offsets = nullptr;
-      m.logits_full.resize(m.logits.size());
-      full.logits = m.logits_full.data();
-      SPIN_RETURN_IF_ERROR(indexer_scores(full, {IndexerImpl::kAuto, m.threads}));
-      m.topk_full.resize(m.topk_out.size());
-      TopkParams ftp = tp;
-      ftp.scores = m.logits_full.data();
-      ftp.out = m.topk_full.data();
-      SPIN_RETURN_IF_ERROR(topk(ftp, {TopkImpl::kAuto, m.threads}));
-      m.out_full.resize(m.out.size());
-      SparseAttentionParams fap = ap;
-      fap.indices = m.topk_full.data();
-      fap.out = m.out_full.data();
-      SPIN_RETURN_IF_ERROR(sparse_attention(fap, {AttentionImpl::kAuto, m.threads}));
-      for (int64_t row = 0; row < rows; ++row) {
-        double diff = 0, norm = 0;
-        const float* a = m.out.data() + row * H * kMlaLatentDim;
-        const float* f = m.out_full.data() + row * H * kMlaLatentDim;
-        for (int64_t i = 0; i < int64_t{H} * kMlaLatentDim; ++i) {
-          diff += (double{a[i]} - f[i]) * (double{a[i]} - f[i]);
-          norm += double{f[i]} * f[i];
-        }
-        if (norm > 0) {
-          stats->attn_err_sum += std::sqrt(diff / norm);
-          ++stats->attn_err_rows;
-        }
-      }
-    }
+    m.record_layer(l, stats);
+    if (m.cfg.measure_attn_err && m.predicted) SPIN_RETURN_IF_ERROR(m.measure_attn_err(ip, tp, ap, stats));
   }
-
-  // 8. Verification: draw the accepted drafts, commit the predictors, advance the sequences.
   t0 = Clock::now();
-  for (Impl::Request& r : m.requests) {
-    int32_t accepted = 0;
-    CounterRng rng(stream_key(c.seed, kTagAccept, r.id, r.step));
-    while (accepted < next_n - 1 && rng.uniform() < c.acceptance_rate) ++accepted;
-    if (r.predictor) SPIN_RETURN_IF_ERROR(r.predictor->commit(accepted));
-    r.tokens += accepted + 1;
-    ++r.step;
-    stats->tokens += accepted + 1;
-  }
+  SPIN_RETURN_IF_ERROR(m.verify(stats));
   stats->predictor_ms += ms_since(t0);
-  stats->rows = rows;
+  stats->rows = m.rows;
   stats->total_ms = stats->indexer_ms + stats->topk_ms + stats->attention_ms + stats->predictor_ms;
   stats->wall_ms = ms_since(step_start);
   return ok_status();

@@ -65,6 +65,9 @@ const std::vector<Knob>& knobs() {
 
 }  // namespace
 
+// One function (~80 lines): the Gauss–Newton iteration below (Jacobian, minimum-norm step,
+// backtracking) shares params, current and the best point measure() keeps; split, every stage
+// would take all of them.
 Result<CalibrationResult> calibrate(const CalibrationTarget& target, const CalibrationOptions& options) {
   auto base = scenario_params(target.scenario);
   if (!base.ok()) return base.status();

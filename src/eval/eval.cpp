@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -181,8 +182,286 @@ std::vector<std::string> draw_plots(const std::string& dir, const json& sweep, s
   return plots;
 }
 
+// ---- Compute: one scenario, every job, every request ----------------------------------------
+
+using Progress = std::function<void(const std::string& stage, double fraction)>;
+
+// What the jobs of one scenario measured, merged over its requests.
+struct ScenarioRun {
+  std::string name;
+  WorkloadParams params;
+  std::vector<Job> jobs;
+  std::vector<JobResult> out;  // [jobs]
+  TraceFacts facts;            // means over requests
+  double generate_s = 0;       // generating and scoring (all-keep) the traces
+  double replay_s = 0;
+};
+
+// Generates request `request`'s trace, scores it and replays every job on it; merges the results
+// into `run` (in job order, so the statistics do not depend on thread timing).
+Status run_request(const EvalOptions& o, int request, int requests, int threads, const Progress& stage,
+                   ScenarioRun* run) {
+  const std::vector<Job>& jobs = run->jobs;
+  WorkloadParams request_params = run->params;
+  request_params.seed = o.seed + static_cast<uint64_t>(request);
+  const auto g0 = std::chrono::steady_clock::now();
+  stage("generating", 0.0);
+  auto trace = generate_workload(request_params);
+  if (!trace.ok()) return trace.status();
+  ScoreOptions score_options;
+  score_options.threads = threads;
+  score_options.progress = [&](int64_t done, int64_t total) {
+    stage("scoring (all-keep)", 0.05 + 0.2 * static_cast<double>(done) / static_cast<double>(total));
+  };
+  auto scored = score_trace(trace.value(), score_options);
+  if (!scored.ok()) return scored.status();
+  run->generate_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count();
+  std::vector<JobResult> part(jobs.size());
+  std::vector<Status> errors(jobs.size());
+  int64_t finished = 0;
+  // Jobs are independent replays; each result lands in its own slot, so the order in which
+  // threads finish them never shows in the results.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    ReplayOptions ro;
+    ro.predictor = jobs[j].predictor;
+    ro.config = jobs[j].config;
+    ro.open_loop = jobs[j].open_loop;
+    auto r = replay(trace.value(), *scored.value(), ro);
+    if (r.ok()) {
+      part[j] = {r->quality, r->predictor_seconds};
+    } else {
+      errors[j] = r.status();
+    }
+#pragma omp critical
+    {
+      ++finished;
+      stage(fmt::format("replaying {}/{}", finished, jobs.size()),
+            0.25 + 0.75 * static_cast<double>(finished) / static_cast<double>(jobs.size()));
+    }
+  }
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    if (!errors[j].ok()) {
+      return Status(errors[j].code(), fmt::format("{} / {}: {}", run->name, jobs[j].label, errors[j].message()));
+    }
+    run->out[j].quality.merge(part[j].quality);
+    run->out[j].predictor_seconds += part[j].predictor_seconds;
+  }
+  // Blocks as replay() sees them: the trace's page size, the config's pages per block.
+  const TraceFacts f = trace_facts(*scored.value(), trace->meta.page_size * o.base_config.block_pages);
+  // Means over requests (each request has the same number of samples).
+  TraceFacts& facts = run->facts;
+  facts.samples += f.samples;
+  facts.exact_by_construction += f.exact_by_construction;
+  facts.topk_block_share += f.topk_block_share / requests;
+  facts.prev_step_topk_recall += f.prev_step_topk_recall / requests;
+  facts.mean_visible_entries += f.mean_visible_entries / requests;
+  return ok_status();
+}
+
+// Every job of scenario `name` over `requests` independent traces (seed, seed+1, ...).
+Result<ScenarioRun> run_scenario(const EvalOptions& o, const std::string& name, int requests, int threads,
+                                 const Progress& report) {
+  auto params = scenario_params(name);
+  if (!params.ok()) return params.status();
+  ScenarioRun run;
+  run.name = name;
+  run.params = params.value();
+  run.params.seed = o.seed;
+  if (o.quick) {
+    run.params.steps = std::min(run.params.steps, 16);
+    run.params.layers = std::min(run.params.layers, 2);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  run.jobs = jobs_for(run.params.next_n > 1, o);
+  run.out.resize(run.jobs.size());
+  for (JobResult& r : run.out) r.quality = QualityStats(run.params.topk);
+  for (int request = 0; request < requests; ++request) {
+    const double r0 = static_cast<double>(request) / requests, r1 = 1.0 / requests;
+    auto stage = [&](const std::string& what, double f) {
+      report(fmt::format("request {}/{}: {}", request + 1, requests, what), r0 + r1 * f);
+    };
+    SPIN_RETURN_IF_ERROR(run_request(o, request, requests, threads, stage, &run));
+  }
+  run.replay_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - run.generate_s;
+  return run;
+}
+
+// ---- Results: results.json's sections -----------------------------------------------------
+
+struct Results {
+  json calibration = json::array(), predictors = json::array(), sweep = json::array(), mtp = json::array(),
+       pooling = json::array(), timing = json::object(), scenarios = json::object();
+};
+
+void add_results(const ScenarioRun& run, int requests, const std::map<std::string, CalibrationTarget>& targets,
+                 Results* res) {
+  const std::string& name = run.name;
+  const WorkloadParams& params = run.params;
+  const TraceFacts& facts = run.facts;
+  res->scenarios[name] = {{"requests", requests},
+                          {"workload", params.to_string()},
+                          {"steps", params.steps},
+                          {"layers", params.layers},
+                          {"next_n", params.next_n},
+                          {"prompt_tokens", params.prompt_tokens},
+                          {"mean_visible_entries", facts.mean_visible_entries},
+                          {"samples", facts.samples},
+                          {"exact_by_construction", facts.exact_by_construction},
+                          {"topk_block_share", facts.topk_block_share}};
+  json& timing = res->timing[name];
+  timing = {{"generate_and_score_s", run.generate_s}, {"replay_s", run.replay_s}};
+  // Oracle recall per sparsity, for the gap column.
+  std::map<double, double> oracle;
+  for (size_t j = 0; j < run.jobs.size(); ++j) {
+    if (run.jobs[j].section == Section::kSweep && run.jobs[j].predictor == "oracle") {
+      oracle[run.jobs[j].config.target_sparsity] = run.out[j].quality.recall().mean();
+    }
+  }
+  for (size_t j = 0; j < run.jobs.size(); ++j) {
+    const Job& job = run.jobs[j];
+    const QualityStats& q = run.out[j].quality;
+    json row = quality_json(q);
+    row.update({{"scenario", name}, {"label", job.label}, {"predictor", job.predictor},
+                {"target_sparsity", job.config.target_sparsity}, {"config", job.config.to_string()}});
+    timing["predictor_s"][section_name(job.section) + ":" + job.label + "@" +
+                          fmt::format("{:.2f}", job.config.target_sparsity)] = run.out[j].predictor_seconds;
+    switch (job.section) {
+      case Section::kPredictors:
+        res->predictors.push_back(row);
+        if (job.predictor == "prev-iter") {
+          const auto it = targets.find(name);
+          res->calibration.push_back(
+              {{"scenario", name},
+               {"pearson", num(q.pearson().mean())},
+               {"topk_recall", facts.prev_step_topk_recall},
+               {"target_pearson", it != targets.end() ? num(it->second.pearson) : json(nullptr)},
+               {"target_topk_recall", it != targets.end() ? num(it->second.topk_recall) : json(nullptr)},
+               {"topk_block_share", facts.topk_block_share},
+               {"mean_visible_entries", facts.mean_visible_entries}});
+        }
+        break;
+      case Section::kSweep:
+        row["oracle_recall_mean"] = num(oracle[job.config.target_sparsity]);
+        row["gap_to_oracle"] = num(oracle[job.config.target_sparsity] - q.recall().mean());
+        res->sweep.push_back(row);
+        break;
+      case Section::kMtp: res->mtp.push_back(row); break;
+      case Section::kPooling: res->pooling.push_back(row); break;
+    }
+  }
+}
+
+// ---- Renderers: report.md's sections --------------------------------------------------------
+
+double number_or_nan(const json& x) { return x.is_number() ? x.get<double>() : NAN; }
+std::string number_cell(const json& x) { return x.is_number() ? cell(x.get<double>()) : std::string("–"); }
+
+std::string render_calibration(const json& calibration) {
+  std::string md = "## Calibration (all-keep, prev-iter open loop)\n\n| scenario | visible entries | Pearson | target | top-k "
+                   "recall | target | blocks with ≥1 top-k entry |\n|---|---:|---:|---:|---:|---:|---:|\n";
+  for (const json& c : calibration) {
+    md += fmt::format("| {} | {:.0f} | {} | {} | {} | {} | {:.1f}% |\n", c["scenario"].get<std::string>(),
+                      c["mean_visible_entries"].get<double>(), number_cell(c["pearson"]),
+                      number_cell(c["target_pearson"]), number_cell(c["topk_recall"]),
+                      number_cell(c["target_topk_recall"]), 100 * c["topk_block_share"].get<double>());
+  }
+  return md;
+}
+
+std::string render_predictors(const json& predictors) {
+  std::string md =
+      fmt::format("\n## Predictor comparison (open loop, block recall at {:.0f}% sparsity)\n\n", 100 * kComparisonSparsity);
+  md += "| scenario | predictor | Pearson | block recall | top-k recall (token) |\n|---|---|---:|---:|---:|\n";
+  for (const json& r : predictors) {
+    md += fmt::format("| {} | {} | {} | {} | {} |\n", r["scenario"].get<std::string>(), r["label"].get<std::string>(),
+                      number_cell(r["pearson_mean"]), number_cell(r["block_recall_mean"]),
+                      number_cell(r["topk_recall_mean"]));
+  }
+  return md;
+}
+
+std::string render_sweep(const json& sweep, bool quick) {
+  std::string md = "\n## Sparsity sweep (closed loop): mean recall / p99 miss, realised sparsity in brackets\n\n";
+  std::map<std::string, std::map<std::string, std::map<double, const json*>>> grid;
+  std::vector<std::string> order;
+  for (const json& r : sweep) {
+    const std::string label = r["label"];
+    if (std::find(order.begin(), order.end(), label) == order.end()) order.push_back(label);
+    grid[r["scenario"]][label][r["target_sparsity"].get<double>()] = &r;
+  }
+  for (const auto& [scenario, by_label] : grid) {
+    md += "### " + scenario + "\n\n| predictor |";
+    std::string rule = "|---|";
+    for (double s : sweep_sparsities(quick)) {
+      md += fmt::format(" {:.0f}% |", 100 * s);
+      rule += "---:|";
+    }
+    md += "\n" + rule + "\n";
+    for (const std::string& label : order) {
+      if (!by_label.count(label)) continue;
+      md += "| " + label + " |";
+      for (double s : sweep_sparsities(quick)) {
+        const json* r = by_label.at(label).count(s) ? by_label.at(label).at(s) : nullptr;
+        if (r == nullptr) {
+          md += " – |";
+          continue;
+        }
+        md += fmt::format(" {} / {} ({:.0f}%) |", cell(number_or_nan((*r)["recall_mean"])),
+                          cell(number_or_nan((*r)["miss_p99"])), 100 * number_or_nan((*r)["sparsity_mean"]));
+      }
+      md += "\n";
+    }
+    md += "\n";
+  }
+  return md;
+}
+
+std::string render_mtp(const json& mtp) {
+  std::string md = fmt::format(
+      "## MTP replay (spin; closed loop): mean recall / p99 miss\n\n| scenario | update | 30% | {:.0f}% |\n|---|---|---:|---:|\n",
+      100 * kMtpSparsity);
+  for (size_t i = 0; i + 1 < mtp.size(); i += 2) {
+    md += fmt::format("| {} | {} | {} / {} | {} / {} |\n", mtp[i]["scenario"].get<std::string>(),
+                      mtp[i]["label"].get<std::string>(), cell(number_or_nan(mtp[i]["recall_mean"])),
+                      cell(number_or_nan(mtp[i]["miss_p99"])), cell(number_or_nan(mtp[i + 1]["recall_mean"])),
+                      cell(number_or_nan(mtp[i + 1]["miss_p99"])));
+  }
+  return md;
+}
+
+std::string render_pooling(const json& pooling) {
+  std::string md = fmt::format(
+      "\n## Ablation: pooling and combine (spin, {:.0f}% sparsity, closed loop)\n\n| scenario | variant | mean recall | "
+      "p99 miss | block recall |\n|---|---|---:|---:|---:|\n",
+      100 * kMtpSparsity);
+  for (const json& r : pooling) {
+    md += fmt::format("| {} | {} | {} | {} | {} |\n", r["scenario"].get<std::string>(), r["label"].get<std::string>(),
+                      cell(number_or_nan(r["recall_mean"])), cell(number_or_nan(r["miss_p99"])),
+                      cell(number_or_nan(r["block_recall_mean"])));
+  }
+  return md;
+}
+
+std::string render_report(const EvalOptions& o, int requests, const Results& res) {
+  std::string md = "# spin eval report\n\n";
+  md += fmt::format("Seed {}, {} request(s) per scenario{}. Predictor config (sweeps vary target_sparsity): `{}`\n\n", o.seed, requests,
+                    o.quick ? ", quick mode" : "", o.base_config.to_string());
+  md += "Every number is measured against all-keep (the full indexer) on the same trace; recall is token-level "
+        "top-k recall, miss = 1 − recall, percentiles are nearest-rank. Rows whose context holds ≤ topk entries are "
+        "exact by construction and excluded (counted in results.json). Step 0 of each trace stands for prefill: every "
+        "predictor observes its full scores (prefill computed them anyway) and it is not a sample.\n\n";
+  md += render_calibration(res.calibration);
+  md += render_predictors(res.predictors);
+  md += render_sweep(res.sweep, o.quick);
+  md += render_mtp(res.mtp);
+  md += render_pooling(res.pooling);
+  return md;
+}
+
 }  // namespace
 
+// compute (run_scenario) → results (add_results) → renderers (render_report, draw_plots).
 Result<EvalSummary> run_eval(const EvalOptions& o) {
   SPIN_RETURN_IF_ERROR(o.base_config.validate());
   std::vector<std::string> scenarios = o.scenarios;
@@ -197,12 +476,10 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
   const int requests = o.requests > 0 ? o.requests : (o.quick ? 1 : 3);
   const auto started = std::chrono::steady_clock::now();
-  json results = {{"seed", o.seed}, {"quick", o.quick}, {"config", o.base_config.to_string()}};
-  json calibration = json::array(), predictors = json::array(), sweep = json::array(), mtp = json::array(),
-       pooling = json::array(), timing = json::object();
   std::map<std::string, CalibrationTarget> targets;
   for (const CalibrationTarget& t : paper_targets()) targets[t.scenario] = t;
 
+  Results res;
   for (size_t si = 0; si < scenarios.size(); ++si) {
     const std::string& name = scenarios[si];
     const double base_fraction = static_cast<double>(si) / static_cast<double>(scenarios.size());
@@ -210,221 +487,30 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
     auto report = [&](const std::string& stage, double f) {
       if (o.progress) o.progress(fmt::format("[{}/{}] {}: {}", si + 1, scenarios.size(), name, stage), base_fraction + share * f);
     };
-    auto params = scenario_params(name);
-    if (!params.ok()) return params.status();
-    params->seed = o.seed;
-    if (o.quick) {
-      params->steps = std::min(params->steps, 16);
-      params->layers = std::min(params->layers, 2);
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    const bool mtp_scenario = params->next_n > 1;
-    const std::vector<Job> jobs = jobs_for(mtp_scenario, o);
-    std::vector<JobResult> out(jobs.size());
-    for (JobResult& r : out) r.quality = QualityStats(params->topk);
-    TraceFacts facts;
-    double generate_s = 0;
-    // Each request is an independent trace (seed, seed+1, ...); its samples are merged in
-    // request order, so the statistics do not depend on thread timing.
-    for (int request = 0; request < requests; ++request) {
-      const double r0 = static_cast<double>(request) / requests, r1 = 1.0 / requests;
-      auto stage = [&](const std::string& what, double f) {
-        report(fmt::format("request {}/{}: {}", request + 1, requests, what), r0 + r1 * f);
-      };
-      WorkloadParams request_params = params.value();
-      request_params.seed = o.seed + static_cast<uint64_t>(request);
-      const auto g0 = std::chrono::steady_clock::now();
-      stage("generating", 0.0);
-      auto trace = generate_workload(request_params);
-      if (!trace.ok()) return trace.status();
-      ScoreOptions score_options;
-      score_options.threads = threads;
-      score_options.progress = [&](int64_t done, int64_t total) {
-        stage("scoring (all-keep)", 0.05 + 0.2 * static_cast<double>(done) / static_cast<double>(total));
-      };
-      auto scored = score_trace(trace.value(), score_options);
-      if (!scored.ok()) return scored.status();
-      generate_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count();
-      std::vector<JobResult> part(jobs.size());
-      std::vector<Status> errors(jobs.size());
-      int64_t finished = 0;
-      // Jobs are independent replays; each result lands in its own slot, so the order in which
-      // threads finish them never shows in the results.
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-      for (size_t j = 0; j < jobs.size(); ++j) {
-        ReplayOptions ro;
-        ro.predictor = jobs[j].predictor;
-        ro.config = jobs[j].config;
-        ro.open_loop = jobs[j].open_loop;
-        auto r = replay(trace.value(), *scored.value(), ro);
-        if (r.ok()) {
-          part[j] = {r->quality, r->predictor_seconds};
-        } else {
-          errors[j] = r.status();
-        }
-#pragma omp critical
-        {
-          ++finished;
-          stage(fmt::format("replaying {}/{}", finished, jobs.size()),
-                0.25 + 0.75 * static_cast<double>(finished) / static_cast<double>(jobs.size()));
-        }
-      }
-      for (size_t j = 0; j < jobs.size(); ++j) {
-        if (!errors[j].ok()) {
-          return Status(errors[j].code(), fmt::format("{} / {}: {}", name, jobs[j].label, errors[j].message()));
-        }
-        out[j].quality.merge(part[j].quality);
-        out[j].predictor_seconds += part[j].predictor_seconds;
-      }
-      // Blocks as replay() sees them: the trace's page size, the config's pages per block.
-      const TraceFacts f = trace_facts(*scored.value(), trace->meta.page_size * o.base_config.block_pages);
-      // Means over requests (each request has the same number of samples).
-      facts.samples += f.samples;
-      facts.exact_by_construction += f.exact_by_construction;
-      facts.topk_block_share += f.topk_block_share / requests;
-      facts.prev_step_topk_recall += f.prev_step_topk_recall / requests;
-      facts.mean_visible_entries += f.mean_visible_entries / requests;
-    }
-    const auto t2 = std::chrono::steady_clock::now();
-    results["scenarios"][name] = {{"requests", requests},
-                                  {"workload", params->to_string()},
-                                  {"steps", params->steps},
-                                  {"layers", params->layers},
-                                  {"next_n", params->next_n},
-                                  {"prompt_tokens", params->prompt_tokens},
-                                  {"mean_visible_entries", facts.mean_visible_entries},
-                                  {"samples", facts.samples},
-                                  {"exact_by_construction", facts.exact_by_construction},
-                                  {"topk_block_share", facts.topk_block_share}};
-    timing[name] = {{"generate_and_score_s", generate_s},
-                    {"replay_s", std::chrono::duration<double>(t2 - t0).count() - generate_s}};
-    // Oracle recall per sparsity, for the gap column.
-    std::map<double, double> oracle;
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      if (jobs[j].section == Section::kSweep && jobs[j].predictor == "oracle") {
-        oracle[jobs[j].config.target_sparsity] = out[j].quality.recall().mean();
-      }
-    }
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      const Job& job = jobs[j];
-      const QualityStats& q = out[j].quality;
-      json row = quality_json(q);
-      row.update({{"scenario", name}, {"label", job.label}, {"predictor", job.predictor},
-                  {"target_sparsity", job.config.target_sparsity}, {"config", job.config.to_string()}});
-      timing[name]["predictor_s"][section_name(job.section) + ":" + job.label + "@" +
-                                  fmt::format("{:.2f}", job.config.target_sparsity)] = out[j].predictor_seconds;
-      switch (job.section) {
-        case Section::kPredictors:
-          predictors.push_back(row);
-          if (job.predictor == "prev-iter") {
-            const auto it = targets.find(name);
-            calibration.push_back({{"scenario", name},
-                                   {"pearson", num(q.pearson().mean())},
-                                   {"topk_recall", facts.prev_step_topk_recall},
-                                   {"target_pearson", it != targets.end() ? num(it->second.pearson) : json(nullptr)},
-                                   {"target_topk_recall", it != targets.end() ? num(it->second.topk_recall) : json(nullptr)},
-                                   {"topk_block_share", facts.topk_block_share},
-                                   {"mean_visible_entries", facts.mean_visible_entries}});
-          }
-          break;
-        case Section::kSweep:
-          row["oracle_recall_mean"] = num(oracle[job.config.target_sparsity]);
-          row["gap_to_oracle"] = num(oracle[job.config.target_sparsity] - q.recall().mean());
-          sweep.push_back(row);
-          break;
-        case Section::kMtp: mtp.push_back(row); break;
-        case Section::kPooling: pooling.push_back(row); break;
-      }
-    }
+    auto run = run_scenario(o, name, requests, threads, report);
+    if (!run.ok()) return run.status();
+    add_results(run.value(), requests, targets, &res);
   }
-  results["calibration"] = calibration;
-  results["predictors"] = predictors;
-  results["sweep"] = sweep;
-  results["mtp"] = mtp;
-  results["pooling"] = pooling;
-  timing["total_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  results["timing"] = timing;
+  json results = {{"seed", o.seed}, {"quick", o.quick}, {"config", o.base_config.to_string()}};
+  if (!res.scenarios.empty()) results["scenarios"] = res.scenarios;
+  results["calibration"] = res.calibration;
+  results["predictors"] = res.predictors;
+  results["sweep"] = res.sweep;
+  results["mtp"] = res.mtp;
+  results["pooling"] = res.pooling;
+  res.timing["total_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  results["timing"] = res.timing;
 
-  // ---- report.md ------------------------------------------------------------------------------
-  std::string md = "# spin eval report\n\n";
-  md += fmt::format("Seed {}, {} request(s) per scenario{}. Predictor config (sweeps vary target_sparsity): `{}`\n\n", o.seed, requests,
-                    o.quick ? ", quick mode" : "", o.base_config.to_string());
-  md += "Every number is measured against all-keep (the full indexer) on the same trace; recall is token-level "
-        "top-k recall, miss = 1 − recall, percentiles are nearest-rank. Rows whose context holds ≤ topk entries are "
-        "exact by construction and excluded (counted in results.json). Step 0 of each trace stands for prefill: every "
-        "predictor observes its full scores (prefill computed them anyway) and it is not a sample.\n\n";
-  md += "## Calibration (all-keep, prev-iter open loop)\n\n| scenario | visible entries | Pearson | target | top-k "
-        "recall | target | blocks with ≥1 top-k entry |\n|---|---:|---:|---:|---:|---:|---:|\n";
-  for (const json& c : calibration) {
-    auto v = [](const json& x) { return x.is_number() ? cell(x.get<double>()) : std::string("–"); };
-    md += fmt::format("| {} | {:.0f} | {} | {} | {} | {} | {:.1f}% |\n", c["scenario"].get<std::string>(),
-                      c["mean_visible_entries"].get<double>(), v(c["pearson"]), v(c["target_pearson"]),
-                      v(c["topk_recall"]), v(c["target_topk_recall"]), 100 * c["topk_block_share"].get<double>());
-  }
-  md += fmt::format("\n## Predictor comparison (open loop, block recall at {:.0f}% sparsity)\n\n", 100 * kComparisonSparsity);
-  md += "| scenario | predictor | Pearson | block recall | top-k recall (token) |\n|---|---|---:|---:|---:|\n";
-  for (const json& r : predictors) {
-    auto v = [](const json& x) { return x.is_number() ? cell(x.get<double>()) : std::string("–"); };
-    md += fmt::format("| {} | {} | {} | {} | {} |\n", r["scenario"].get<std::string>(), r["label"].get<std::string>(),
-                      v(r["pearson_mean"]), v(r["block_recall_mean"]), v(r["topk_recall_mean"]));
-  }
-  md += "\n## Sparsity sweep (closed loop): mean recall / p99 miss, realised sparsity in brackets\n\n";
-  std::map<std::string, std::map<std::string, std::map<double, const json*>>> grid;
-  std::vector<std::string> order;
-  for (const json& r : sweep) {
-    const std::string label = r["label"];
-    if (std::find(order.begin(), order.end(), label) == order.end()) order.push_back(label);
-    grid[r["scenario"]][label][r["target_sparsity"].get<double>()] = &r;
-  }
-  for (const auto& [scenario, by_label] : grid) {
-    md += "### " + scenario + "\n\n| predictor |";
-    std::string rule = "|---|";
-    for (double s : sweep_sparsities(o.quick)) {
-      md += fmt::format(" {:.0f}% |", 100 * s);
-      rule += "---:|";
-    }
-    md += "\n" + rule + "\n";
-    for (const std::string& label : order) {
-      if (!by_label.count(label)) continue;
-      md += "| " + label + " |";
-      for (double s : sweep_sparsities(o.quick)) {
-        const json* r = by_label.at(label).count(s) ? by_label.at(label).at(s) : nullptr;
-        if (r == nullptr) {
-          md += " – |";
-          continue;
-        }
-        auto d = [](const json& x) { return x.is_number() ? x.get<double>() : NAN; };
-        md += fmt::format(" {} / {} ({:.0f}%) |", cell(d((*r)["recall_mean"])), cell(d((*r)["miss_p99"])),
-                          100 * d((*r)["sparsity_mean"]));
-      }
-      md += "\n";
-    }
-    md += "\n";
-  }
-  md += fmt::format("## MTP replay (spin; closed loop): mean recall / p99 miss\n\n| scenario | update | 30% | {:.0f}% |\n|---|---|---:|---:|\n",
-                    100 * kMtpSparsity);
-  for (size_t i = 0; i + 1 < mtp.size(); i += 2) {
-    auto d = [](const json& x) { return x.is_number() ? x.get<double>() : NAN; };
-    md += fmt::format("| {} | {} | {} / {} | {} / {} |\n", mtp[i]["scenario"].get<std::string>(),
-                      mtp[i]["label"].get<std::string>(), cell(d(mtp[i]["recall_mean"])), cell(d(mtp[i]["miss_p99"])),
-                      cell(d(mtp[i + 1]["recall_mean"])), cell(d(mtp[i + 1]["miss_p99"])));
-  }
-  md += fmt::format("\n## Ablation: pooling and combine (spin, {:.0f}% sparsity, closed loop)\n\n| scenario | variant | mean recall | p99 miss | block recall |\n|---|---|---:|---:|---:|\n",
-                    100 * kMtpSparsity);
-  for (const json& r : pooling) {
-    auto d = [](const json& x) { return x.is_number() ? x.get<double>() : NAN; };
-    md += fmt::format("| {} | {} | {} | {} | {} |\n", r["scenario"].get<std::string>(), r["label"].get<std::string>(),
-                      cell(d(r["recall_mean"])), cell(d(r["miss_p99"])), cell(d(r["block_recall_mean"])));
-  }
+  std::string md = render_report(o, requests, res);
   EvalSummary summary;
-  summary.plots = draw_plots(o.out_dir, sweep, &summary.plot_note);
+  summary.plots = draw_plots(o.out_dir, res.sweep, &summary.plot_note);
   if (!summary.plots.empty()) {
     md += "\n## Plots\n\n";
     for (const std::string& p : summary.plots) md += "![](" + p.substr(p.find_last_of('/') + 1) + ")\n";
   } else {
     md += "\n" + summary.plot_note + "\n";
   }
-  md += fmt::format("\nTotal time {:.1f} s on {} threads.\n", timing["total_s"].get<double>(), threads);
+  md += fmt::format("\nTotal time {:.1f} s on {} threads.\n", res.timing["total_s"].get<double>(), threads);
   summary.report_md = md;
   summary.results_path = o.out_dir + "/results.json";
   SPIN_RETURN_IF_ERROR(write_file_atomic(o.out_dir + "/report.md", md));

@@ -11,7 +11,7 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // The distinct valid (>= 0) values of `v`, sorted ascending, into `out`. Top-k outputs are
-// already sorted and distinct (DESIGN.md §3), so the sort is usually skipped.
+// already sorted and distinct (spin/topk.h), so the sort is usually skipped.
 void valid_set(std::span<const int32_t> v, std::vector<int32_t>& out) {
   out.clear();
   for (int32_t x : v)

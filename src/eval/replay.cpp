@@ -11,6 +11,7 @@
 
 #include "core/errors.h"
 #include "eval/safetensors.h"
+#include "predict/pooling.h"
 #include "spin/cache.h"
 #include "spin/indexer.h"
 #include "spin/topk.h"
@@ -34,9 +35,9 @@ class ScoredTrace {
  public:
   int32_t layers = 0;
   int32_t next_n = 1;
-  int32_t heads = 64;
+  int32_t num_heads = 64;
   int32_t topk = 2048;
-  int32_t page_size = 64;
+  int32_t page_size = kDefaultPageSize;
   int32_t compress_ratio = 1;
   int64_t steps = 0;
   std::vector<int64_t> ctx_len;
@@ -45,13 +46,13 @@ class ScoredTrace {
   // Indexed by (layer · steps + step) · next_n + row.
   std::vector<std::vector<float>> scores;   // [visible] all-keep scores
   std::vector<std::vector<int32_t>> truth;  // [topk] all-keep top-k, -1 padded
-  std::vector<int64_t> visible;
+  std::vector<int64_t> visible_entries;  // entries each row sees
 
   size_t index(int32_t l, int64_t s, int32_t j) const {
     return static_cast<size_t>((l * steps + s) * next_n + j);
   }
   int64_t entries_at(int64_t s) const {
-    return indexer_visible_entries(ctx_len[s], next_n, next_n - 1, compress_ratio);
+    return spin::visible_entries(ctx_len[s], next_n, next_n - 1, compress_ratio);
   }
 };
 
@@ -61,7 +62,7 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const
   const TraceMeta& m = trace.meta;
   st->layers = m.num_layers;
   st->next_n = m.next_n;
-  st->heads = m.num_heads;
+  st->num_heads = m.num_heads;
   st->topk = m.topk;
   st->page_size = m.page_size;
   st->compress_ratio = m.compress_ratio;
@@ -82,7 +83,7 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const
   const size_t n = static_cast<size_t>(m.num_layers) * st->steps * m.next_n;
   st->scores.resize(n);
   st->truth.resize(n);
-  st->visible.resize(n);
+  st->visible_entries.resize(n);
   std::vector<float> logits;
   std::vector<int32_t> topk_out;
   const int64_t total = int64_t{m.num_layers} * st->steps;
@@ -108,17 +109,17 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const
       p.logits_stride = cols;
       p.logits_cols = cols;
       SPIN_RETURN_IF_ERROR(at_row(indexer_scores(p, {IndexerImpl::kAuto, threads}), l, s));
-      std::vector<int64_t> row_lens(static_cast<size_t>(m.next_n));
+      std::vector<int64_t> visible_entries(static_cast<size_t>(m.next_n));
       for (int32_t j = 0; j < m.next_n; ++j) {
-        row_lens[j] = indexer_visible_entries(st->ctx_len[s], m.next_n, j, m.compress_ratio);
+        visible_entries[j] = spin::visible_entries(st->ctx_len[s], m.next_n, j, m.compress_ratio);
       }
       topk_out.resize(static_cast<size_t>(m.next_n) * m.topk);
-      TopkParams tp{logits.data(), cols, m.next_n, cols, row_lens.data(), m.topk, topk_out.data(), m.topk};
+      TopkParams tp{logits.data(), cols, m.next_n, cols, visible_entries.data(), m.topk, topk_out.data(), m.topk};
       SPIN_RETURN_IF_ERROR(at_row(topk(tp, {TopkImpl::kAuto, threads}), l, s));
       for (int32_t j = 0; j < m.next_n; ++j) {
         const size_t i = st->index(l, s, j);
-        st->visible[i] = row_lens[j];
-        st->scores[i].assign(logits.begin() + j * cols, logits.begin() + j * cols + row_lens[j]);
+        st->visible_entries[i] = visible_entries[j];
+        st->scores[i].assign(logits.begin() + j * cols, logits.begin() + j * cols + visible_entries[j]);
         st->truth[i].assign(topk_out.begin() + j * m.topk, topk_out.begin() + (j + 1) * m.topk);
       }
       if (options.progress) options.progress(++done, total);
@@ -138,12 +139,12 @@ TraceFacts trace_facts(const ScoredTrace& st, int32_t block_entries) {
       for (int32_t j = 0; j < st.next_n; ++j) {
         const size_t i = st.index(l, s, j);
         ++facts.samples;
-        visible_sum += st.visible[i];
-        if (st.visible[i] <= st.topk) {
+        visible_sum += st.visible_entries[i];
+        if (st.visible_entries[i] <= st.topk) {
           ++facts.exact_by_construction;
           continue;
         }
-        const int64_t n_blocks = (st.visible[i] + block_entries - 1) / block_entries;
+        const int64_t n_blocks = (st.visible_entries[i] + block_entries - 1) / block_entries;
         std::vector<char> hit(static_cast<size_t>(n_blocks), 0);
         int64_t hits = 0;
         for (int32_t pos : st.truth[i]) {
@@ -189,6 +190,8 @@ int64_t blocks_within(const std::vector<int32_t>& blocks, int64_t visible, int32
 
 }  // namespace
 
+// One loop nest (~135 lines): closed and open loop share the walk over (step, layer, row) in decode
+// order and its reused buffers; the per-row work differs only in which scores the predictor sees.
 Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const ReplayOptions& options) {
   PredictorConfig config = options.config;
   config.page_size = st.page_size;
@@ -213,7 +216,7 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
   std::vector<int32_t> spin_topk(static_cast<size_t>(st.topk));
   std::vector<int32_t> true_topk(static_cast<size_t>(next_n) * st.topk);
   std::vector<int32_t> all_blocks;
-  std::vector<int64_t> row_visible(static_cast<size_t>(next_n));
+  std::vector<int64_t> visible_entries(static_cast<size_t>(next_n));
   std::vector<char> keep;
   PooledRow pooled;
   PoolScratch pool_scratch;
@@ -224,22 +227,22 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
       for (int32_t j = 0; j < next_n; ++j) {
         const size_t i = st.index(l, s, j);
         std::copy(st.truth[i].begin(), st.truth[i].end(), true_topk.begin() + int64_t{j} * st.topk);
-        row_visible[j] = st.visible[i];
+        visible_entries[j] = st.visible_entries[i];
       }
       HisaView hisa;
       hisa.key_cache = st.caches[l].data();
       hisa.page_size = st.page_size;
       hisa.block_table = st.identity_pages.data();
       hisa.num_entries = st.entries_at(s);
-      hisa.q = trace.layers[l].q.data() + static_cast<size_t>(s) * next_n * st.heads * kIndexerHeadDim;
-      hisa.w = trace.layers[l].w.data() + static_cast<size_t>(s) * next_n * st.heads;
-      hisa.heads = st.heads;
+      hisa.q = trace.layers[l].q.data() + static_cast<size_t>(s) * next_n * st.num_heads * kIndexerHeadDim;
+      hisa.w = trace.layers[l].w.data() + static_cast<size_t>(s) * next_n * st.num_heads;
+      hisa.num_heads = st.num_heads;
       hisa.num_cache_pages = static_cast<int64_t>(st.identity_pages.size());
       StepInput in;
       in.step = s;
       in.num_entries = st.entries_at(s);
       in.next_n = next_n;
-      in.row_visible = st.compress_ratio > 1 ? row_visible.data() : nullptr;
+      in.visible_entries = st.compress_ratio > 1 ? visible_entries.data() : nullptr;
       in.true_topk = true_topk.data();
       in.hisa = &hisa;
       in.want_scores = options.open_loop;
@@ -249,14 +252,14 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
       for (int32_t j = 0; j < next_n; ++j) {
         const size_t i = st.index(l, s, j);
         const std::vector<float>& full = st.scores[i];
-        const int64_t visible = st.visible[i];
+        const int64_t visible = st.visible_entries[i];
         const int64_t n_blocks = (visible + E - 1) / E;
         RowQuality q;
         q.visible_entries = visible;
         q.visible_blocks = n_blocks;
         RowScores rs;
         rs.num_cols = visible;
-        rs.visible = visible;
+        rs.visible_entries = visible;
         // Warm start: the first step's row is what prefill already scored in full (the last
         // prompt token's indexer row), so every predictor observes it whole and it is not a sample.
         const bool prefill_step = options.warm_start && s == 0;

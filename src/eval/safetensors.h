@@ -1,4 +1,4 @@
-// safetensors reading and writing: the container format of spin trace files (DESIGN.md §6).
+// safetensors reading and writing: the container format of spin trace files (schema: spin/trace.h).
 //
 // Format (https://github.com/huggingface/safetensors, the same bytes the Python package writes):
 //   [u64 little-endian N][N bytes of UTF-8 JSON header][data bytes]

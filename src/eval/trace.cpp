@@ -452,6 +452,8 @@ struct TraceReader::Impl {
     return {reinterpret_cast<const T*>(p), t.nbytes / sizeof(T)};
   }
 
+  // Checks the file against the schema (metadata, every tensor's dtype and shape, the values)
+  // before anything is exposed; ~80 lines, one check after another in the order of the schema.
   Status load() {
     const std::string& where = file.label();
     SPIN_RETURN_IF_ERROR(parse_meta(file.metadata(), where, &meta));
@@ -617,8 +619,7 @@ int64_t TraceReader::entries(int layer) const {
 int64_t TraceReader::visible_entries(int64_t step, int row) const {
   const TraceMeta& m = meta();
   if (step < 0 || step >= steps() || row < 0 || row >= m.next_n) return 0;
-  const int64_t t = impl_->v.ctx_len[step] - m.next_n + row;  // >= 0: ctx_len >= next_n
-  return (t + 1) / m.compress_ratio;
+  return spin::visible_entries(impl_->v.ctx_len[step], m.next_n, row, m.compress_ratio);
 }
 
 std::span<const uint8_t> TraceReader::k(int layer) const {

@@ -13,9 +13,9 @@
 #include <sstream>
 
 #include "core/errors.h"
-#include "core/rng.h"
 #include "spin/cache.h"
 #include "spin/numerics.h"
+#include "spin/rng.h"
 
 namespace spin {
 
@@ -242,10 +242,48 @@ Status WorkloadParams::validate() const {
   return ok_status();
 }
 
+namespace {
+
+// The built-in scenarios: each base scenario's settings on top of the WorkloadParams defaults (in
+// set()'s key=value form), before calibration; every base also has an "-mtp" variant (kMtpSettings).
+struct ScenarioDef {
+  const char* name;
+  const char* settings;
+};
+constexpr ScenarioDef kScenarios[] = {
+    {"doc-qa-10k", "prompt_tokens=9700 steps=64 layers=4"},  // the paper's ~9.7K prompts
+    // query_noise and head_spread: the calibration's starting point (long contexts churn more).
+    {"doc-qa-94k", "prompt_tokens=94000 steps=32 layers=4 segment_tokens=3000 num_topics=24 query_noise=9.0 "
+                   "head_spread=9.0"},
+    {"agentic", "prompt_tokens=30000 steps=64 layers=4 segment_tokens=2000 burst_steps=16 tool_tokens=3000"},
+    {"needle-shift", "prompt_tokens=32000 steps=64 layers=4 segment_tokens=1000 num_topics=32 shift_prob=0.15 "
+                     "needle_prob=0.9"},
+    {"cached-507k", "prompt_tokens=507000 steps=12 layers=2 segment_tokens=4000 num_topics=48"},
+};
+constexpr const char* kMtpSuffix = "-mtp";
+constexpr const char* kMtpSettings = "next_n=3 acceptance_rate=0.7";
+
+// Applies space-separated key=value settings of the table above with WorkloadParams::set.
+Status apply_settings(std::string_view settings, WorkloadParams& p) {
+  std::istringstream in{std::string(settings)};
+  std::string pair;
+  while (in >> pair) {
+    const size_t eq = pair.find('=');
+    if (eq == std::string::npos) return invalid_argument("scenario setting '{}' is not key=value", pair);
+    SPIN_RETURN_IF_ERROR(p.set(pair.substr(0, eq), pair.substr(eq + 1)));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 const std::vector<std::string>& scenario_names() {
-  static const std::vector<std::string> names = {
-      "doc-qa-10k", "doc-qa-94k", "agentic", "needle-shift", "cached-507k",
-      "doc-qa-10k-mtp", "doc-qa-94k-mtp", "agentic-mtp", "needle-shift-mtp", "cached-507k-mtp"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const ScenarioDef& d : kScenarios) n.emplace_back(d.name);
+    for (const ScenarioDef& d : kScenarios) n.push_back(std::string(d.name) + kMtpSuffix);
+    return n;
+  }();
   return names;
 }
 
@@ -293,127 +331,102 @@ Status apply_calibration(const std::string& base, WorkloadParams& p) {
 
 Result<WorkloadParams> scenario_params(std::string_view name) {
   std::string base(name);
-  bool mtp = false;
-  if (base.size() > 4 && base.substr(base.size() - 4) == "-mtp") {
-    mtp = true;
-    base = base.substr(0, base.size() - 4);
+  const std::string suffix = kMtpSuffix;
+  const bool mtp = base.size() > suffix.size() && base.substr(base.size() - suffix.size()) == suffix;
+  if (mtp) base = base.substr(0, base.size() - suffix.size());
+  const ScenarioDef* def = nullptr;
+  for (const ScenarioDef& d : kScenarios) {
+    if (base == d.name) def = &d;
   }
-  WorkloadParams p;
-  p.scenario = std::string(name);
-  if (base == "doc-qa-10k") {
-    p.prompt_tokens = 9700;  // the paper's ~9.7K prompts
-    p.steps = 64;
-    p.layers = 4;
-  } else if (base == "doc-qa-94k") {
-    p.prompt_tokens = 94000;
-    p.steps = 32;
-    p.layers = 4;
-    p.segment_tokens = 3000;
-    p.num_topics = 24;
-    p.query_noise = 9.0;  // calibration starting point (long contexts churn more)
-    p.head_spread = 9.0;
-  } else if (base == "agentic") {
-    p.prompt_tokens = 30000;
-    p.steps = 64;
-    p.layers = 4;
-    p.segment_tokens = 2000;
-    p.burst_steps = 16;
-    p.tool_tokens = 3000;
-  } else if (base == "needle-shift") {
-    p.prompt_tokens = 32000;
-    p.steps = 64;
-    p.layers = 4;
-    p.segment_tokens = 1000;
-    p.num_topics = 32;
-    p.shift_prob = 0.15;
-    p.needle_prob = 0.9;
-  } else if (base == "cached-507k") {
-    p.prompt_tokens = 507000;
-    p.steps = 12;
-    p.layers = 2;
-    p.segment_tokens = 4000;
-    p.num_topics = 48;
-  } else {
+  if (def == nullptr) {
     std::string names;
     for (const std::string& n : scenario_names()) names += (names.empty() ? "" : ", ") + n;
     return invalid_argument("unknown scenario '{}' (built in: {})", name, names);
   }
-  if (mtp) {
-    p.next_n = 3;
-    p.acceptance_rate = 0.7;
-  }
+  WorkloadParams p;
+  p.scenario = std::string(name);
+  SPIN_RETURN_IF_ERROR(apply_settings(def->settings, p));
+  if (mtp) SPIN_RETURN_IF_ERROR(apply_settings(kMtpSettings, p));
   SPIN_RETURN_IF_ERROR(apply_calibration(base, p));
   return p;
 }
 
-Result<Trace> generate_workload(const WorkloadParams& P) {
-  SPIN_RETURN_IF_ERROR(P.validate());
-  const int32_t L = P.layers;
-  const int32_t H = P.num_heads;
-  const int32_t next_n = P.next_n;
+namespace {
 
-  // --- Shared directions ---------------------------------------------------------------------
-  CounterRng global(stream_key(P.seed, kTagGlobal));
-  const Vec v_sink = random_unit(global);
-  const Vec v_sal = random_unit(global);
-  std::vector<Vec> topics(static_cast<size_t>(P.num_topics));
-  for (int32_t t = 0; t < P.num_topics; ++t) {
-    CounterRng rng(stream_key(P.seed, kTagTopic, t));
-    topics[t] = random_unit(rng);
-  }
+// ---- generate_workload's stages, in the order it runs them ----------------------------------
+
+// The fixed directions of the indexer space and the segments laid over the context.
+struct World {
+  Vec v_sink{}, v_sal{};
+  std::vector<Vec> topics;
   std::vector<Segment> segments;
-  auto add_segment = [&](int64_t begin, int64_t end, bool focusable) {
+
+  // A segment [begin, end): a topic direction mixed with its own.
+  void add_segment(const WorkloadParams& P, int64_t begin, int64_t end, bool focusable) {
     CounterRng rng(stream_key(P.seed, kTagSegment, segments.size()));
     const Vec& topic = topics[rng.below(topics.size())];
     Vec own = random_unit(rng);
-    Segment s;
-    s.begin = begin;
-    s.end = end;
-    s.focusable = focusable;
-    for (int k = 0; k < kDim; ++k) s.direction[k] = 0.7f * topic[k] + 0.7f * own[k];
-    normalise(s.direction);
-    segments.push_back(s);
-  };
-  // Prompt: the sinks, then segments of 0.5–1.5× the mean length.
-  {
-    CounterRng rng(stream_key(P.seed, kTagSegment, 0xFFFF));
-    int64_t pos = P.sink_tokens;
-    while (pos < P.prompt_tokens) {
-      const auto len = static_cast<int64_t>(static_cast<double>(P.segment_tokens) * (0.5 + rng.uniform()));
-      const int64_t end = std::min(P.prompt_tokens, pos + std::max<int64_t>(1, len));
-      add_segment(pos, end, true);
-      pos = end;
-    }
+    Segment seg;
+    seg.begin = begin;
+    seg.end = end;
+    seg.focusable = focusable;
+    for (int k = 0; k < kDim; ++k) seg.direction[k] = 0.7f * topic[k] + 0.7f * own[k];
+    normalise(seg.direction);
+    segments.push_back(seg);
   }
+};
 
-  // --- Timeline and focus, step by step ----------------------------------------------------------
-  Trace trace;
-  trace.meta.model = "synthetic:" + P.scenario;
-  trace.meta.num_layers = L;
-  trace.meta.next_n = next_n;
-  trace.meta.num_heads = H;
-  trace.meta.page_size = P.page_size;
-  trace.meta.topk = P.topk;
-  trace.meta.compress_ratio = 1;
-  trace.meta.extra["workload"] = P.to_string();
+// Shared directions, then the prompt: the sinks, then segments of 0.5–1.5× the mean length.
+World make_prompt(const WorkloadParams& P) {
+  World w;
+  CounterRng global(stream_key(P.seed, kTagGlobal));
+  w.v_sink = random_unit(global);
+  w.v_sal = random_unit(global);
+  w.topics.resize(static_cast<size_t>(P.num_topics));
+  for (int32_t t = 0; t < P.num_topics; ++t) {
+    CounterRng rng(stream_key(P.seed, kTagTopic, t));
+    w.topics[t] = random_unit(rng);
+  }
+  CounterRng rng(stream_key(P.seed, kTagSegment, 0xFFFF));
+  int64_t pos = P.sink_tokens;
+  while (pos < P.prompt_tokens) {
+    const auto len = static_cast<int64_t>(static_cast<double>(P.segment_tokens) * (0.5 + rng.uniform()));
+    const int64_t end = std::min(P.prompt_tokens, pos + std::max<int64_t>(1, len));
+    w.add_segment(P, pos, end, true);
+    pos = end;
+  }
+  return w;
+}
+
+// What the decode steps produced: each layer's focus per step, and the span each step decoded.
+struct Timeline {
+  std::vector<std::vector<Vec>> focus_at;            // [layer][step]
+  std::vector<std::pair<int64_t, Vec>> decode_spans;  // (begin, direction) per step
+};
+
+// The step-by-step timeline: tool outputs appended between bursts, focus shifts (correlated across
+// adjacent layers, sometimes onto never-attended needles) and drift, accepted drafts. Fills the
+// trace's ctx_len and accepted; appends tool segments to the world.
+Timeline simulate_steps(const WorkloadParams& P, World& w, Trace& trace) {
+  const int32_t L = P.layers;
+  const int32_t next_n = P.next_n;
   std::vector<FocusState> focus(static_cast<size_t>(L));
   for (int32_t l = 0; l < L; ++l) {
     CounterRng rng(stream_key(P.seed, kTagFocus, l, 0xF0C5));
     for (int32_t i = 0; i < P.focus_segments; ++i) {
-      const int32_t g = pick_segment(rng, segments, focus[l].attended, false);
+      const int32_t g = pick_segment(rng, w.segments, focus[l].attended, false);
       focus[l].segments.push_back(g);
       focus[l].weights.push_back(0.5 + rng.uniform());
       focus[l].attended.insert(g);
     }
   }
-  std::vector<std::vector<Vec>> focus_at(static_cast<size_t>(L));  // [layer][step]
-  std::vector<std::pair<int64_t, Vec>> decode_spans;               // (begin, direction) per step
+  Timeline tl;
+  tl.focus_at.resize(static_cast<size_t>(L));
   int64_t pos = P.prompt_tokens;
   for (int32_t s = 0; s < P.steps; ++s) {
-    CounterRng step_rng(stream_key(P.seed, kTagFocus, 0xAAAA, s));
     bool tool_output = false;
     if (P.burst_steps > 0 && s > 0 && s % P.burst_steps == 0 && P.tool_tokens > 0) {
-      add_segment(pos, pos + P.tool_tokens, true);
+      w.add_segment(P, pos, pos + P.tool_tokens, true);
       pos += P.tool_tokens;
       tool_output = true;
     }
@@ -424,20 +437,21 @@ Result<Trace> generate_workload(const WorkloadParams& P) {
       ShiftEvent event;
       if (tool_output && rng.uniform() < P.tool_focus_prob) {
         event = {true, static_cast<size_t>(std::min_element(f.weights.begin(), f.weights.end()) - f.weights.begin()),
-                 static_cast<int32_t>(segments.size() - 1)};
+                 static_cast<int32_t>(w.segments.size() - 1)};
       } else if (l > 0 && previous.happened && rng.uniform() < P.layer_correlation) {
         event = previous;  // adjacent layers shift together
       } else if (rng.uniform() < P.shift_prob) {
         const bool needle = rng.uniform() < P.needle_prob;
-        event = {true, static_cast<size_t>(rng.below(f.segments.size())), pick_segment(rng, segments, f.attended, needle)};
+        event = {true, static_cast<size_t>(rng.below(f.segments.size())),
+                 pick_segment(rng, w.segments, f.attended, needle)};
       }
       if (event.happened && event.target >= 0) {
         f.segments[event.slot] = event.target;
         f.weights[event.slot] = 1.0 + rng.uniform();  // a fresh focus is strong
         f.attended.insert(event.target);
       }
-      for (double& w : f.weights) w *= std::exp(P.focus_drift * rng.normal());
-      focus_at[l].push_back(focus_vector(f, segments));
+      for (double& weight : f.weights) weight *= std::exp(P.focus_drift * rng.normal());
+      tl.focus_at[l].push_back(focus_vector(f, w.segments));
       previous = event;
     }
     trace.ctx_len.push_back(pos + next_n);
@@ -447,29 +461,38 @@ Result<Trace> generate_workload(const WorkloadParams& P) {
       while (accepted < next_n - 1 && rng.uniform() < P.acceptance_rate) ++accepted;
       trace.accepted.push_back(accepted);
     }
-    decode_spans.emplace_back(pos, focus_at[0].back());
-    (void)step_rng;
+    tl.decode_spans.emplace_back(pos, tl.focus_at[0].back());
     pos += (s + 1 < P.steps) ? accepted + 1 : next_n;  // the last step's rows all stay in the trace
   }
-  const int64_t entries = trace.ctx_len.back();
+  return tl;
+}
 
-  // Which direction each entry carries: sinks, segments, or the focus of the step that decoded it.
-  std::vector<const Vec*> entry_direction(static_cast<size_t>(entries), nullptr);
-  for (int64_t e = 0; e < std::min<int64_t>(P.sink_tokens, entries); ++e) entry_direction[e] = &v_sink;
-  for (const Segment& seg : segments) {
-    for (int64_t e = seg.begin; e < std::min(seg.end, entries); ++e) entry_direction[e] = &seg.direction;
+// Which direction each entry carries: sinks, segments, or the focus of the step that decoded it.
+std::vector<const Vec*> entry_directions(const WorkloadParams& P, const World& w, const Timeline& tl,
+                                         int64_t entries) {
+  std::vector<const Vec*> dir(static_cast<size_t>(entries), nullptr);
+  for (int64_t e = 0; e < std::min<int64_t>(P.sink_tokens, entries); ++e) dir[e] = &w.v_sink;
+  for (const Segment& seg : w.segments) {
+    for (int64_t e = seg.begin; e < std::min(seg.end, entries); ++e) dir[e] = &seg.direction;
   }
-  for (size_t i = 0; i < decode_spans.size(); ++i) {
-    const int64_t end = i + 1 < decode_spans.size() ? decode_spans[i + 1].first : entries;
-    for (int64_t e = decode_spans[i].first; e < end; ++e) {
-      if (entry_direction[e] == nullptr) entry_direction[e] = &decode_spans[i].second;
+  const auto& spans = tl.decode_spans;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const int64_t end = i + 1 < spans.size() ? spans[i + 1].first : entries;
+    for (int64_t e = spans[i].first; e < end; ++e) {
+      if (dir[e] == nullptr) dir[e] = &spans[i].second;
     }
   }
   for (int64_t e = 0; e < entries; ++e) {
-    if (entry_direction[e] == nullptr) entry_direction[e] = &decode_spans.back().second;  // tool gaps
+    if (dir[e] == nullptr) dir[e] = &spans.back().second;  // tool gaps
   }
+  return dir;
+}
 
-  // --- Keys: per layer, per entry; counter-based streams make this thread-count independent ------
+// Keys: per layer, per entry (direction + salience + noise + rope), quantised as the cache stores
+// them; counter-based streams make this thread-count independent.
+void make_keys(const WorkloadParams& P, const World& w, const std::vector<const Vec*>& entry_direction,
+               Trace& trace) {
+  const auto entries = static_cast<int64_t>(entry_direction.size());
   std::vector<float> salience(static_cast<size_t>(entries));
   const double run_weight = std::sqrt(P.salience_run_share);
   const double own_weight = std::sqrt(1.0 - P.salience_run_share);
@@ -479,8 +502,7 @@ Result<Trace> generate_workload(const WorkloadParams& P) {
     const double g = run_weight * run_rng.normal() + own_weight * rng.normal();  // unit variance
     salience[e] = static_cast<float>(std::exp(P.salience_sigma * g - 0.5 * P.salience_sigma * P.salience_sigma));
   }
-  trace.layers.resize(static_cast<size_t>(L));
-  for (int32_t l = 0; l < L; ++l) {
+  for (int32_t l = 0; l < P.layers; ++l) {
     TraceLayer& layer = trace.layers[l];
     layer.k.resize(static_cast<size_t>(entries) * kDim);
     layer.k_scale.resize(static_cast<size_t>(entries));
@@ -493,53 +515,79 @@ Result<Trace> generate_workload(const WorkloadParams& P) {
       const bool sink = e < P.sink_tokens;
       const float topic_w = static_cast<float>(P.key_topic);
       const float sal_w = sink ? 0.0f : static_cast<float>(P.key_salience) * salience[e];
-      for (int d = 0; d < kDim; ++d) k[d] += topic_w * dir[d] + sal_w * v_sal[d];
+      for (int d = 0; d < kDim; ++d) k[d] += topic_w * dir[d] + sal_w * w.v_sal[d];
       add_rope(k, e, P.rope_weight);
       layer.k_scale[e] = quantize_e4m3_block128(k, layer.k.data() + e * kDim);
     }
   }
+}
 
-  // --- Queries -----------------------------------------------------------------------------------
-  for (int32_t l = 0; l < L; ++l) {
+// Queries: per layer, step, row and head (focus + head direction + salience + sink + noise + rope),
+// quantised with the weights as vLLM's fused q-rope-quant does.
+void make_queries(const WorkloadParams& P, const World& w, const Timeline& tl, Trace& trace) {
+  const int32_t num_heads = P.num_heads;
+  const int32_t next_n = P.next_n;
+  for (int32_t l = 0; l < P.layers; ++l) {
     TraceLayer& layer = trace.layers[l];
-    std::vector<Vec> head_dir(static_cast<size_t>(H));
-    std::vector<float> raw_w(static_cast<size_t>(H));
-    for (int32_t h = 0; h < H; ++h) {
+    std::vector<Vec> head_dir(static_cast<size_t>(num_heads));
+    std::vector<float> raw_w(static_cast<size_t>(num_heads));
+    for (int32_t h = 0; h < num_heads; ++h) {
       CounterRng rng(stream_key(P.seed, kTagHead, l, h));
       head_dir[h] = random_unit(rng);
       raw_w[h] = static_cast<float>(1.0 + 0.3 * rng.normal());
     }
-    layer.q.resize(static_cast<size_t>(P.steps) * next_n * H * kDim);
-    layer.w.resize(static_cast<size_t>(P.steps) * next_n * H);
+    layer.q.resize(static_cast<size_t>(P.steps) * next_n * num_heads * kDim);
+    layer.w.resize(static_cast<size_t>(P.steps) * next_n * num_heads);
 #pragma omp parallel for schedule(static)
     for (int32_t s = 0; s < P.steps; ++s) {
-      std::vector<float> q(static_cast<size_t>(next_n) * H * kDim);
-      std::vector<float> w(static_cast<size_t>(next_n) * H);
+      std::vector<float> q(static_cast<size_t>(next_n) * num_heads * kDim);
+      std::vector<float> weights(static_cast<size_t>(next_n) * num_heads);
       CounterRng step_rng(stream_key(P.seed, kTagQueryNoise, l, s));
       float shared_noise[kDim];
       normal_fill(step_rng, shared_noise, kDim, P.query_noise / std::sqrt(double{kDim}));
-      const Vec& f = focus_at[l][s];
+      const Vec& f = tl.focus_at[l][s];
       for (int32_t j = 0; j < next_n; ++j) {
         const int64_t position = trace.ctx_len[s] - next_n + j;
-        for (int32_t h = 0; h < H; ++h) {
-          float* v = q.data() + (int64_t{j} * H + h) * kDim;
+        for (int32_t h = 0; h < num_heads; ++h) {
+          float* v = q.data() + (int64_t{j} * num_heads + h) * kDim;
           CounterRng rng(stream_key(P.seed, kTagQueryNoise, l, s, j, h));
           normal_fill(rng, v, kDim, P.head_noise / std::sqrt(double{kDim}));
           for (int d = 0; d < kDim; ++d) {
             v[d] += static_cast<float>(P.focus_weight) * f[d] + static_cast<float>(P.head_spread) * head_dir[h][d] +
-                    static_cast<float>(P.query_salience) * v_sal[d] + static_cast<float>(P.sink_query) * v_sink[d] +
+                    static_cast<float>(P.query_salience) * w.v_sal[d] + static_cast<float>(P.sink_query) * w.v_sink[d] +
                     shared_noise[d];
           }
           add_rope(v, position, P.rope_weight);
-          w[int64_t{j} * H + h] = raw_w[h];
+          weights[int64_t{j} * num_heads + h] = raw_w[h];
         }
       }
-      const Status st = quantize_queries(q.data(), w.data(), next_n, H,
-                                         layer.q.data() + static_cast<size_t>(s) * next_n * H * kDim,
-                                         layer.w.data() + static_cast<size_t>(s) * next_n * H);
+      const Status st = quantize_queries(q.data(), weights.data(), next_n, num_heads,
+                                         layer.q.data() + static_cast<size_t>(s) * next_n * num_heads * kDim,
+                                         layer.w.data() + static_cast<size_t>(s) * next_n * num_heads);
       (void)st;  // inputs are finite by construction
     }
   }
+}
+
+}  // namespace
+
+Result<Trace> generate_workload(const WorkloadParams& P) {
+  SPIN_RETURN_IF_ERROR(P.validate());
+  World world = make_prompt(P);
+  Trace trace;
+  trace.meta.model = "synthetic:" + P.scenario;
+  trace.meta.num_layers = P.layers;
+  trace.meta.next_n = P.next_n;
+  trace.meta.num_heads = P.num_heads;
+  trace.meta.page_size = P.page_size;
+  trace.meta.topk = P.topk;
+  trace.meta.compress_ratio = 1;
+  trace.meta.extra["workload"] = P.to_string();
+  const Timeline timeline = simulate_steps(P, world, trace);
+  const std::vector<const Vec*> directions = entry_directions(P, world, timeline, trace.ctx_len.back());
+  trace.layers.resize(static_cast<size_t>(P.layers));
+  make_keys(P, world, directions, trace);
+  make_queries(P, world, timeline, trace);
   SPIN_RETURN_IF_ERROR(validate_trace(trace));
   return trace;
 }

@@ -1,9 +1,6 @@
-// Sparse MLA attention front end: the latent cache (entry encoding, paged writes), argument
-// validation (once, in a fixed order) and dispatch. The math lives in the implementations; see
-// spin/attention.h for what is computed.
-//
-// The LatentCache lives here rather than in src/cache because only the attention kernels read it
-// so far; it uses the same page tables (spin/cache.h's RequestPages) as the indexer cache.
+// Sparse MLA attention front end: argument validation (once, in a fixed order) and dispatch. The
+// math lives in the implementations; see spin/attention.h for what is computed. The latent cache
+// it reads is src/cache/latent_cache.cpp.
 #include <omp.h>
 
 #include <algorithm>
@@ -12,20 +9,11 @@
 #include <cstring>
 #include <limits>
 
-#include "cache/paged_memory.h"
 #include "core/errors.h"
 #include "kernels/attention_internal.h"
 #include "spin/attention.h"
 
 namespace spin {
-
-const char* latent_dtype_name(LatentDtype dtype) {
-  switch (dtype) {
-    case LatentDtype::kBf16: return "bf16";
-    case LatentDtype::kFp8: return "fp8";
-  }
-  return "unknown";
-}
 
 const char* attention_impl_name(AttentionImpl impl) {
   switch (impl) {
@@ -35,106 +23,6 @@ const char* attention_impl_name(AttentionImpl impl) {
     case AttentionImpl::kReference: return "reference";
   }
   return "unknown";
-}
-
-// ---------------------------------------------------------------------------------------------
-// Entry encoding
-
-void encode_latent_entry(LatentDtype dtype, const float* values, uint8_t* entry) {
-  if (dtype == LatentDtype::kBf16) {
-    for (int32_t d = 0; d < kMlaHeadDim; ++d) {
-      const uint16_t bits = bf16_from_float(values[d]);
-      std::memcpy(entry + 2 * d, &bits, 2);
-    }
-    return;
-  }
-  for (int32_t t = 0; t < kMlaNumTiles; ++t) {
-    const float scale = quantize_e4m3_block128(values + t * kMlaTileDim,
-                                               entry + LatentPageLayout::kFp8LatentOffset + t * kMlaTileDim);
-    std::memcpy(entry + LatentPageLayout::kFp8ScaleOffset + 4 * t, &scale, 4);
-  }
-  for (int32_t j = 0; j < kMlaRopeDim; ++j) {
-    const uint16_t bits = bf16_from_float(values[kMlaLatentDim + j]);
-    std::memcpy(entry + LatentPageLayout::kFp8RopeOffset + 2 * j, &bits, 2);
-  }
-}
-
-void decode_latent_entry(LatentDtype dtype, const uint8_t* entry, float* values) {
-  if (dtype == LatentDtype::kBf16) {
-    for (int32_t d = 0; d < kMlaHeadDim; ++d) {
-      uint16_t bits;
-      std::memcpy(&bits, entry + 2 * d, 2);
-      values[d] = bf16_to_float(bits);
-    }
-    return;
-  }
-  for (int32_t t = 0; t < kMlaNumTiles; ++t) {
-    float scale;
-    std::memcpy(&scale, entry + LatentPageLayout::kFp8ScaleOffset + 4 * t, 4);
-    for (int32_t d = t * kMlaTileDim; d < (t + 1) * kMlaTileDim; ++d) {
-      values[d] = e4m3_to_float(entry[LatentPageLayout::kFp8LatentOffset + d]) * scale;
-    }
-  }
-  for (int32_t j = 0; j < kMlaRopeDim; ++j) {
-    uint16_t bits;
-    std::memcpy(&bits, entry + LatentPageLayout::kFp8RopeOffset + 2 * j, 2);
-    values[kMlaLatentDim + j] = bf16_to_float(bits);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// LatentCache
-
-void LatentCache::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
-
-Result<LatentCache> LatentCache::create(LatentDtype dtype, int32_t page_size, int32_t num_pages) {
-  if (dtype != LatentDtype::kBf16 && dtype != LatentDtype::kFp8) {
-    return invalid_argument("latent dtype {} is not supported (bf16 = 0, fp8 = 1)", static_cast<int32_t>(dtype));
-  }
-  if (page_size <= 0) return invalid_argument("page_size must be ≥ 1, got {}", page_size);
-  if (num_pages <= 0) return invalid_argument("num_pages must be ≥ 1, got {}", num_pages);
-  const LatentPageLayout layout{dtype, page_size};
-  const size_t bytes = static_cast<size_t>(layout.page_bytes()) * static_cast<size_t>(num_pages);
-  uint8_t* raw = detail::allocate_page_memory(bytes);
-  if (raw == nullptr) {
-    return resource_exhausted("cannot allocate {} bytes for {} latent pages of {} {} entries", bytes, num_pages,
-                              page_size, latent_dtype_name(dtype));
-  }
-  return LatentCache(layout, num_pages, std::unique_ptr<uint8_t[], FreeDeleter>(raw));
-}
-
-Status LatentCache::check_span(const int32_t* pages, int64_t num_pages_in_table, int64_t first_position,
-                               int64_t count) const {
-  return detail::check_page_span(pages, num_pages_in_table, first_position, count, layout_.page_size, num_pages_);
-}
-
-Status LatentCache::write(const int32_t* pages, int64_t num_pages_in_table, int64_t first_position,
-                          const float* entries, int64_t count) {
-  SPIN_RETURN_IF_ERROR(check_span(pages, num_pages_in_table, first_position, count));
-  if (count > 0 && entries == nullptr) return invalid_argument("entries is null");
-  for (int64_t i = 0; i < count * kMlaHeadDim; ++i) {
-    if (!std::isfinite(entries[i])) {
-      return invalid_argument("entry {} dim {} is {}; latent and rope values must be finite", i / kMlaHeadDim,
-                              i % kMlaHeadDim, entries[i]);
-    }
-  }
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t pos = first_position + i;
-    uint8_t* page = data_.get() + pages[pos / layout_.page_size] * layout_.page_bytes();
-    encode_latent_entry(layout_.dtype, entries + i * kMlaHeadDim,
-                        page + layout_.entry_offset(static_cast<int32_t>(pos % layout_.page_size)));
-  }
-  return ok_status();
-}
-
-Status LatentCache::read_entry(const int32_t* pages, int64_t num_pages_in_table, int64_t position,
-                               float* values) const {
-  SPIN_RETURN_IF_ERROR(check_span(pages, num_pages_in_table, position, 1));
-  if (values == nullptr) return invalid_argument("values is null");
-  const uint8_t* page = data_.get() + pages[position / layout_.page_size] * layout_.page_bytes();
-  decode_latent_entry(layout_.dtype, page + layout_.entry_offset(static_cast<int32_t>(position % layout_.page_size)),
-                      values);
-  return ok_status();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -22,19 +22,16 @@ const char* indexer_impl_name(IndexerImpl impl) {
   return "unknown";
 }
 
-int64_t indexer_visible_entries(int64_t context_len, int32_t next_n, int32_t row, int32_t compress_ratio) {
-  const int64_t tokens = context_len - next_n + row + 1;
-  return tokens <= 0 ? 0 : tokens / compress_ratio;
-}
-
 namespace {
 
 int64_t entries_in_cache(const IndexerParams& p, int32_t b) {
-  return indexer_visible_entries(p.context_lens[b], p.next_n, p.next_n - 1, p.compress_ratio);
+  return visible_entries(p.context_lens[b], p.next_n, p.next_n - 1, p.compress_ratio);
 }
 
 }  // namespace
 
+// One flat list of checks (~80 lines) on purpose: their order is part of the contract (the first
+// error reported is the most basic one), and it reads top to bottom here.
 Status validate_indexer_params(const IndexerParams& p) {
   // Sizes first, then pointers, then contents — so the first error is the most basic one.
   if (p.page_size < 1) return invalid_argument("page_size must be ≥ 1, got {}", p.page_size);

@@ -202,7 +202,7 @@ SPIN_TARGET_AVX512BF16 void indexer_run_avx512bf16(const IndexerParams& p, const
     }
     const int64_t context_len = p.context_lens[tile.request];
     for (int32_t r = 0; r < p.next_n; ++r) {
-      const int64_t visible = indexer_visible_entries(context_len, p.next_n, r, p.compress_ratio);
+      const int64_t visible = visible_entries(context_len, p.next_n, r, p.compress_ratio);
       const int32_t count = static_cast<int32_t>(std::min<int64_t>(tile.count, visible - tile.first_entry));
       if (count <= 0) continue;
       const int64_t row = int64_t{tile.request} * p.next_n + r;

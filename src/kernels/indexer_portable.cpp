@@ -44,7 +44,7 @@ void indexer_run_portable(const IndexerParams& p, const std::vector<IndexerTile>
         for (int d = 0; d < kIndexerHeadDim; ++d) key[d] = e4m3_to_float(k[d]);
         const int64_t s = tile.first_entry + i;
         for (int32_t r = 0; r < p.next_n; ++r) {
-          if (s >= indexer_visible_entries(p.context_lens[tile.request], p.next_n, r, p.compress_ratio)) continue;
+          if (s >= visible_entries(p.context_lens[tile.request], p.next_n, r, p.compress_ratio)) continue;
           const int64_t row = int64_t{tile.request} * p.next_n + r;
           const float* qr = q_t.data() + row * kIndexerHeadDim * heads;
           std::fill(acc.begin(), acc.end(), 0.0f);

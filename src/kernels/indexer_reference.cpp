@@ -17,7 +17,7 @@ void indexer_run_reference(const IndexerParams& p) {
   const int64_t block_entries = int64_t{p.block_pages} * p.page_size;
   for (int32_t b = 0; b < p.batch; ++b) {
     // Which entries are selected: all, or those of the listed blocks.
-    const int64_t entries = indexer_visible_entries(p.context_lens[b], p.next_n, p.next_n - 1, p.compress_ratio);
+    const int64_t entries = visible_entries(p.context_lens[b], p.next_n, p.next_n - 1, p.compress_ratio);
     std::vector<char> selected(static_cast<size_t>(entries), p.block_offsets == nullptr ? 1 : 0);
     if (p.block_offsets != nullptr) {
       for (int32_t i = p.block_offsets[b]; i < p.block_offsets[b + 1]; ++i) {
@@ -29,7 +29,7 @@ void indexer_run_reference(const IndexerParams& p) {
       const int64_t row = int64_t{b} * p.next_n + r;
       float* out = p.logits + row * p.logits_stride;
       std::fill_n(out, p.logits_cols, -std::numeric_limits<float>::infinity());
-      const int64_t visible = indexer_visible_entries(p.context_lens[b], p.next_n, r, p.compress_ratio);
+      const int64_t visible = visible_entries(p.context_lens[b], p.next_n, r, p.compress_ratio);
       const uint8_t* q = p.q + row * p.num_heads * kIndexerHeadDim;
       const float* w = p.weights + row * p.num_heads;
       for (int64_t s = 0; s < visible; ++s) {

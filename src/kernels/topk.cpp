@@ -41,10 +41,10 @@ Status validate_topk_params(const TopkParams& p) {
   if (p.rows == 0) return ok_status();
   if (p.out == nullptr) return invalid_argument("out is null");
   if (p.cols > 0 && p.scores == nullptr) return invalid_argument("scores is null");
-  if (p.row_lens != nullptr) {
+  if (p.visible_entries != nullptr) {
     for (int32_t r = 0; r < p.rows; ++r) {
-      if (p.row_lens[r] < 0 || p.row_lens[r] > p.cols) {
-        return out_of_range("row_lens[{}] = {} is outside [0, cols={}]", r, p.row_lens[r], p.cols);
+      if (p.visible_entries[r] < 0 || p.visible_entries[r] > p.cols) {
+        return out_of_range("visible_entries[{}] = {} is outside [0, cols={}]", r, p.visible_entries[r], p.cols);
       }
     }
   }
@@ -166,7 +166,7 @@ Status topk(const TopkParams& p, const TopkOptions& options) {
 #pragma omp for schedule(dynamic, 1)
     for (int32_t r = 0; r < p.rows; ++r) {
       const float* row = p.scores + int64_t{r} * p.scores_stride;
-      const int64_t n = p.row_lens != nullptr ? p.row_lens[r] : p.cols;
+      const int64_t n = p.visible_entries != nullptr ? p.visible_entries[r] : p.cols;
       int32_t* out = p.out + int64_t{r} * p.out_stride;
       if (reference) {
         topk_row_reference(row, n, p.topk, out);

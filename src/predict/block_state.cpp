@@ -1,11 +1,11 @@
-// BlockState: the per-(request, layer) SPIN state of DESIGN.md §4 — slot EMA + last_seen per block
+// BlockState (predict/block_state.h): the per-(request, layer) SPIN state — slot EMA + last_seen per block
 // and the relative-offset EMA over bucketed distances. Updated in O(observed blocks), grown by
 // appending blocks, never rebuilt from history.
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 
-#include "spin/predict.h"
+#include "predict/block_state.h"
 
 namespace spin {
 

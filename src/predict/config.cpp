@@ -1,5 +1,6 @@
 // Predictor config: enum names, validation, one-line printing, key=value parsing, and the budget
-// arithmetic every predictor shares (DESIGN.md §2 "budget", §4 "selection").
+// arithmetic every predictor shares (budget = ceil((1 - target_sparsity) · n_blocks), never below
+// what top-k needs; selection = forced → exploration → prediction, spin/predict.h).
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -32,11 +33,19 @@ constexpr NameOf<Combine> kCombineNames[] = {{Combine::kMax, "max"},
 constexpr NameOf<MtpUpdate> kMtpNames[] = {
     {MtpUpdate::kPrefix, "prefix"}, {MtpUpdate::kRow0, "row0"}, {MtpUpdate::kAllRows, "all-rows"}};
 
+// The name of `v` in `table`; nullptr for a value outside the enum.
 template <typename E, size_t N>
 const char* name_in(const NameOf<E> (&table)[N], E v) {
   for (const auto& e : table)
     if (e.value == v) return e.name;
   return nullptr;
+}
+
+// The same, "?" for a value outside the enum (what the *_name functions print).
+template <typename E, size_t N>
+const char* printable_name(const NameOf<E> (&table)[N], E v) {
+  const char* n = name_in(table, v);
+  return n ? n : "?";
 }
 
 template <typename E, size_t N>
@@ -83,22 +92,10 @@ Status parse_enum(Result<E> r, E* out) {
 
 }  // namespace
 
-const char* pooling_name(Pooling v) {
-  const char* n = name_in(kPoolingNames, v);
-  return n ? n : "?";
-}
-const char* explore_policy_name(ExplorePolicy v) {
-  const char* n = name_in(kExploreNames, v);
-  return n ? n : "?";
-}
-const char* combine_name(Combine v) {
-  const char* n = name_in(kCombineNames, v);
-  return n ? n : "?";
-}
-const char* mtp_update_name(MtpUpdate v) {
-  const char* n = name_in(kMtpNames, v);
-  return n ? n : "?";
-}
+const char* pooling_name(Pooling v) { return printable_name(kPoolingNames, v); }
+const char* explore_policy_name(ExplorePolicy v) { return printable_name(kExploreNames, v); }
+const char* combine_name(Combine v) { return printable_name(kCombineNames, v); }
+const char* mtp_update_name(MtpUpdate v) { return printable_name(kMtpNames, v); }
 Result<Pooling> pooling_from_name(std::string_view name) {
   return value_in(kPoolingNames, name, "pooling");
 }
@@ -228,10 +225,6 @@ int64_t budget_blocks(const PredictorConfig& config, int64_t n_blocks) {
       std::min<int64_t>(n_blocks, static_cast<int64_t>(config.sink_blocks) + config.local_blocks);
   b = std::max({b, blocks_for_topk(config), forced});
   return std::min(b, n_blocks);
-}
-
-int64_t row_visible_entries(int64_t num_entries, int32_t next_n, int32_t row) {
-  return std::max<int64_t>(0, num_entries - next_n + row + 1);
 }
 
 }  // namespace spin

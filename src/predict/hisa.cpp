@@ -7,14 +7,13 @@
 #include <cstring>
 
 #include "core/errors.h"
+#include "spin/geometry.h"
 #include "spin/numerics.h"
 
 namespace spin {
 namespace {
 
 constexpr int64_t kDim = kIndexerHeadDim;  // 128 e4m3 values per entry
-constexpr int64_t kEntryBytes = kDim + 4;  // + one fp32 scale: 132 bytes per entry
-static_assert(kEntryBytes == 132, "DESIGN.md §3: 128 e4m3 bytes + 4 scale bytes per entry");
 
 const std::array<float, 256>& e4m3_lut() {
   static const std::array<float, 256> lut = [] {
@@ -45,8 +44,8 @@ Status check_hisa_view(const PredictorConfig& config, const HisaView& v, int64_t
   if (v.num_entries != num_entries)
     return invalid_argument("hisa: view num_entries {} differs from StepInput::num_entries {}",
                             v.num_entries, num_entries);
-  if (v.heads < 1 || v.heads > 1024)
-    return invalid_argument("hisa: heads {} is outside the supported 1..1024", v.heads);
+  if (v.num_heads < 1 || v.num_heads > 1024)
+    return invalid_argument("hisa: num_heads {} is outside the supported 1..1024", v.num_heads);
   if (v.q == nullptr || v.w == nullptr) return invalid_argument("hisa: the view's q or w is null");
   if (num_entries > 0 && (v.key_cache == nullptr || v.block_table == nullptr))
     return invalid_argument("hisa: the view's key_cache or block_table is null");
@@ -73,17 +72,17 @@ Status HisaKeys::update(const PredictorConfig& config, const HisaView& v,
                           v.num_cache_pages);
   }
   const std::array<float, 256>& lut = e4m3_lut();
-  const int64_t page_bytes = ps * kEntryBytes;
+  const IndexerPageLayout layout{v.page_size};
   for (int64_t b = complete_; b < nb; ++b) {
     int32_t& count = count_[static_cast<size_t>(b)];
     const int64_t end = std::min((b + 1) * e, committed_entries);
     float* sum = &sum_[static_cast<size_t>(b * kDim)];
     for (int64_t pos = b * e + count; pos < end; ++pos) {
-      const uint8_t* page = v.key_cache + v.block_table[pos / ps] * page_bytes;
-      const int64_t o = pos % ps;
+      const uint8_t* page = v.key_cache + v.block_table[pos / ps] * layout.page_bytes();
+      const auto o = static_cast<int32_t>(pos % ps);
       float scale;
-      std::memcpy(&scale, page + ps * kDim + 4 * o, sizeof scale);
-      const uint8_t* codes = page + o * kDim;
+      std::memcpy(&scale, page + layout.scale_offset(o), sizeof scale);
+      const uint8_t* codes = page + layout.value_offset(o);
       for (int64_t d = 0; d < kDim; ++d) sum[d] += lut[codes[d]] * scale;
     }
     count = static_cast<int32_t>(std::max<int64_t>(count, end - b * e));
@@ -94,7 +93,7 @@ Status HisaKeys::update(const PredictorConfig& config, const HisaView& v,
 
 void HisaKeys::score(const HisaView& v, int32_t row, int64_t n_blocks, float* p,
                      std::vector<float>* query_scratch) const {
-  const int64_t heads = v.heads;
+  const int64_t heads = v.num_heads;
   std::vector<float>& q = *query_scratch;
   q.resize(static_cast<size_t>(heads * kDim));
   const std::array<float, 256>& lut = e4m3_lut();

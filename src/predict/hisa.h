@@ -2,7 +2,7 @@
 // one mean-pooled indexer key per block, kept incrementally — each select folds in only the
 // entries committed since the last one — and scored with a row's query by the indexer formula
 //   p[b] = Σ_h w[h] · ReLU(q[h] · kbar_b),   kbar_b = (Σ_{o in block b} dequant(k_o)) / count_b
-// where dequant(k) = e4m3_to_float(code) · scale (DESIGN.md §3 page layout). Only committed entries
+// where dequant(k) = e4m3_to_float(code) · scale (IndexerPageLayout, spin/geometry.h). Only committed entries
 // are pooled (row 0's visible prefix), never a step's draft entries, which may still be rewritten.
 #pragma once
 

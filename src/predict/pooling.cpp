@@ -1,6 +1,6 @@
-// Pooling: one row's indexer scores → one normalised value x[b] per scored block (DESIGN.md §4
-// "Observation"). Normalisation and the pooling modes are defined next to PooledRow in
-// spin/predict.h; this file owns the validation of the row and the passes that compute them.
+// Pooling: one row's indexer scores → one normalised value x[b] per scored block (a predictor's
+// observation, ARCHITECTURE.md). Normalisation and the pooling modes are defined next to PooledRow
+// in predict/pooling.h; this file owns the validation of the row and the passes that compute them.
 //
 // With the kernel's top-k (topk_positions), the scored entries are read ONCE:
 //   k-th:   kth and row max from the top-k positions (O(topk));
@@ -9,7 +9,7 @@
 //           against the counts (how many entries lie above / at its smallest score).
 // Without it, a first pass validates, takes the row max and copies the values, nth_element finds
 // the k-th, and the pool pass follows; ties at the k-th score go to lower positions first (the
-// DESIGN.md §3 tie rule).
+// top-k tie rule of spin/topk.h: score descending, position ascending).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,13 +21,14 @@
 #include <emmintrin.h>
 #endif
 
+#include "predict/pooling.h"
+
 #include "core/errors.h"
-#include "spin/predict.h"
 
 namespace spin {
 
 void PooledRow::clear() {
-  visible = 0;
+  visible_entries = 0;
   newest_block = -1;
   scored_entries = 0;
   kth_score = 0.0;
@@ -123,168 +124,186 @@ BlockScan scan_block(const float* s, int64_t len, float kth) {
   return out;
 }
 
-Status pool_row_impl(const PredictorConfig& config, const RowScores& row, PooledRow* out,
-                     PoolScratch* scratch) {
-  if (row.num_cols < 0 || row.visible < 0 || row.visible > row.num_cols)
-    return invalid_argument("row scores: visible {} must lie in [0, num_cols = {}]", row.visible,
+// pool_row_impl's stages share the row, its list of scored blocks and what the k-th pass found.
+struct RowView {
+  const RowScores& row;
+  int64_t e;           // entries per block
+  int64_t vis_blocks;  // blocks the row sees
+  const int32_t* sb;   // the scored block list
+  int64_t nvis;        // the first nvis listed blocks lie inside the row's view
+};
+
+struct KthPass {
+  double kth = 0.0;
+  float row_max = -kInf;
+  int64_t k_eff = 0;      // own: min(topk, scored entries); given: the valid positions
+  int64_t ties_left = 0;  // own: entries equal to the k-th that are still in the top-k
+};
+
+// Sizes and pointers of the row, then the scored block list: ascending, non-negative.
+Status check_row(const RowScores& row) {
+  if (row.num_cols < 0 || row.visible_entries < 0 || row.visible_entries > row.num_cols)
+    return invalid_argument("row scores: visible {} must lie in [0, num_cols = {}]", row.visible_entries,
                             row.num_cols);
   if (row.num_scored_blocks < 0)
     return invalid_argument("row scores: num_scored_blocks {} < 0", row.num_scored_blocks);
   if (row.num_scored_blocks > 0 && row.scored_blocks == nullptr)
     return invalid_argument("row scores: scored_blocks is null but num_scored_blocks = {}",
                             row.num_scored_blocks);
-  if (row.num_scored_blocks > 0 && row.visible > 0 && row.scores == nullptr)
+  if (row.num_scored_blocks > 0 && row.visible_entries > 0 && row.scores == nullptr)
     return invalid_argument("row scores: scores is null");
+  return ok_status();
+}
 
-  const int64_t e = config.block_entries();
-  const int64_t vis_blocks = blocks_for_entries(config, row.visible);
-  out->visible = row.visible;
-  out->newest_block = vis_blocks - 1;
-  const int32_t* sb = row.scored_blocks;
-  const int64_t nsb = row.num_scored_blocks;
+Status check_block_list(const int32_t* sb, int64_t nsb) {
   for (int64_t i = 0; i < nsb; ++i) {
     if (sb[i] < 0) return out_of_range("scored block {} (list index {}) is negative", sb[i], i);
     if (i > 0 && sb[i] <= sb[i - 1])
       return invalid_argument("scored blocks must be strictly ascending: {} follows {} at index {}",
                               sb[i], sb[i - 1], i);
   }
-  // Only the listed blocks the row can see matter: [0, nvis) of the list. Blocks past them are
-  // skipped, not refused: an MTP union holds later rows' newest blocks, beyond earlier rows' view.
-  const int64_t nvis =
-      std::lower_bound(sb, sb + nsb,
-                       static_cast<int32_t>(std::min<int64_t>(vis_blocks, INT32_MAX))) -
-      sb;
+  return ok_status();
+}
 
-  const bool own_topk = row.topk_positions == nullptr;
-  std::vector<int32_t>& hits = out->topk_hits;
-  double kth = 0.0;
+// Without the kernel's top-k: validates and copies the scored values, nth_element finds the k-th.
+// Sets *empty when nothing was scored (then there is nothing to pool).
+Status own_kth(const PredictorConfig& config, const RowView& v, PoolScratch* scratch, KthPass* k,
+               bool* empty) {
+  const RowScores& row = v.row;
+  std::vector<float>& values = scratch->values;
+  int64_t most = 0;  // an upper bound on the scored visible entries
+  for (int64_t i = 0; i < v.nvis; ++i) most += std::min(v.e, row.visible_entries - v.sb[i] * v.e);
+  if (static_cast<int64_t>(values.size()) < most) values.resize(static_cast<size_t>(most));
+  float* copy = values.data();
+  int64_t count = 0;  // a local (not out->...) keeps it in a register
   float row_max = -kInf;
-  int64_t k_eff = 0;      // own: min(topk, scored entries); given: the valid positions
-  int64_t ties_left = 0;  // own: entries equal to the k-th that are still in the top-k
-  if (own_topk) {
-    std::vector<float>& values = scratch->values;
-    int64_t most = 0;  // an upper bound on the scored visible entries
-    for (int64_t i = 0; i < nvis; ++i) most += std::min(e, row.visible - sb[i] * e);
-    if (static_cast<int64_t>(values.size()) < most) values.resize(static_cast<size_t>(most));
-    float* copy = values.data();
-    int64_t count = 0;  // a local (not out->...) keeps it in a register
-    for (int64_t i = 0; i < nvis; ++i) {
-      const int64_t end = std::min(sb[i] * e + e, row.visible);
-      for (int64_t pos = sb[i] * e; pos < end; ++pos) {
-        const float s = row.scores[pos];
-        if (s == -kInf) continue;
-        if (!(std::fabs(s) < kInf)) return non_finite_error(pos, sb[i], s);
-        row_max = std::max(row_max, s);
-        copy[count++] = s;
-      }
-    }
-    if (count == 0) return ok_status();
-    k_eff = std::min<int64_t>(config.topk, count);
-    std::nth_element(copy, copy + (k_eff - 1), copy + count, std::greater<float>());
-    kth = copy[k_eff - 1];
-    int64_t greater = 0;
-    for (int64_t i = 0; i < count; ++i) greater += copy[i] > kth;
-    ties_left = k_eff - greater;
-  } else {
-    // Hits per scored-list index for now; compacted to observed blocks in the pool pass. The
-    // block → list index map costs O(listed blocks) to set and clear, not a search per position.
-    hits.assign(static_cast<size_t>(nvis), 0);
-    std::vector<int32_t>& index = scratch->block_index;
-    if (static_cast<int64_t>(index.size()) < vis_blocks)
-      index.resize(static_cast<size_t>(vis_blocks), -1);
-    for (int64_t i = 0; i < nvis; ++i) index[static_cast<size_t>(sb[i])] = static_cast<int32_t>(i);
-    const auto clear_index = [&] {
-      for (int64_t i = 0; i < nvis; ++i) index[static_cast<size_t>(sb[i])] = -1;
-    };
-    kth = kInf;
-    for (int32_t t = 0; t < config.topk; ++t) {
-      const int32_t p = row.topk_positions[t];
-      if (p == -1) continue;
-      Status error;
-      const int32_t b = p >= 0 ? static_cast<int32_t>(p / e) : -1;
-      const float s = p >= 0 && p < row.visible ? row.scores[p] : 0.0f;
-      if (p < 0 || p >= row.visible) {
-        error = out_of_range("topk_positions[{}] = {} is outside the row's {} visible entries", t,
-                             p, row.visible);
-      } else if (index[static_cast<size_t>(b)] < 0) {
-        error = invalid_argument("topk_positions[{}] = {} lies in block {}, which was not scored",
-                                 t, p, b);
-      } else if (s == -kInf) {
-        error = invalid_argument("topk_positions[{}] = {} holds -inf (an entry not scored)", t, p);
-      } else if (!(std::fabs(s) < kInf)) {
-        error = non_finite_error(p, b, s);
-      }
-      if (!error.ok()) {
-        clear_index();
-        return error;
-      }
-      ++hits[static_cast<size_t>(index[static_cast<size_t>(b)])];
-      kth = std::min(kth, static_cast<double>(s));
+  for (int64_t i = 0; i < v.nvis; ++i) {
+    const int64_t end = std::min(v.sb[i] * v.e + v.e, row.visible_entries);
+    for (int64_t pos = v.sb[i] * v.e; pos < end; ++pos) {
+      const float s = row.scores[pos];
+      if (s == -kInf) continue;
+      if (!(std::fabs(s) < kInf)) return non_finite_error(pos, v.sb[i], s);
       row_max = std::max(row_max, s);
-      ++k_eff;
+      copy[count++] = s;
     }
-    clear_index();
-    if (k_eff == 0) kth = 0.0;  // only consistent if nothing was scored: checked below
   }
-  out->kth_score = kth;
-  out->max_score = k_eff > 0 ? row_max : 0.0;
-  double spread = static_cast<double>(row_max) - kth;
-  if (!(spread > 0.0)) spread = (k_eff > 0 && row_max != 0.0f) ? std::fabs(double{row_max}) : 1.0;
+  k->row_max = row_max;
+  *empty = count == 0;
+  if (count == 0) return ok_status();
+  k->k_eff = std::min<int64_t>(config.topk, count);
+  std::nth_element(copy, copy + (k->k_eff - 1), copy + count, std::greater<float>());
+  k->kth = copy[k->k_eff - 1];
+  int64_t greater = 0;
+  for (int64_t i = 0; i < count; ++i) greater += copy[i] > k->kth;
+  k->ties_left = k->k_eff - greater;
+  return ok_status();
+}
 
-  // Pool pass.
-  int64_t count = 0, total_greater = 0, total_equal = 0;
+// With the kernel's top-k: the k-th and the row max from its positions (O(topk)), and the hits per
+// scored-list index (compacted to observed blocks in the pool pass). The block → list index map
+// costs O(listed blocks) to set and clear, not a search per position.
+Status given_kth(const PredictorConfig& config, const RowView& v, PoolScratch* scratch,
+                 std::vector<int32_t>* hits, KthPass* k) {
+  const RowScores& row = v.row;
+  hits->assign(static_cast<size_t>(v.nvis), 0);
+  std::vector<int32_t>& index = scratch->block_index;
+  if (static_cast<int64_t>(index.size()) < v.vis_blocks) index.resize(static_cast<size_t>(v.vis_blocks), -1);
+  for (int64_t i = 0; i < v.nvis; ++i) index[static_cast<size_t>(v.sb[i])] = static_cast<int32_t>(i);
+  const auto clear_index = [&] {
+    for (int64_t i = 0; i < v.nvis; ++i) index[static_cast<size_t>(v.sb[i])] = -1;
+  };
+  k->kth = kInf;
+  for (int32_t t = 0; t < config.topk; ++t) {
+    const int32_t p = row.topk_positions[t];
+    if (p == -1) continue;
+    Status error;
+    const int32_t b = p >= 0 ? static_cast<int32_t>(p / v.e) : -1;
+    const float s = p >= 0 && p < row.visible_entries ? row.scores[p] : 0.0f;
+    if (p < 0 || p >= row.visible_entries) {
+      error = out_of_range("topk_positions[{}] = {} is outside the row's {} visible entries", t, p,
+                           row.visible_entries);
+    } else if (index[static_cast<size_t>(b)] < 0) {
+      error = invalid_argument("topk_positions[{}] = {} lies in block {}, which was not scored", t, p, b);
+    } else if (s == -kInf) {
+      error = invalid_argument("topk_positions[{}] = {} holds -inf (an entry not scored)", t, p);
+    } else if (!(std::fabs(s) < kInf)) {
+      error = non_finite_error(p, b, s);
+    }
+    if (!error.ok()) {
+      clear_index();
+      return error;
+    }
+    ++(*hits)[static_cast<size_t>(index[static_cast<size_t>(b)])];
+    k->kth = std::min(k->kth, static_cast<double>(s));
+    k->row_max = std::max(k->row_max, s);
+    ++k->k_eff;
+  }
+  clear_index();
+  if (k->k_eff == 0) k->kth = 0.0;  // only consistent if nothing was scored: checked after pooling
+  return ok_status();
+}
+
+// The relative value r of one block (before squash), by the configured pooling.
+double pooled_value(const PredictorConfig& config, const float* scores, int64_t begin, int64_t end,
+                    const BlockScan& scan, double kth, double spread) {
+  switch (config.pooling) {
+    case Pooling::kMax: return (scan.max - kth) / spread;
+    case Pooling::kMean: return (scan.sum / static_cast<double>(scan.n) - kth) / spread;
+    case Pooling::kLse: {
+      // log Σ exp(z) with z = (s - kth)/spread, shifted by the block's largest z for stability.
+      const double m = (scan.max - kth) / spread;
+      double acc = 0.0;
+      for (int64_t pos = begin; pos < end; ++pos) {
+        const float s = scores[pos];
+        if (s != -kInf) acc += std::exp((s - kth) / spread - m);
+      }
+      return m + std::log(acc);
+    }
+    case Pooling::kTopkHits: break;
+  }
+  return 0.0;
+}
+
+// Totals of the pool pass, for the consistency check of a given top-k.
+struct PoolTotals {
+  int64_t count = 0, greater = 0, equal = 0;
+};
+
+// The pool pass: every visible entry of every scored block once — reject NaN/+inf, skip -inf —
+// then x[b] and the block's top-k hits for each block with a scored entry.
+Status pool_blocks(const PredictorConfig& config, const RowView& v, KthPass k, bool own_topk, PooledRow* out,
+                   PoolTotals* totals) {
+  const RowScores& row = v.row;
+  std::vector<int32_t>& hits = out->topk_hits;
+  double spread = static_cast<double>(k.row_max) - k.kth;
+  if (!(spread > 0.0)) spread = (k.k_eff > 0 && k.row_max != 0.0f) ? std::fabs(double{k.row_max}) : 1.0;
   size_t n_out = 0;
-  for (int64_t i = 0; i < nvis; ++i) {
-    const int64_t begin = sb[i] * e;
-    const int64_t end = std::min(begin + e, row.visible);
-    const BlockScan scan = scan_block(row.scores + begin, end - begin, static_cast<float>(kth));
+  for (int64_t i = 0; i < v.nvis; ++i) {
+    const int64_t begin = v.sb[i] * v.e;
+    const int64_t end = std::min(begin + v.e, row.visible_entries);
+    const BlockScan scan = scan_block(row.scores + begin, end - begin, static_cast<float>(k.kth));
     if (scan.non_finite) {  // find the first offender for the message
       for (int64_t pos = begin; pos < end; ++pos)
         if (row.scores[pos] != -kInf && !(std::fabs(row.scores[pos]) < kInf))
-          return non_finite_error(pos, sb[i], row.scores[pos]);
+          return non_finite_error(pos, v.sb[i], row.scores[pos]);
     }
-    const int64_t n = scan.n, greater = scan.greater, equal = scan.equal;
-    const double sum = scan.sum;
-    const float bmax = scan.max;
-    if (n == 0) continue;
-    count += n;
-    total_greater += greater;
-    total_equal += equal;
+    if (scan.n == 0) continue;
+    totals->count += scan.n;
+    totals->greater += scan.greater;
+    totals->equal += scan.equal;
     int64_t block_hits;
     if (own_topk) {
-      const int64_t take = std::min(equal, ties_left);
-      ties_left -= take;
-      block_hits = greater + take;
+      const int64_t take = std::min(scan.equal, k.ties_left);
+      k.ties_left -= take;
+      block_hits = scan.greater + take;
     } else {
       block_hits = hits[static_cast<size_t>(i)];
     }
-    double r = 0.0;
-    switch (config.pooling) {
-      case Pooling::kMax:
-        r = (bmax - kth) / spread;
-        break;
-      case Pooling::kMean:
-        r = (sum / static_cast<double>(n) - kth) / spread;
-        break;
-      case Pooling::kLse: {
-        // log Σ exp(z) with z = (s - kth)/spread, shifted by the block's largest z for stability.
-        const double m = (bmax - kth) / spread;
-        double acc = 0.0;
-        for (int64_t pos = begin; pos < end; ++pos) {
-          const float s = row.scores[pos];
-          if (s != -kInf) acc += std::exp((s - kth) / spread - m);
-        }
-        r = m + std::log(acc);
-        break;
-      }
-      case Pooling::kTopkHits:
-        break;
-    }
-    out->blocks.push_back(sb[i]);
-    out->x.push_back(
-        config.pooling == Pooling::kTopkHits
-            ? static_cast<float>(static_cast<double>(block_hits) / static_cast<double>(e))
-            : squash(r));
+    const double r = pooled_value(config, row.scores, begin, end, scan, k.kth, spread);
+    out->blocks.push_back(v.sb[i]);
+    out->x.push_back(config.pooling == Pooling::kTopkHits
+                         ? static_cast<float>(static_cast<double>(block_hits) / static_cast<double>(v.e))
+                         : squash(r));
     if (own_topk) {
       hits.push_back(static_cast<int32_t>(block_hits));
     } else {
@@ -293,20 +312,56 @@ Status pool_row_impl(const PredictorConfig& config, const RowScores& row, Pooled
     ++n_out;
   }
   hits.resize(n_out);
-  out->scored_entries = count;
-  if (!own_topk) {
-    const int64_t want = std::min<int64_t>(config.topk, count);
-    if (k_eff != want)
-      return invalid_argument(
-          "topk_positions holds {} positions but the row has {} scored entries; expected "
-          "min(topk = {}, {}) = {}",
-          k_eff, count, config.topk, count, want);
-    if (k_eff > 0 && !(total_greater < k_eff && total_greater + total_equal >= k_eff))
-      return invalid_argument(
-          "topk_positions is not the row's top-{}: {} scored entries are above its smallest "
-          "score {} and {} equal it",
-          k_eff, total_greater, kth, total_equal);
+  return ok_status();
+}
+
+// A given top-k must hold min(topk, scored entries) positions, and be the row's top-k.
+Status check_given_topk(const PredictorConfig& config, const KthPass& k, const PoolTotals& t) {
+  const int64_t want = std::min<int64_t>(config.topk, t.count);
+  if (k.k_eff != want)
+    return invalid_argument(
+        "topk_positions holds {} positions but the row has {} scored entries; expected "
+        "min(topk = {}, {}) = {}",
+        k.k_eff, t.count, config.topk, t.count, want);
+  if (k.k_eff > 0 && !(t.greater < k.k_eff && t.greater + t.equal >= k.k_eff))
+    return invalid_argument(
+        "topk_positions is not the row's top-{}: {} scored entries are above its smallest "
+        "score {} and {} equal it",
+        k.k_eff, t.greater, k.kth, t.equal);
+  return ok_status();
+}
+
+Status pool_row_impl(const PredictorConfig& config, const RowScores& row, PooledRow* out,
+                     PoolScratch* scratch) {
+  SPIN_RETURN_IF_ERROR(check_row(row));
+  const int64_t e = config.block_entries();
+  const int64_t vis_blocks = blocks_for_entries(config, row.visible_entries);
+  out->visible_entries = row.visible_entries;
+  out->newest_block = vis_blocks - 1;
+  const int32_t* sb = row.scored_blocks;
+  SPIN_RETURN_IF_ERROR(check_block_list(sb, row.num_scored_blocks));
+  // Only the listed blocks the row can see matter: [0, nvis) of the list. Blocks past them are
+  // skipped, not refused: an MTP union holds later rows' newest blocks, beyond earlier rows' view.
+  const int64_t nvis =
+      std::lower_bound(sb, sb + row.num_scored_blocks,
+                       static_cast<int32_t>(std::min<int64_t>(vis_blocks, INT32_MAX))) -
+      sb;
+  const RowView v{row, e, vis_blocks, sb, nvis};
+  const bool own_topk = row.topk_positions == nullptr;
+  KthPass k;
+  if (own_topk) {
+    bool empty = false;
+    SPIN_RETURN_IF_ERROR(own_kth(config, v, scratch, &k, &empty));
+    if (empty) return ok_status();
+  } else {
+    SPIN_RETURN_IF_ERROR(given_kth(config, v, scratch, &out->topk_hits, &k));
   }
+  out->kth_score = k.kth;
+  out->max_score = k.k_eff > 0 ? k.row_max : 0.0;
+  PoolTotals totals;
+  SPIN_RETURN_IF_ERROR(pool_blocks(config, v, k, own_topk, out, &totals));
+  out->scored_entries = totals.count;
+  if (!own_topk) SPIN_RETURN_IF_ERROR(check_given_topk(config, k, totals));
   return ok_status();
 }
 

@@ -20,8 +20,8 @@
 #include <utility>
 
 #include "core/errors.h"
-#include "core/rng.h"
 #include "predict/kselect.h"
+#include "spin/rng.h"
 
 namespace spin {
 namespace {
@@ -87,11 +87,11 @@ Status PredictorBase::check_step_input(int32_t layer, const StepInput& in) const
   if (in.step < 0 || in.step > INT32_MAX)
     return invalid_argument("{}: step {} is outside [0, 2^31)", name_, in.step);
   if (in.num_entries < 0) return invalid_argument("{}: num_entries {} < 0", name_, in.num_entries);
-  if (in.row_visible) {
+  if (in.visible_entries) {
     for (int32_t j = 0; j < in.next_n; ++j)
-      if (in.row_visible[j] < 0 || in.row_visible[j] > in.num_entries)
-        return invalid_argument("{}: row_visible[{}] = {} is outside [0, num_entries = {}]", name_,
-                                j, in.row_visible[j], in.num_entries);
+      if (in.visible_entries[j] < 0 || in.visible_entries[j] > in.num_entries)
+        return invalid_argument("{}: visible_entries[{}] = {} is outside [0, num_entries = {}]", name_,
+                                j, in.visible_entries[j], in.num_entries);
   }
   // Protocol: select(step) → observe every row → commit(accepted) → next step.
   if (open_) {
@@ -123,7 +123,7 @@ Status PredictorBase::select(int32_t layer, const StepInput& in, Selection* out)
   int64_t max_blocks = 0;
   std::array<int64_t, kMaxNextN> visible{};
   for (int32_t j = 0; j < in.next_n; ++j) {
-    visible[static_cast<size_t>(j)] = row_visible(in, j);
+    visible[static_cast<size_t>(j)] = visible_entries(in, j);
     max_blocks = std::max(max_blocks, blocks_for_entries(config_, visible[static_cast<size_t>(j)]));
   }
   l.state.ensure_blocks(max_blocks);
@@ -165,7 +165,7 @@ Status PredictorBase::select(int32_t layer, const StepInput& in, Selection* out)
   open_next_n_ = in.next_n;
   l.selected = true;
   l.observed = 0;
-  l.visible = visible;
+  l.visible_entries = visible;
   return ok_status();
 }
 
@@ -201,6 +201,42 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
   }
 
   // 1. Forced.
+  const int64_t n_cand = mark_forced(n);
+  int64_t left = budget - (n - n_cand);  // budget_blocks() guarantees forced ≤ budget
+
+  // 2. Exploration (or the whole fill, for random).
+  int64_t n_explore = 0;
+  if (f == Fill::kRandom) {
+    n_explore = left;
+  } else if (explores()) {
+    n_explore =
+        std::min<int64_t>(std::llround(config_.explore_ratio * static_cast<double>(budget)), left);
+  }
+  if (n_explore > 0) {
+    mark_explored(ctx, f, n_cand, n_explore);
+    left -= n_explore;
+    *explored = static_cast<int32_t>(n_explore);
+  }
+
+  // 3. Prediction: the highest p first.
+  if (left > 0) {
+    SPIN_RETURN_IF_ERROR(rank_once());
+    mark_predicted(p, n_explore, n_cand - n_explore, left);
+  }
+
+  blocks->resize(static_cast<size_t>(n));
+  int32_t* o = blocks->data();
+  const uint8_t* mark = mark_.data();
+  int64_t count = 0;
+  for (int64_t b = 0; b < n; ++b) {
+    o[count] = static_cast<int32_t>(b);
+    count += mark[b] != 0;
+  }
+  blocks->resize(static_cast<size_t>(count));
+  return ok_status();
+}
+
+int64_t PredictorBase::mark_forced(int64_t n) {
   uint8_t* mark = mark_.data();
   std::fill(mark, mark + n, uint8_t{0});
   for (int64_t b = std::max<int64_t>(0, n - config_.local_blocks); b < n; ++b) mark[b] = 1;
@@ -213,61 +249,42 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
     keys[n_cand] = static_cast<uint64_t>(b);
     n_cand += mark[b] == 0;
   }
-  int64_t left = budget - (n - n_cand);  // budget_blocks() guarantees forced ≤ budget
+  return n_cand;
+}
 
-  // 2. Exploration (or the whole fill, for random).
-  int64_t n_explore = 0;
-  if (f == Fill::kRandom) {
-    n_explore = left;
-  } else if (explores()) {
-    n_explore =
-        std::min<int64_t>(std::llround(config_.explore_ratio * static_cast<double>(budget)), left);
-  }
-  if (n_explore > 0) {
-    if (f == Fill::kRandom || config_.explore_policy == ExplorePolicy::kUniform) {
-      // The top 32 bits of a counter hash per block: a uniformly random order (ties, 2^-32 rare,
-      // fall to the lower block), the same for every row of the step.
-      const CounterRng rng(stream_key(config_.seed, static_cast<uint64_t>(request_id_),
-                                      static_cast<uint64_t>(ctx.layer),
-                                      static_cast<uint64_t>(ctx.step)));
-      for (int64_t i = 0; i < n_cand; ++i)
-        keys[i] = (rng.at(keys[i]) & 0xFFFFFFFF00000000ULL) | keys[i];
-    } else {
-      // Oldest last_seen first; never seen (-1) maps to 0, older than every step.
-      const BlockState& st = layers_[static_cast<size_t>(ctx.layer)].state;
-      for (int64_t i = 0; i < n_cand; ++i) {
-        const uint64_t age = static_cast<uint32_t>(st.last_seen(static_cast<int64_t>(keys[i])) + 1);
-        keys[i] = age << 32 | keys[i];
-      }
+void PredictorBase::mark_explored(const RowContext& ctx, Fill f, int64_t n_cand, int64_t n_explore) {
+  uint64_t* keys = keys_.data();
+  if (f == Fill::kRandom || config_.explore_policy == ExplorePolicy::kUniform) {
+    // The top 32 bits of a counter hash per block: a uniformly random order (ties, 2^-32 rare,
+    // fall to the lower block), the same for every row of the step.
+    const CounterRng rng(stream_key(config_.seed, static_cast<uint64_t>(request_id_),
+                                    static_cast<uint64_t>(ctx.layer),
+                                    static_cast<uint64_t>(ctx.step)));
+    for (int64_t i = 0; i < n_cand; ++i)
+      keys[i] = (rng.at(keys[i]) & 0xFFFFFFFF00000000ULL) | keys[i];
+  } else {
+    // Oldest last_seen first; never seen (-1) maps to 0, older than every step.
+    const BlockState& st = layers_[static_cast<size_t>(ctx.layer)].state;
+    for (int64_t i = 0; i < n_cand; ++i) {
+      const uint64_t age = static_cast<uint32_t>(st.last_seen(static_cast<int64_t>(keys[i])) + 1);
+      keys[i] = age << 32 | keys[i];
     }
-    select_smallest(keys, n_cand, n_explore);
-    for (int64_t i = 0; i < n_explore; ++i) mark[keys[i] & 0xFFFFFFFFu] = 2;
-    left -= n_explore;
-    *explored = static_cast<int32_t>(n_explore);
   }
+  select_smallest(keys, n_cand, n_explore);
+  uint8_t* mark = mark_.data();
+  for (int64_t i = 0; i < n_explore; ++i) mark[keys[i] & 0xFFFFFFFFu] = 2;
+}
 
-  // 3. Prediction: the highest p first, as ascending keys of ~order(p).
-  if (left > 0) {
-    SPIN_RETURN_IF_ERROR(rank_once());
-    uint64_t* rest = keys + n_explore;
-    const int64_t n_rest = n_cand - n_explore;
-    for (int64_t i = 0; i < n_rest; ++i) {
-      const uint64_t b = rest[i] & 0xFFFFFFFFu;
-      rest[i] = static_cast<uint64_t>(~float_order(sanitize(p[b]))) << 32 | b;
-    }
-    select_smallest(rest, n_rest, left);
-    for (int64_t i = 0; i < left; ++i) mark[rest[i] & 0xFFFFFFFFu] = 3;
+void PredictorBase::mark_predicted(const float* p, int64_t first, int64_t n_rest, int64_t left) {
+  // The highest p first, as ascending keys of ~order(p).
+  uint64_t* rest = keys_.data() + first;
+  for (int64_t i = 0; i < n_rest; ++i) {
+    const uint64_t b = rest[i] & 0xFFFFFFFFu;
+    rest[i] = static_cast<uint64_t>(~float_order(sanitize(p[b]))) << 32 | b;
   }
-
-  blocks->resize(static_cast<size_t>(n));
-  int32_t* o = blocks->data();
-  int64_t count = 0;
-  for (int64_t b = 0; b < n; ++b) {
-    o[count] = static_cast<int32_t>(b);
-    count += mark[b] != 0;
-  }
-  blocks->resize(static_cast<size_t>(count));
-  return ok_status();
+  select_smallest(rest, n_rest, left);
+  uint8_t* mark = mark_.data();
+  for (int64_t i = 0; i < left; ++i) mark[rest[i] & 0xFFFFFFFFu] = 3;
 }
 
 Status PredictorBase::observe(int32_t layer, int32_t row, const RowScores& scores) {
@@ -286,11 +303,11 @@ Status PredictorBase::observe(int32_t layer, int32_t row, const RowScores& score
     return failed_precondition("{}: layer {} row {} was already observed in step {}", name_, layer,
                                row, open_step_);
   const size_t ur = static_cast<size_t>(row);
-  if (scores.visible != l.visible[ur])
+  if (scores.visible_entries != l.visible_entries[ur])
     return invalid_argument(
         "{}: layer {} row {}: visible {} differs from the {} entries the row "
         "saw at select",
-        name_, layer, row, scores.visible, l.visible[ur]);
+        name_, layer, row, scores.visible_entries, l.visible_entries[ur]);
   SPIN_RETURN_IF_ERROR(pool_row(config_, scores, &l.pending[ur], &pool_scratch_));
   l.observed |= 1u << row;
   return ok_status();
@@ -352,7 +369,7 @@ void PredictorBase::reset() {
   for (Layer& l : layers_) {
     l.state.reset();
     for (PooledRow& r : l.pending) r.clear();
-    l.visible = {};
+    l.visible_entries = {};
     l.selected = false;
     l.observed = 0;
     l.prev_topk_blocks.clear();

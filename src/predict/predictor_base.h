@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "predict/block_state.h"
 #include "spin/predict.h"
 
 namespace spin {
@@ -43,7 +44,7 @@ class PredictorBase : public BlockPredictor {
     int32_t layer;
     int32_t row;
     int64_t step;
-    int64_t visible;   // entries the row sees
+    int64_t visible_entries;   // entries the row sees
     int64_t n_blocks;  // blocks the row sees; the newest is n_blocks - 1
     const StepInput* in;
   };
@@ -79,16 +80,16 @@ class PredictorBase : public BlockPredictor {
   const std::vector<int32_t>& previous_topk_hits(int32_t layer) const {
     return layers_[layer].prev_topk_hits;
   }
-  static int64_t row_visible(const StepInput& in, int32_t row) {
-    return in.row_visible ? in.row_visible[row]
-                          : row_visible_entries(in.num_entries, in.next_n, row);
+  static int64_t visible_entries(const StepInput& in, int32_t row) {
+    return in.visible_entries ? in.visible_entries[row]
+                              : spin::visible_entries(in.num_entries, in.next_n, row);
   }
 
  private:
   struct Layer {
     BlockState state;
     std::array<PooledRow, kMaxNextN> pending;
-    std::array<int64_t, kMaxNextN> visible{};
+    std::array<int64_t, kMaxNextN> visible_entries{};
     bool selected = false;  // in the open step
     uint32_t observed = 0;  // bit j: row j observed in the open step
     std::vector<int32_t> prev_topk_blocks;
@@ -98,6 +99,11 @@ class PredictorBase : public BlockPredictor {
   Status check_step_input(int32_t layer, const StepInput& in) const;
   Status select_row(const RowContext& ctx, Fill f, std::vector<int32_t>* blocks, int32_t* explored,
                     std::vector<float>* scores);
+  // select_row's stages over mark_ (0 = not selected, 1 forced, 2 explored, 3 predicted) and the
+  // candidate keys_ (ordering value << 32 | block). mark_forced returns the candidates' count.
+  int64_t mark_forced(int64_t n);
+  void mark_explored(const RowContext& ctx, Fill f, int64_t n_cand, int64_t n_explore);
+  void mark_predicted(const float* p, int64_t first, int64_t n_rest, int64_t left);
 
   std::string name_;
   PredictorConfig config_;

@@ -1,5 +1,6 @@
-// The predictors of DESIGN.md §4 and make_predictor(). Each one only ranks a row's blocks; the
-// protocol, budget, forced blocks and replay live in PredictorBase. Exploration belongs to `spin`
+// The predictors of spin/predict.h (ARCHITECTURE.md, "SPIN in brief") and make_predictor(). Each
+// one only ranks a row's blocks; the protocol, budget, forced blocks and replay live in
+// PredictorBase. Exploration belongs to `spin`
 // alone (and `random` is all exploration): the other state predictors are the ablations the paper
 // compares, so they must not borrow spin's coin.
 //
@@ -147,7 +148,7 @@ class OraclePredictor final : public PredictorBase {
           "this step's true top-k ([next_n, topk] positions, -1 padded)");
     const int32_t k = config().topk;
     for (int32_t j = 0; j < in.next_n; ++j) {
-      const int64_t vis = row_visible(in, j);
+      const int64_t vis = visible_entries(in, j);
       for (int32_t t = 0; t < k; ++t) {
         const int32_t pos = in.true_topk[static_cast<int64_t>(j) * k + t];
         if (pos != -1 && (pos < 0 || pos >= vis))
@@ -251,7 +252,7 @@ class HisaPredictor final : public PredictorBase {
     // Row 0's entries are committed tokens; entries past them are this step's drafts, which can
     // still be rejected and rewritten, so they are never folded into the cached sums.
     SPIN_RETURN_IF_ERROR(
-        keys_[static_cast<size_t>(layer)].update(config(), *in.hisa, row_visible(in, 0)));
+        keys_[static_cast<size_t>(layer)].update(config(), *in.hisa, visible_entries(in, 0)));
     return ok_status();
   }
   Status rank(const RowContext& row, float* p) override {

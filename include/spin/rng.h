@@ -1,4 +1,6 @@
-// Counter-based random numbers: every draw is a pure function of (key, counter).
+// spin/rng.h — counter-based random numbers: every draw is a pure function of (key, counter).
+// Public because the benchmarks and tests draw their inputs from the same streams the library uses
+// (exploration, workloads, the engine's data), so that a run is reproduced from its seed alone.
 //
 // There is no global RNG anywhere in spin. A stream is keyed on what identifies the decision
 // (seed, request, layer, step, ...), so two tensor-parallel ranks, or two thread counts, that make

@@ -1,17 +1,48 @@
 // Header-only helpers for the predictor tests (tests/predict_*_test.cpp): they play the indexer's
 // part of the protocol — score the selected union of a step from given all-keep scores, exactly as
-// the kernel writes a row (-inf outside the scored blocks) — and measure block recall. Not part of
-// the library proper; nothing in src/ includes it.
+// the kernel writes a row (-inf outside the scored blocks) — and measure block recall. Test-only: it
+// lives in tests/, beside the tests that use it.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <string_view>
 #include <vector>
 
 #include "spin/predict.h"
 
 namespace spin::testing {
+
+// make_predictor that must succeed (a test failure otherwise).
+inline std::unique_ptr<BlockPredictor> make_checked(std::string_view name, const PredictorConfig& c,
+                                                    int32_t layers, int64_t request_id) {
+  auto r = make_predictor(name, c, layers, request_id);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
+// All-keep scores where every entry of block b (of e entries) equals v[b].
+inline std::vector<float> block_scores(const std::vector<float>& v, int32_t e) {
+  std::vector<float> s;
+  for (float x : v) s.insert(s.end(), static_cast<size_t>(e), x);
+  return s;
+}
+
+// The predictor tests' small geometry: blocks of 4 entries, top-k 4 (one block), 50 % sparsity,
+// with `sink_blocks` sinks and `local_blocks` locals.
+inline PredictorConfig small_blocks_config(int32_t sink_blocks, int32_t local_blocks) {
+  PredictorConfig c;
+  c.page_size = 4;
+  c.topk = 4;
+  c.sink_blocks = sink_blocks;
+  c.local_blocks = local_blocks;
+  c.target_sparsity = 0.5;
+  return c;
+}
 
 // Row j's buffer after scoring `blocks`: full[pos] for visible entries of those blocks, else -inf.
 inline std::vector<float> masked_row(const std::vector<float>& full, int64_t visible,
@@ -33,12 +64,12 @@ inline Status observe_union(BlockPredictor& p, int32_t layer, const Selection& s
                             int32_t next_n) {
   const int32_t e = p.config().block_entries();
   for (int32_t j = 0; j < next_n; ++j) {
-    const int64_t visible = row_visible_entries(num_entries, next_n, j);
+    const int64_t visible = visible_entries(num_entries, next_n, j);
     const std::vector<float> row = masked_row(full[static_cast<size_t>(j)], visible, sel.blocks, e);
     RowScores r;
     r.scores = row.data();
     r.num_cols = visible;  // the narrowest buffer a caller may pass: the union reaches past it
-    r.visible = visible;
+    r.visible_entries = visible;
     r.scored_blocks = sel.blocks.data();
     r.num_scored_blocks = static_cast<int64_t>(sel.blocks.size());
     Status s = p.observe(layer, j, r);
@@ -64,7 +95,7 @@ inline std::vector<int32_t> true_topk(const std::vector<float>& full, int64_t vi
   return pos;
 }
 
-// Share of the true top-k entries lying in `blocks` (DESIGN.md §5 block_recall); 1 if none.
+// Share of the true top-k entries lying in `blocks` (spin/metrics.h block_recall); 1 if none.
 inline double block_recall(const std::vector<int32_t>& topk, const std::vector<int32_t>& blocks,
                            int32_t block_entries) {
   int64_t total = 0, in = 0;

@@ -1,0 +1,64 @@
+// BlockState: SPIN's state of one (request, indexer layer) — slot EMA and last_seen per block,
+// and the relative-offset EMA. Internal to spin_predict; BlockPredictor::state() hands it to tests.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "predict/pooling.h"
+#include "spin/predict.h"
+
+namespace spin {
+
+// Offset buckets: distance d (in blocks) maps to bucket d while d < kOffsetExactDistances, then to
+// kOffsetBucketsPerOctave log-spaced buckets per doubling: bucket(d) = 64 + 4·(floor(log2 d) − 6)
+// + (the two bits after d's leading bit). Distances 64..127 → buckets of 16, 128..255 → 32, ...
+inline constexpr int64_t kOffsetExactDistances = 64;
+inline constexpr int64_t kOffsetBucketsPerOctave = 4;
+int32_t offset_bucket(int64_t distance);  // distance ≥ 0
+
+// last_seen of a block that was never observed (older than every step, which are ≥ 0).
+inline constexpr int32_t kNeverSeen = -1;
+
+class BlockState {
+ public:
+  BlockState() = default;
+  BlockState(double alpha, double beta)
+      : alpha_(static_cast<float>(alpha)), beta_(static_cast<float>(beta)) {}
+
+  // Grows to n_blocks (new blocks: never seen). Never shrinks; amortised O(new blocks).
+  void ensure_blocks(int64_t n_blocks);
+  // Drops blocks ≥ n_blocks (prefix sharing of a shorter context).
+  void truncate(int64_t n_blocks);
+  // Applies one row's observation at `step`: slot EMA + last_seen for every observed block, then
+  // one offset EMA update per touched bucket with the mean x of the row's blocks in that bucket.
+  // O(observed blocks).
+  void apply(const PooledRow& row, int32_t step);
+  void reset();
+
+  int64_t n_blocks() const { return static_cast<int64_t>(slot_.size()); }
+  bool seen(int64_t b) const { return last_seen_[b] != kNeverSeen; }
+  float slot(int64_t b) const { return slot_[b]; }
+  int32_t last_seen(int64_t b) const { return last_seen_[b]; }
+  int64_t n_offset_buckets() const { return static_cast<int64_t>(offset_.size()); }
+  bool offset_known(int32_t bucket) const {
+    return bucket < n_offset_buckets() && offset_count_[bucket] > 0;
+  }
+  float offset(int32_t bucket) const { return offset_[bucket]; }
+  int32_t offset_updates(int32_t bucket) const { return offset_count_[bucket]; }
+  float alpha() const { return alpha_; }
+  float beta() const { return beta_; }
+  // n_blocks · kStateBytesPerBlock + buckets · kStateBytesPerOffsetBucket.
+  size_t memory_bytes() const;
+
+ private:
+  float alpha_ = 0.5f;
+  float beta_ = 0.1f;
+  std::vector<float> slot_;
+  std::vector<int32_t> last_seen_;
+  std::vector<float> offset_;
+  std::vector<int32_t> offset_count_;
+};
+
+}  // namespace spin

@@ -1,0 +1,53 @@
+// Pooling: one row's indexer scores → one normalised value x[b] per scored block (the
+// "observation" of a predictor). Internal to spin_predict (and the replay harness, which pools the
+// true scores for the open-loop metrics); callers of the library hand a RowScores to observe().
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "spin/predict.h"
+
+namespace spin {
+
+// Normalisation (per row, so that steps are comparable): with kth = the row's k-th largest scored
+// value (k = min(topk, scored entries); tie rule score desc, position asc) and spread = max - kth
+// (or |max|, or 1, when that is 0), a pooled value v is first made relative, r = (v - kth)/spread
+// (shift- and scale-free, any sign of scores), then squashed below 0 as r/(1-r): monotone, so the
+// ranking is kept, and bounded by -1 (reached only by float rounding) so that a very bad block
+// cannot swamp an EMA. Blocks nothing is known about rank below -1 (see predictors.cpp).
+//   max:       r of the block's max score           → x in [-1, 1]; 0 = the block holds the kth
+//   mean:      r of the block's mean score          → x in [-1, 1]
+//   lse:       log Σ exp((s - kth)/spread)           → x in [-1, 1 + ln E]
+//   topk-hits: (block's entries in the row's top-k) / E → x in [0, 1]
+struct PooledRow {
+  int64_t visible_entries = 0;
+  int64_t newest_block = -1;   // block of the row's last visible entry; -1 if none
+  int64_t scored_entries = 0;  // finite scored entries seen
+  double kth_score = 0.0;
+  double max_score = 0.0;
+  std::vector<int32_t> blocks;     // observed blocks (≥ 1 finite entry), ascending
+  std::vector<float> x;            // pooled, normalised value per observed block
+  std::vector<int32_t> topk_hits;  // entries of the block in the row's top-k
+  void clear();
+};
+
+// Buffers pool_row reuses across calls (optional): no allocation once warmed up.
+struct PoolScratch {
+  std::vector<float> values;         // copy of the scored values for the k-th selection
+  std::vector<int32_t> block_index;  // block → index in scored_blocks (-1 elsewhere)
+};
+
+// Validates and pools one row. Errors: a NaN or +inf score in a scored, visible entry (message
+// names the block and position); blocks not ascending or outside the row buffer; inconsistent
+// topk_positions. With topk_positions the scored entries are read once; without, twice plus an
+// nth_element over them (an engine has the top-k already: pass it).
+// Blocks listed beyond the row's visible entries are skipped (an MTP union holds later rows'
+// newest blocks).
+Status pool_row(const PredictorConfig& config, const RowScores& row, PooledRow* out,
+                PoolScratch* scratch = nullptr);
+// The same with only the values buffer kept between calls (the block map is rebuilt per call).
+Status pool_row(const PredictorConfig& config, const RowScores& row, PooledRow* out,
+                std::vector<float>* values_scratch);
+
+}  // namespace spin

@@ -106,11 +106,16 @@ double time_full_indexer_us(int64_t context, int threads, double min_seconds) {
 
 int run_indexer_bench(const IndexerBenchOptions& options) {
   IndexerImpl impl = IndexerImpl::kAuto;
-  if (options.impl == "avx512bf16") impl = IndexerImpl::kAvx512Bf16;
-  else if (options.impl == "portable") impl = IndexerImpl::kPortable;
-  else if (options.impl == "reference") impl = IndexerImpl::kReference;
-  else if (options.impl != "auto") {
-    fmt::print(stderr, "spin: error: unknown --impl '{}' (auto, avx512bf16, portable, reference)\n", options.impl);
+  for (IndexerImpl i : indexer_impls()) {
+    if (options.impl == indexer_impl_name(i)) impl = i;
+  }
+  if (impl == IndexerImpl::kAuto && options.impl != "auto") {
+    fmt::print(stderr, "spin: error: unknown --impl '{}'\n", options.impl);
+    return 2;
+  }
+  if (!indexer_impl_supported(impl)) {
+    fmt::print(stderr, "spin: error: --impl {}: this CPU lacks it (it runs {})\n", options.impl,
+               indexer_impl_name(indexer_best_impl()));
     return 2;
   }
   const IndexerImpl resolved = impl == IndexerImpl::kAuto ? indexer_best_impl() : impl;

@@ -71,8 +71,10 @@ template <>
 struct KernelFamily<IndexerImpl> {
   static constexpr IndexerImpl kReference = IndexerImpl::kReference;
   static std::vector<IndexerImpl> fast() {
-    std::vector<IndexerImpl> impls = {IndexerImpl::kPortable};
-    if (indexer_best_impl() == IndexerImpl::kAvx512Bf16) impls.push_back(IndexerImpl::kAvx512Bf16);
+    std::vector<IndexerImpl> impls;  // every SIMD path this CPU can run, and the portable one
+    for (IndexerImpl impl : indexer_impls()) {
+      if (impl != IndexerImpl::kReference && indexer_impl_supported(impl)) impls.push_back(impl);
+    }
     return impls;
   }
   static const char* name(IndexerImpl impl) { return indexer_impl_name(impl); }

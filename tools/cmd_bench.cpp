@@ -5,6 +5,7 @@
 #include "bench_common.h"
 #include "cli.h"
 #include "spin/engine.h"
+#include "spin/indexer.h"
 #include "spin/predict.h"
 
 namespace spin::cli {
@@ -63,8 +64,10 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
   indexer_cmd->add_option("--rows", indexer->rows, "query rows per request (MTP next_n), one or more")
       ->check(int_range(1, 4));
   indexer_cmd->add_option("--sparsity", indexer->sparsities, "block sparsities to run (0 = full)")->check(sparsity());
-  indexer_cmd->add_option("--impl", indexer->impl, "kernel path")
-      ->check(one_of({"auto", "avx512bf16", "portable", "reference"}, "--impl"));
+  std::vector<std::string> indexer_impl_names = {"auto"};
+  for (IndexerImpl i : indexer_impls()) indexer_impl_names.push_back(indexer_impl_name(i));
+  indexer_cmd->add_option("--impl", indexer->impl, "kernel path (a path this CPU lacks is refused)")
+      ->check(one_of(indexer_impl_names, "--impl"));
   indexer_cmd->add_option("--min-time", indexer->min_seconds, "seconds of timed runs per point")
       ->check(positive_seconds());
   add_common(indexer_cmd, indexer->threads, indexer->json_path);

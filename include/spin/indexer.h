@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "spin/geometry.h"
 #include "spin/numerics.h"
@@ -56,6 +57,8 @@ struct IndexerParams {
 enum class IndexerImpl {
   kAuto = 0,     // the fastest this CPU supports
   kAvx512Bf16,   // AVX-512 BF16 dot products (vdpbf16ps), fp32 accumulation
+  kAvx512F,      // AVX-512F fp32 FMA (Skylake-X, Cascade Lake: AVX-512 without BF16)
+  kAvx2,         // AVX2 + FMA + F16C fp32 FMA (Zen 2/3, Haswell and later)
   kPortable,     // plain C++ fp32, auto-vectorised; any x86-64 / any ISA
   kReference,    // scalar, double accumulation: the ground truth
 };
@@ -69,11 +72,17 @@ struct IndexerOptions {
 // Checks every field once, in a fixed order; the message names the field and what is supported.
 Status validate_indexer_params(const IndexerParams& params);
 
-// Validates, then scores with the chosen implementation. kAvx512Bf16 on a CPU without it fails
-// with kInvalidArgument; kAuto never fails for that reason.
+// Validates, then scores with the chosen implementation. A SIMD path this CPU lacks fails with
+// kInvalidArgument naming it; kAuto never fails for that reason.
 Status indexer_scores(const IndexerParams& params, const IndexerOptions& options = {});
 
-// The implementation kAuto picks on this machine.
+// Whether this CPU can run `impl` (kAuto, kPortable and kReference: always).
+bool indexer_impl_supported(IndexerImpl impl);
+// Every implementation, fastest first (kAuto excluded): what `--impl` accepts.
+const std::vector<IndexerImpl>& indexer_impls();
+
+// The implementation kAuto picks on this machine: the first supported of avx512bf16, avx512f,
+// avx2, portable.
 IndexerImpl indexer_best_impl();
 
 }  // namespace spin

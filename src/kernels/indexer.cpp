@@ -16,6 +16,8 @@ const char* indexer_impl_name(IndexerImpl impl) {
   switch (impl) {
     case IndexerImpl::kAuto: return "auto";
     case IndexerImpl::kAvx512Bf16: return "avx512bf16";
+    case IndexerImpl::kAvx512F: return "avx512f";
+    case IndexerImpl::kAvx2: return "avx2";
     case IndexerImpl::kPortable: return "portable";
     case IndexerImpl::kReference: return "reference";
   }
@@ -152,16 +154,35 @@ void fill_logits_neg_inf(const IndexerParams& p, int num_threads) {
 
 }  // namespace detail
 
+bool indexer_impl_supported(IndexerImpl impl) {
+  switch (impl) {
+    case IndexerImpl::kAvx512Bf16: return detail::cpu_has_avx512bf16();
+    case IndexerImpl::kAvx512F: return detail::cpu_has_avx512f();
+    case IndexerImpl::kAvx2: return detail::cpu_has_avx2_fma();
+    default: return true;
+  }
+}
+
+const std::vector<IndexerImpl>& indexer_impls() {
+  static const std::vector<IndexerImpl> impls = {IndexerImpl::kAvx512Bf16, IndexerImpl::kAvx512F, IndexerImpl::kAvx2,
+                                                 IndexerImpl::kPortable, IndexerImpl::kReference};
+  return impls;
+}
+
 IndexerImpl indexer_best_impl() {
-  return detail::cpu_has_avx512bf16() ? IndexerImpl::kAvx512Bf16 : IndexerImpl::kPortable;
+  for (IndexerImpl impl : indexer_impls()) {
+    if (indexer_impl_supported(impl)) return impl;
+  }
+  return IndexerImpl::kPortable;
 }
 
 Status indexer_scores(const IndexerParams& params, const IndexerOptions& options) {
   SPIN_RETURN_IF_ERROR(validate_indexer_params(params));
   if (options.num_threads < 0) return invalid_argument("num_threads must be ≥ 0, got {}", options.num_threads);
   IndexerImpl impl = options.impl == IndexerImpl::kAuto ? indexer_best_impl() : options.impl;
-  if (impl == IndexerImpl::kAvx512Bf16 && !detail::cpu_has_avx512bf16()) {
-    return invalid_argument("impl avx512bf16 requested but this CPU lacks AVX-512 BF16; use auto or portable");
+  if (!indexer_impl_supported(impl)) {
+    return invalid_argument("indexer impl {} requested but this CPU lacks it; this CPU runs {} (or use auto)",
+                            indexer_impl_name(impl), indexer_impl_name(indexer_best_impl()));
   }
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   if (impl == IndexerImpl::kReference) {
@@ -170,10 +191,11 @@ Status indexer_scores(const IndexerParams& params, const IndexerOptions& options
   }
   detail::fill_logits_neg_inf(params, threads);
   const std::vector<detail::IndexerTile> tiles = detail::plan_indexer_tiles(params);
-  if (impl == IndexerImpl::kAvx512Bf16) {
-    detail::indexer_run_avx512bf16(params, tiles, threads);
-  } else {
-    detail::indexer_run_portable(params, tiles, threads);
+  switch (impl) {
+    case IndexerImpl::kAvx512Bf16: detail::indexer_run_avx512bf16(params, tiles, threads); break;
+    case IndexerImpl::kAvx512F: detail::indexer_run_avx512f(params, tiles, threads); break;
+    case IndexerImpl::kAvx2: detail::indexer_run_avx2(params, tiles, threads); break;
+    default: detail::indexer_run_portable(params, tiles, threads); break;
   }
   return ok_status();
 }

@@ -26,8 +26,10 @@ struct MachinePeak {
   double gflops = 0;        // over `threads` threads
   int threads = 0;
 };
-// Peak of the fastest dot-product instruction this CPU offers for the indexer math (bf16 dot
-// where present, else fp32 FMA), measured with a register-only loop on `threads` threads.
+// Peak of the fastest dot-product instruction this CPU offers for the indexer math, measured now
+// with register-only loops on `threads` threads: the best of bf16 dot (vdpbf16ps, where present)
+// and fp32 FMA at its widest (zmm where AVX-512F is present, else ymm). On Sapphire Rapids the
+// zmm FMA peak can match or beat vdpbf16ps, so both are measured rather than assumed.
 MachinePeak measure_peak(int threads);
 
 // Fields every record carries: commit, cpu model, threads.

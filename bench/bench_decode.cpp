@@ -69,6 +69,15 @@ struct Samples {
   }
 };
 
+// The engine's kernels: defaults, with the indexer path forced when --indexer-impl names one.
+EngineKernels kernels_of(const DecodeBenchOptions& o) {
+  EngineKernels k;
+  for (IndexerImpl impl : indexer_impls()) {
+    if (o.indexer_impl == indexer_impl_name(impl)) k.indexer.impl = impl;
+  }
+  return k;
+}
+
 Result<std::unique_ptr<DecodeEngine>> make_engine(const DecodeBenchOptions& o, const ModelPreset& model,
                                                   const std::string& predictor, double sparsity, int64_t context) {
   EngineConfig c;
@@ -82,6 +91,7 @@ Result<std::unique_ptr<DecodeEngine>> make_engine(const DecodeBenchOptions& o, c
   c.threads = o.threads;
   c.seed = o.seed;
   c.measure_attn_err = o.attn_err && predictor != "all-keep";
+  c.kernels = kernels_of(o);
   const int64_t max_tokens = context * model.compress_ratio * 11 / 10 + int64_t{o.steps + o.warmup} * o.next_n + 8;
   auto engine = DecodeEngine::create(c, o.batch, max_tokens);
   if (!engine.ok()) return engine.status();
@@ -138,7 +148,7 @@ int run_decode_bench(const DecodeBenchOptions& o) {
              "heads, latent {}, next_n {}, batch {}, {} timed steps (+{} warm-up)\n",
              model->name, o.layers, model->indexer_layers, model->model_layers, model->topk, model->attn_heads,
              o.latent, o.next_n, o.batch, o.steps, o.warmup);
-  fmt::print("kernels: {}\n", EngineKernels{}.to_string());
+  fmt::print("kernels: {}\n", kernels_of(o).to_string());
   fmt::print("times are per step over all simulated layers; whole-model projection assumes the attention path is "
              "{:.0f}% of a full decode step\n\n", 100 * o.path_share);
   fmt::print("{:>8} {:>12} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}\n", "context",
@@ -163,7 +173,7 @@ int run_decode_bench(const DecodeBenchOptions& o) {
                   {"speedup_vs_all_keep", speedup}, {"predicted_speedup", predicted},
                   {"model_speedup_projection", model_speedup}, {"path_share", o.path_share},
                   {"attn_err", num(r.attn_err)}, {"latent", o.latent}, {"peak_rss_mib", peak_rss_mib()},
-                  {"kernels", EngineKernels{}.to_string()}});
+                  {"kernels", kernels_of(o).to_string()}});
       records.push_back(rec);
     };
     for (double sparsity : o.sparsities) {

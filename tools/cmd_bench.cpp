@@ -44,6 +44,12 @@ int run_decode(const DecodeBenchOptions& o) {
     return usage_error(fmt::format("--layers {} is more than the {} indexer layers of {}", o.layers,
                                    model->indexer_layers, model->name));
   }
+  for (IndexerImpl impl : indexer_impls()) {
+    if (o.indexer_impl == indexer_impl_name(impl) && !indexer_impl_supported(impl)) {
+      return usage_error(fmt::format("--indexer-impl {}: this CPU lacks it (it runs {})", o.indexer_impl,
+                                     indexer_impl_name(indexer_best_impl())));
+    }
+  }
   return bench::run_decode_bench(o);  // the engine refuses, in GiB, a pool larger than memory
 }
 
@@ -100,6 +106,8 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
   decode_cmd->add_option("--predictor", decode->predictor, "predictor name")->check(one_of(predictor_names(), "predictor"));
   decode_cmd->add_option("--next-n", decode->next_n, "rows per request (MTP verification)")->check(int_range(1, 4));
   decode_cmd->add_option("--acceptance", decode->acceptance_rate, "MTP draft acceptance rate")->check(real_range(0, 1));
+  decode_cmd->add_option("--indexer-impl", decode->indexer_impl, "indexer kernel path (a path this CPU lacks is refused)")
+      ->check(one_of(indexer_impl_names, "--indexer-impl"));
   decode_cmd->add_option("--latent", decode->latent, "latent cache format")->check(one_of({"fp8", "bf16"}, "--latent"));
   decode_cmd->add_option("--path-share", decode->path_share,
                          "share of a full model step the attention path takes (projection only)")

@@ -82,7 +82,8 @@ struct DecodeBenchOptions {
   int32_t next_n = 1;
   double acceptance_rate = 0.7;
   std::string latent = "fp8";
-  std::string indexer_impl = "auto";  // any name of indexer_impls(): forces the indexer path
+  std::string indexer_impl = "auto";    // any name of indexer_impls(): forces the indexer path
+  std::string attention_impl = "auto";  // any name of attention_impls(): forces the attention path
   bool attn_err = true;
   double path_share = 0.5;
   int threads = 0;

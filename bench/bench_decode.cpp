@@ -69,11 +69,14 @@ struct Samples {
   }
 };
 
-// The engine's kernels: defaults, with the indexer path forced when --indexer-impl names one.
+// The engine's kernels: defaults, with the indexer and attention paths forced when named.
 EngineKernels kernels_of(const DecodeBenchOptions& o) {
   EngineKernels k;
   for (IndexerImpl impl : indexer_impls()) {
     if (o.indexer_impl == indexer_impl_name(impl)) k.indexer.impl = impl;
+  }
+  for (AttentionImpl impl : attention_impls()) {
+    if (o.attention_impl == attention_impl_name(impl)) k.attention.impl = impl;
   }
   return k;
 }

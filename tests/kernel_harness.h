@@ -84,8 +84,10 @@ template <>
 struct KernelFamily<AttentionImpl> {
   static constexpr AttentionImpl kReference = AttentionImpl::kReference;
   static std::vector<AttentionImpl> fast() {
-    std::vector<AttentionImpl> impls = {AttentionImpl::kPortable};
-    if (attention_best_impl() == AttentionImpl::kAvx512Bf16) impls.push_back(AttentionImpl::kAvx512Bf16);
+    std::vector<AttentionImpl> impls;  // every SIMD path this CPU can run, and the portable one
+    for (AttentionImpl impl : attention_impls()) {
+      if (impl != AttentionImpl::kReference && attention_impl_supported(impl)) impls.push_back(impl);
+    }
     return impls;
   }
   static const char* name(AttentionImpl impl) { return attention_impl_name(impl); }

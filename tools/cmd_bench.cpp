@@ -4,6 +4,7 @@
 
 #include "bench_common.h"
 #include "cli.h"
+#include "spin/attention.h"
 #include "spin/engine.h"
 #include "spin/indexer.h"
 #include "spin/predict.h"
@@ -48,6 +49,12 @@ int run_decode(const DecodeBenchOptions& o) {
     if (o.indexer_impl == indexer_impl_name(impl) && !indexer_impl_supported(impl)) {
       return usage_error(fmt::format("--indexer-impl {}: this CPU lacks it (it runs {})", o.indexer_impl,
                                      indexer_impl_name(indexer_best_impl())));
+    }
+  }
+  for (AttentionImpl impl : attention_impls()) {
+    if (o.attention_impl == attention_impl_name(impl) && !attention_impl_supported(impl)) {
+      return usage_error(fmt::format("--attention-impl {}: this CPU lacks it (it runs {})", o.attention_impl,
+                                     attention_impl_name(attention_best_impl())));
     }
   }
   return bench::run_decode_bench(o);  // the engine refuses, in GiB, a pool larger than memory
@@ -108,6 +115,10 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
   decode_cmd->add_option("--acceptance", decode->acceptance_rate, "MTP draft acceptance rate")->check(real_range(0, 1));
   decode_cmd->add_option("--indexer-impl", decode->indexer_impl, "indexer kernel path (a path this CPU lacks is refused)")
       ->check(one_of(indexer_impl_names, "--indexer-impl"));
+  std::vector<std::string> attention_impl_names = {"auto"};
+  for (AttentionImpl i : attention_impls()) attention_impl_names.push_back(attention_impl_name(i));
+  decode_cmd->add_option("--attention-impl", decode->attention_impl, "attention kernel path (a path this CPU lacks is refused)")
+      ->check(one_of(attention_impl_names, "--attention-impl"));
   decode_cmd->add_option("--latent", decode->latent, "latent cache format")->check(one_of({"fp8", "bf16"}, "--latent"));
   decode_cmd->add_option("--path-share", decode->path_share,
                          "share of a full model step the attention path takes (projection only)")

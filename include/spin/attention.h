@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "spin/cache.h"
 #include "spin/numerics.h"
@@ -81,6 +82,8 @@ struct SparseAttentionParams {
 enum class AttentionImpl {
   kAuto = 0,     // the fastest this CPU supports
   kAvx512Bf16,   // AVX-512 BF16 (vdpbf16ps) QK^T, online softmax, fp32-FMA P·V
+  kAvx512F,      // AVX-512F fp32 FMA throughout (AVX-512 without BF16); P·V always fp32
+  kAvx2,         // AVX2 + FMA fp32 FMA throughout (Zen 2/3, Haswell and later); P·V always fp32
   kPortable,     // plain C++ fp32, auto-vectorised; any ISA
   kReference,    // scalar, double accumulation: the ground truth
 };
@@ -110,5 +113,9 @@ Status sparse_attention(const SparseAttentionParams& params, const AttentionOpti
 
 // The implementation kAuto picks on this machine.
 AttentionImpl attention_best_impl();
+// Whether this CPU can run `impl` (kAuto, kPortable, kReference: always); every implementation,
+// fastest first (kAuto excluded).
+bool attention_impl_supported(AttentionImpl impl);
+const std::vector<AttentionImpl>& attention_impls();
 
 }  // namespace spin

@@ -3,6 +3,8 @@
 // it reads is src/cache/latent_cache.cpp.
 #include <omp.h>
 
+#include <vector>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -19,6 +21,8 @@ const char* attention_impl_name(AttentionImpl impl) {
   switch (impl) {
     case AttentionImpl::kAuto: return "auto";
     case AttentionImpl::kAvx512Bf16: return "avx512bf16";
+    case AttentionImpl::kAvx512F: return "avx512f";
+    case AttentionImpl::kAvx2: return "avx2";
     case AttentionImpl::kPortable: return "portable";
     case AttentionImpl::kReference: return "reference";
   }
@@ -120,8 +124,27 @@ Status validate_sparse_attention_params(const SparseAttentionParams& p) {
 // ---------------------------------------------------------------------------------------------
 // Dispatch
 
+bool attention_impl_supported(AttentionImpl impl) {
+  switch (impl) {
+    case AttentionImpl::kAvx512Bf16: return detail::attention_cpu_has_avx512bf16();
+    case AttentionImpl::kAvx512F: return detail::attention_cpu_has_avx512f();
+    case AttentionImpl::kAvx2: return detail::attention_cpu_has_avx2_fma();
+    default: return true;
+  }
+}
+
+const std::vector<AttentionImpl>& attention_impls() {
+  static const std::vector<AttentionImpl> impls = {AttentionImpl::kAvx512Bf16, AttentionImpl::kAvx512F,
+                                                   AttentionImpl::kAvx2, AttentionImpl::kPortable,
+                                                   AttentionImpl::kReference};
+  return impls;
+}
+
 AttentionImpl attention_best_impl() {
-  return detail::attention_cpu_has_avx512bf16() ? AttentionImpl::kAvx512Bf16 : AttentionImpl::kPortable;
+  for (AttentionImpl impl : attention_impls()) {
+    if (attention_impl_supported(impl)) return impl;
+  }
+  return AttentionImpl::kPortable;
 }
 
 Status sparse_attention(const SparseAttentionParams& params, const AttentionOptions& options) {
@@ -132,8 +155,9 @@ Status sparse_attention(const SparseAttentionParams& params, const AttentionOpti
     return invalid_argument("heads_per_task must be 0 (auto), 16, 32, 64 or 128, got {}", options.heads_per_task);
   }
   const AttentionImpl impl = options.impl == AttentionImpl::kAuto ? attention_best_impl() : options.impl;
-  if (impl == AttentionImpl::kAvx512Bf16 && !detail::attention_cpu_has_avx512bf16()) {
-    return invalid_argument("impl avx512bf16 requested but this CPU lacks AVX-512 BF16; use auto or portable");
+  if (!attention_impl_supported(impl)) {
+    return invalid_argument("attention impl {} requested but this CPU lacks it; this CPU runs {} (or use auto)",
+                            attention_impl_name(impl), attention_impl_name(attention_best_impl()));
   }
   if (params.batch == 0) return ok_status();
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
@@ -142,6 +166,8 @@ Status sparse_attention(const SparseAttentionParams& params, const AttentionOpti
     case AttentionImpl::kAvx512Bf16:
       detail::attention_run_avx512bf16(params, threads, options.heads_per_task, options.bf16_probabilities);
       break;
+    case AttentionImpl::kAvx512F: detail::attention_run_avx512f(params, threads); break;
+    case AttentionImpl::kAvx2: detail::attention_run_avx2(params, threads); break;
     default: detail::attention_run_portable(params, threads); break;
   }
   return ok_status();

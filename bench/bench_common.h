@@ -70,6 +70,18 @@ struct PredictorBenchOptions {
 };
 int run_predictor_bench(const PredictorBenchOptions& options);
 
+struct AttentionBenchOptions {
+  std::vector<int32_t> rows = {1, 8};  // rows (each its own request and entries)
+  int32_t heads = 128;
+  int32_t topk = 2048;
+  std::string latent = "fp8";
+  std::string impl = "auto";
+  int threads = 0;
+  double min_seconds = 0.5;
+  std::string json_path;
+};
+int run_attention_bench(const AttentionBenchOptions& options);
+
 struct DecodeBenchOptions {
   std::string model = "deepseek-v3.2";
   std::vector<int64_t> contexts = {32768, 131072};  // indexer entries per request

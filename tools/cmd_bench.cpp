@@ -101,6 +101,21 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
   predictor_cmd->add_option("--steps", predictor->steps, "timed decode steps")->check(int_range(1, 1000000));
   add_common(predictor_cmd, predictor->threads, predictor->json_path);
 
+  auto attention = std::make_shared<bench::AttentionBenchOptions>();
+  CLI::App* attention_cmd = bench->add_subcommand("attention", "sparse MLA decode kernel over the top-k (V3.2 / V4 shapes)");
+  attention_cmd->add_option("--rows", attention->rows, "query rows, one or more (each its own request)")
+      ->check(int_range(1, 256));
+  attention_cmd->add_option("--heads", attention->heads, "attention heads (V3.2 128, V4-Flash 64)")->check(int_range(1, 128));
+  attention_cmd->add_option("--topk", attention->topk, "selected entries per row")->check(int_range(1, 65536));
+  attention_cmd->add_option("--latent", attention->latent, "latent cache format")->check(one_of({"fp8", "bf16"}, "--latent"));
+  std::vector<std::string> attention_names = {"auto"};
+  for (AttentionImpl i : attention_impls()) attention_names.push_back(attention_impl_name(i));
+  attention_cmd->add_option("--impl", attention->impl, "kernel path (a path this CPU lacks is refused)")
+      ->check(one_of(attention_names, "--impl"));
+  attention_cmd->add_option("--min-time", attention->min_seconds, "seconds of timed runs per point")
+      ->check(positive_seconds());
+  add_common(attention_cmd, attention->threads, attention->json_path);
+
   auto decode = std::make_shared<DecodeBenchOptions>();
   CLI::App* decode_cmd = bench->add_subcommand("decode", "batched decode steps: predictor vs all-keep, stage breakdown");
   decode_cmd->add_option("--model", decode->model, "model preset")->check(one_of(model_preset_names(), "model"));
@@ -129,6 +144,7 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
           {topk_cmd, [topk] { return run_if_it_fits(*topk, "this top-k benchmark", bench::run_topk_bench); }},
           {predictor_cmd,
            [predictor] { return run_if_it_fits(*predictor, "this predictor benchmark", bench::run_predictor_bench); }},
+          {attention_cmd, [attention] { return bench::run_attention_bench(*attention); }},
           {decode_cmd, [decode] { return run_decode(*decode); }}};
 }
 

@@ -100,15 +100,15 @@ struct AttentionOptions {
   // Round the softmax probabilities to bf16 before P·V, as FlashMLA does, so that P·V also runs on
   // vdpbf16ps (half the instructions of fp32 FMAs; measured +25–30 % for the whole kernel). Each
   // probability gains a relative error ≤ 2^-9, so |Δo| ≤ 2^-9 · max|v| per output. false: fp32
-  // P·V (~1e-6). Only the AVX-512 kernel uses it; the reference and portable paths are fp32.
+  // P·V (~1e-6). Only the AVX-512 BF16 kernel uses it; every other path computes P·V in fp32.
   bool bf16_probabilities = true;
 };
 
 // Checks every field once, in a fixed order; the message names the field and what is supported.
 Status validate_sparse_attention_params(const SparseAttentionParams& params);
 
-// Validates, then computes o (and lse) with the chosen implementation. kAvx512Bf16 on a CPU
-// without it fails with kInvalidArgument; kAuto never fails for that reason.
+// Validates, then computes o (and lse) with the chosen implementation. A SIMD path this CPU lacks
+// fails with kInvalidArgument naming it; kAuto never fails for that reason.
 Status sparse_attention(const SparseAttentionParams& params, const AttentionOptions& options = {});
 
 // The implementation kAuto picks on this machine.

@@ -163,8 +163,8 @@ Status check_weight_range(const TraceMeta& m, const TraceViews& v, int l, const 
   return ok_status();
 }
 
-Status check_values(const TraceMeta& m, const TraceViews& v, const std::string& where) {
-  const int64_t next_n = m.next_n, heads = m.num_heads;
+// Steps and entries a file claims, against the documented maxima.
+Status check_sizes(const TraceMeta& m, const TraceViews& v, const std::string& where) {
   if (v.steps > kTraceMaxSteps) {
     return data_loss("{}: {} steps, above the supported maximum {} (spin/trace.h)", where, v.steps, kTraceMaxSteps);
   }
@@ -174,6 +174,12 @@ Status check_values(const TraceMeta& m, const TraceViews& v, const std::string& 
                        layer_name(l, "k"), v.layers[l].entries, kTraceMaxEntries);
     }
   }
+  return ok_status();
+}
+
+Status check_values(const TraceMeta& m, const TraceViews& v, const std::string& where) {
+  const int64_t next_n = m.next_n, heads = m.num_heads;
+  SPIN_RETURN_IF_ERROR(check_sizes(m, v, where));
   // ctx_len
   for (int64_t s = 0; s < v.steps; ++s) {
     const int64_t c = v.ctx_len[s];

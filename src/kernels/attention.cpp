@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "core/errors.h"
+#include "kernels/cpu_features.h"
 #include "kernels/attention_internal.h"
 #include "spin/attention.h"
 
@@ -126,9 +127,9 @@ Status validate_sparse_attention_params(const SparseAttentionParams& p) {
 
 bool attention_impl_supported(AttentionImpl impl) {
   switch (impl) {
-    case AttentionImpl::kAvx512Bf16: return detail::attention_cpu_has_avx512bf16();
-    case AttentionImpl::kAvx512F: return detail::attention_cpu_has_avx512f();
-    case AttentionImpl::kAvx2: return detail::attention_cpu_has_avx2_fma();
+    case AttentionImpl::kAvx512Bf16: return detail::cpu_has_avx512bf16();
+    case AttentionImpl::kAvx512F: return detail::cpu_has_avx512f();
+    case AttentionImpl::kAvx2: return detail::cpu_has_avx2_fma();
     default: return true;
   }
 }

@@ -48,12 +48,6 @@
 
 namespace spin::detail {
 
-bool attention_cpu_has_avx512bf16() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512f");
-}
-
 namespace {
 
 constexpr int32_t kPairs = kMlaHeadDim / 2;       // 288 bf16 pairs per key

@@ -1,6 +1,6 @@
 // The fp32-FMA sparse MLA decode kernel for CPUs without a bf16 dot product (AVX2+FMA, AVX-512F),
 // written once against a small vector type `V` (as indexer_fp32_simd.h) and compiled per target by
-// attention_avx2.cpp and attention_avx512f.cpp, each inside its own namespace and
+// simd_avx2.cpp and simd_avx512f.cpp, each inside its own namespace and
 // `#pragma GCC target`. Flash-decoding style, one task per row (all heads), tiles of
 // kAttentionTileEntries selected entries:
 //  1. gather: each entry dequantised once per task to fp32 (decode_latent_entry: exact);
@@ -46,22 +46,7 @@ template <class V, int E>
 inline void qk_tile(const float* keys, const float* qt, int32_t padded, float scale, float* s) {
   constexpr int H = V::kHeadVectors;
   typename V::Reg acc[E][H];
-#pragma GCC unroll 8
-  for (int e = 0; e < E; ++e) {
-#pragma GCC unroll 4
-    for (int j = 0; j < H; ++j) acc[e][j] = V::zero();
-  }
-  for (int d = 0; d < kMlaHeadDim; ++d) {
-    typename V::Reg q[H];
-#pragma GCC unroll 4
-    for (int j = 0; j < H; ++j) q[j] = V::load(qt + d * padded + j * V::kLanes);
-#pragma GCC unroll 8
-    for (int e = 0; e < E; ++e) {
-      const typename V::Reg k = V::broadcast(keys + e * kMlaHeadDim + d);
-#pragma GCC unroll 4
-      for (int j = 0; j < H; ++j) acc[e][j] = V::fma(k, q[j], acc[e][j]);
-    }
-  }
+  dot_tile<V, E, kMlaHeadDim>(keys, qt, padded, acc);
   const typename V::Reg vs = V::set1(scale);
 #pragma GCC unroll 8
   for (int e = 0; e < E; ++e) {

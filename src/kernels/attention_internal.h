@@ -43,11 +43,8 @@ void attention_run_reference(const SparseAttentionParams& params);
 void attention_run_portable(const SparseAttentionParams& params, int num_threads);
 void attention_run_avx512bf16(const SparseAttentionParams& params, int num_threads, int heads_per_task,
                               bool bf16_probabilities);
-bool attention_cpu_has_avx512bf16();
 // The fp32-FMA kernel (attention_fp32_simd.h) for CPUs without a bf16 dot.
 void attention_run_avx512f(const SparseAttentionParams& params, int num_threads);
-bool attention_cpu_has_avx512f();
 void attention_run_avx2(const SparseAttentionParams& params, int num_threads);
-bool attention_cpu_has_avx2_fma();
 
 }  // namespace spin::detail

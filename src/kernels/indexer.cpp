@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/errors.h"
+#include "kernels/cpu_features.h"
 #include "kernels/indexer_internal.h"
 #include "spin/cache.h"
 
@@ -174,8 +175,7 @@ const std::vector<IndexerImpl>& indexer_impls() {
 // Rapids VM, 1 thread: avx512f 11.7 ms (74.5 % of the zmm FMA peak), avx512bf16 19.1 ms. On Zen 4
 // zmm FMAs are double-pumped and vdpbf16ps has twice their rate, so bf16 stays first there.
 static bool prefer_fp32_fma_to_bf16_dot() {
-  __builtin_cpu_init();
-  return __builtin_cpu_is("intel") && detail::cpu_has_avx512f();
+  return detail::cpu_is_intel() && detail::cpu_has_avx512f();
 }
 
 IndexerImpl indexer_best_impl() {

@@ -33,12 +33,6 @@
 
 namespace spin::detail {
 
-bool cpu_has_avx512bf16() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi") &&
-         __builtin_cpu_supports("avx512bw");
-}
-
 namespace {
 
 constexpr int kMicroEntries = 6;   // entries per micro-tile (24 accumulators + 4 query registers)

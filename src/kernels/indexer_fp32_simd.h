@@ -1,9 +1,9 @@
 // The fp32-FMA indexer kernel for CPUs without a bf16 dot product (AVX2+FMA: Zen 2/3, Intel
 // client parts; AVX-512F without BF16: Skylake-X, Cascade Lake), written once against a small
-// vector type `V` and compiled per target by indexer_avx2.cpp and indexer_avx512f.cpp, each
+// vector type `V` and compiled per target by simd_avx2.cpp and simd_avx512f.cpp, each
 // inside its own namespace and `#pragma GCC target` (so the two instantiations never meet at link
 // time). `V` gives: kLanes, kHeadVectors (head vectors per micro-tile), zero, load, broadcast,
-// fma, mul, relu, reduce (fixed lane order) and e4m3x16 (16 codes → 16 floats).
+// fma, mul, max, reduce (fixed lane order) and e4m3x16 (16 codes → 16 floats).
 //
 // Math, per (row, head, entry): the dot over the 128 dims is summed in dimension order with one
 // FMA per dim; then Σ_h w[h]·ReLU(dot) over heads in a fixed order, times k_scale. Results are the
@@ -48,27 +48,12 @@ template <class V, int E>
 inline void micro_tile(const float* keys, const float* qt, int32_t padded, const float* w, float* out) {
   constexpr int H = V::kHeadVectors;
   typename V::Reg acc[E][H];
+  dot_tile<V, E, kIndexerHeadDim>(keys, qt, padded, acc);
 #pragma GCC unroll 8
   for (int e = 0; e < E; ++e) {
+    typename V::Reg s = V::mul(V::max(acc[e][0], V::zero()), V::load(w));
 #pragma GCC unroll 4
-    for (int j = 0; j < H; ++j) acc[e][j] = V::zero();
-  }
-  for (int d = 0; d < kIndexerHeadDim; ++d) {
-    typename V::Reg q[H];
-#pragma GCC unroll 4
-    for (int j = 0; j < H; ++j) q[j] = V::load(qt + d * padded + j * V::kLanes);
-#pragma GCC unroll 8
-    for (int e = 0; e < E; ++e) {
-      const typename V::Reg k = V::broadcast(keys + e * kIndexerHeadDim + d);
-#pragma GCC unroll 4
-      for (int j = 0; j < H; ++j) acc[e][j] = V::fma(k, q[j], acc[e][j]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int e = 0; e < E; ++e) {
-    typename V::Reg s = V::mul(V::relu(acc[e][0]), V::load(w));
-#pragma GCC unroll 4
-    for (int j = 1; j < H; ++j) s = V::fma(V::relu(acc[e][j]), V::load(w + j * V::kLanes), s);
+    for (int j = 1; j < H; ++j) s = V::fma(V::max(acc[e][j], V::zero()), V::load(w + j * V::kLanes), s);
     out[e] += V::reduce(s);
   }
 }

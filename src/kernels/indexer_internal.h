@@ -1,6 +1,6 @@
 // Internal interface between the indexer front end (validation, tiling, dispatch: indexer.cpp)
 // and its implementations (indexer_reference.cpp, indexer_portable.cpp, indexer_avx512.cpp,
-// indexer_avx512f.cpp and indexer_avx2.cpp).
+// and the fp32-FMA kernels of simd_avx512f.cpp and simd_avx2.cpp). CPU checks: cpu_features.h.
 #pragma once
 
 #include <cstdint>
@@ -34,12 +34,9 @@ void indexer_run_portable(const IndexerParams& params, const std::vector<Indexer
                           int num_threads);
 void indexer_run_avx512bf16(const IndexerParams& params, const std::vector<IndexerTile>& tiles,
                             int num_threads);
-bool cpu_has_avx512bf16();
 // The fp32-FMA kernel (indexer_fp32_simd.h) for CPUs without a bf16 dot.
 void indexer_run_avx512f(const IndexerParams& params, const std::vector<IndexerTile>& tiles, int num_threads);
-bool cpu_has_avx512f();
 void indexer_run_avx2(const IndexerParams& params, const std::vector<IndexerTile>& tiles, int num_threads);
-bool cpu_has_avx2_fma();
 
 // Scalar ground truth with double accumulation; plans nothing, walks entries directly.
 void indexer_run_reference(const IndexerParams& params);

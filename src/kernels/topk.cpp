@@ -143,16 +143,28 @@ void topk_row_reference(const float* scores, int64_t n, int32_t k, int32_t* out)
 // xmm; larger groups hit more often once the threshold has settled (P(hit) = 1 - (1 - k/m)^16).
 constexpr int kGroup = 16;
 // Candidate slots beyond 2k: a reduction costs O(buffer) and frees (buffer - k) slots. Set with
-// `spin bench topk` (k = 2048, 32K–512K, one thread): the time is flat within ±5 % for
-// 1024–16384, 4096 is in the middle.
+// `spin bench topk` (k = 2048, one thread, Xeon Sapphire Rapids): 1024 and 4096 are within 5 %
+// of each other from 32K to 512K (1024 is 10 % slower at 8K); 16384 is 25–60 % slower at 32K–512K
+// (the threshold rises too rarely).
 constexpr int64_t kSlack = 4096;
 
 // Exact k-th largest of keys[0, n) (1 ≤ k ≤ n) and how many keys are strictly above it: three
 // histogram passes over the top 11, middle 11 and low 10 bits; after the first only the keys of
 // the boundary bucket are revisited (copied to `tmp`, ≥ n slots).
 uint32_t kth_largest_key(const uint32_t* keys, int64_t n, int64_t k, uint32_t* tmp, int64_t* above_out) {
-  std::array<int32_t, 2048> hist{};
-  for (int64_t i = 0; i < n; ++i) ++hist[keys[i] >> 21];
+  // Keys cluster in a few top-11-bit buckets (sign + exponent), so one counter array would
+  // serialise on store-to-load forwarding of the same counter; four interleaved arrays break that.
+  std::array<std::array<int32_t, 2048>, 4> sub{};
+  int64_t i4 = 0;
+  for (; i4 + 4 <= n; i4 += 4) {
+    ++sub[0][keys[i4] >> 21];
+    ++sub[1][keys[i4 + 1] >> 21];
+    ++sub[2][keys[i4 + 2] >> 21];
+    ++sub[3][keys[i4 + 3] >> 21];
+  }
+  for (; i4 < n; ++i4) ++sub[0][keys[i4] >> 21];
+  std::array<int32_t, 2048> hist;
+  for (int b = 0; b < 2048; ++b) hist[b] = sub[0][b] + sub[1][b] + sub[2][b] + sub[3][b];
   int64_t above = 0;
   int bucket = 2047;
   while (above + hist[bucket] < k) above += hist[bucket--];
@@ -198,6 +210,16 @@ struct RadixScratch {
   }
 };
 
+// Whether any of g[0, kGroup) is a finite score ≥ t: an OR of compares with no early exit, which
+// the compiler turns into packed compares (cmpleps) — its own function so that the loop is
+// vectorised rather than unrolled into scalar compares inside the caller's loop.
+inline bool group_has_candidate(const float* g, float t) {
+  unsigned hits = 0;
+#pragma GCC unroll 1
+  for (int j = 0; j < kGroup; ++j) hits |= static_cast<unsigned>(g[j] >= t) & static_cast<unsigned>(g[j] <= kMaxFinite);
+  return hits != 0;
+}
+
 // One row's streaming selection: scan() the row's ranges in ascending order, then finish().
 class RadixRow {
  public:
@@ -207,12 +229,7 @@ class RadixRow {
   void scan(const float* row, int64_t begin, int64_t end) {
     int64_t i = begin;
     for (; i + kGroup <= end; i += kGroup) {
-      const float* g = row + i;
-      const float t = floor_score_;
-      unsigned hits = 0;  // an OR of compares: the compiler keeps it in vector registers
-      for (int j = 0; j < kGroup; ++j) hits |= static_cast<unsigned>(g[j] >= t) & static_cast<unsigned>(g[j] <= kMaxFinite);
-      if (hits == 0) continue;
-      push(g, i, kGroup);
+      if (group_has_candidate(row + i, floor_score_)) push(row + i, i, kGroup);
     }
     if (i < end) push(row + i, i, end - i);
   }

@@ -221,31 +221,55 @@ inline bool group_has_candidate(const float* g, float t) {
 }
 
 // One row's streaming selection: scan() the row's ranges in ascending order, then finish().
+//
+// Speculation: after a reduction at m of the row's N scored entries the buffer holds the prefix's
+// top k, and the row's final k-th key is most likely near the prefix's (k·m/N)-th. The floor is
+// then raised speculatively to the prefix's q-th key, q = k·m/N + 4·sqrt(k·m/N) + 16 (< k), which
+// skips almost every later candidate that would only be reduced away. It is exact whenever at
+// least k buffered keys end up ≥ the floor (then every key ≥ the floor was collected and the k-th
+// largest is among them). A reduction forced by a full buffer always has that (at most k of its
+// keys predate the floor, and it holds more than 2k); at the end finish() checks it and, in the
+// rare miss (a descending row, say), returns false and the row is rescanned without speculation.
 class RadixRow {
  public:
-  RadixRow(int32_t k, int64_t capacity, RadixScratch& s)
-      : keys_(s.keys.get()), tmp_(s.tmp.get()), pos_(s.pos.get()), capacity_(capacity), k_(k) {}
+  RadixRow(int32_t k, int64_t capacity, int64_t scored, bool speculate, RadixScratch& s)
+      : keys_(s.keys.get()),
+        tmp_(s.tmp.get()),
+        pos_(s.pos.get()),
+        capacity_(capacity),
+        scored_(scored),
+        k_(k),
+        speculate_(speculate) {}
 
   void scan(const float* row, int64_t begin, int64_t end) {
+    seen_offset_ = seen_ - begin;
     int64_t i = begin;
     for (; i + kGroup <= end; i += kGroup) {
       if (group_has_candidate(row + i, floor_score_)) push(row + i, i, kGroup);
     }
     if (i < end) push(row + i, i, end - i);
+    seen_ += end - begin;
   }
 
-  // Writes the top-k positions (ascending, -1 padded) to out[0, k).
-  void finish(int32_t* out) {
-    if (size_ > k_) reduce();
+  // Writes the top-k positions (ascending, -1 padded) to out[0, k); false: the speculative floor
+  // was too high (nothing written; rescan without speculation).
+  bool finish(int32_t* out) {
+    if (floor_key_ > proven_floor_) {
+      int64_t at_floor = 0;
+      for (int64_t i = 0; i < size_; ++i) at_floor += keys_[i] >= floor_key_;
+      if (at_floor < k_) return false;
+    }
+    if (size_ > k_) reduce(seen_);
     std::copy_n(pos_, size_, out);
     std::fill(out + size_, out + k_, -1);
+    return true;
   }
 
  private:
   // Appends the group's entries with key ≥ floor_key_: every slot is written, the cursor advances
   // only on a take (no unpredictable branch). Room for a whole group is made first.
   void push(const float* g, int64_t first, int64_t count) {
-    if (size_ + kGroup > capacity_) reduce();
+    if (size_ + kGroup > capacity_) reduce(seen_offset_ + first);
     uint32_t* kk = keys_ + size_;
     int32_t* pp = pos_ + size_;
     int64_t w = 0;
@@ -258,8 +282,9 @@ class RadixRow {
     size_ += w;
   }
 
-  // size_ > k → the k best of the buffer, in position order; the floor rises above their k-th key.
-  void reduce() {
+  // size_ > k, ≥ k keys ≥ floor_key_ → the k best of the buffer (the exact top k of the `seen`
+  // entries so far), in position order; the proven floor rises above their k-th key.
+  void reduce(int64_t seen) {
     int64_t above = 0;
     const uint32_t threshold = kth_largest_key(keys_, size_, k_, tmp_, &above);
     int64_t equal_left = k_ - above;  // ties at the threshold: the lowest positions win
@@ -273,7 +298,16 @@ class RadixRow {
       w += (key > threshold) | tie;
     }
     size_ = w;  // == k
-    floor_key_ = threshold + 1;  // threshold ≤ score_key(FLT_MAX) = 0xFF7FFFFF: no wrap
+    proven_floor_ = threshold + 1;  // threshold ≤ score_key(FLT_MAX) = 0xFF7FFFFF: no wrap
+    floor_key_ = proven_floor_;
+    if (speculate_ && seen < scored_) {
+      const double expected = static_cast<double>(k_) * static_cast<double>(seen) / static_cast<double>(scored_);
+      const int64_t q = static_cast<int64_t>(expected + 4 * std::sqrt(expected)) + 16;
+      if (q < k_) {
+        int64_t ignored = 0;
+        floor_key_ = std::max(floor_key_, kth_largest_key(keys_, size_, q, tmp_, &ignored));
+      }
+    }
     floor_score_ = key_floor_score(floor_key_);
   }
 
@@ -282,8 +316,13 @@ class RadixRow {
   int32_t* pos_;
   int64_t size_ = 0;
   int64_t capacity_;
+  int64_t scored_;           // entries the row streams in all
+  int64_t seen_ = 0;         // entries streamed before the current range
+  int64_t seen_offset_ = 0;  // seen_ - begin of the current range: entries seen before position i = offset + i
   int32_t k_;
-  uint32_t floor_key_ = 1;  // candidates have key ≥ floor_key_ (1: every finite score)
+  bool speculate_;
+  uint32_t proven_floor_ = 1;  // no key below it can be selected (1: every finite score can)
+  uint32_t floor_key_ = 1;     // candidates have key ≥ floor_key_ (≥ proven_floor_)
   float floor_score_ = -kMaxFinite;
 };
 
@@ -334,9 +373,13 @@ Status topk(const TopkParams& p, const TopkOptions& options) {
         topk_row_reference(row, n, p.topk, out);
       } else {
         scratch.reserve(capacity);
-        RadixRow sel(p.topk, capacity, scratch);
-        for_each_range(p, r, n, [&](int64_t b, int64_t e) { sel.scan(row, b, e); });
-        sel.finish(out);
+        int64_t scored = 0;
+        for_each_range(p, r, n, [&](int64_t b, int64_t e) { scored += e - b; });
+        for (bool speculate : {true, false}) {
+          RadixRow sel(p.topk, capacity, scored, speculate, scratch);
+          for_each_range(p, r, n, [&](int64_t b, int64_t e) { sel.scan(row, b, e); });
+          if (sel.finish(out)) break;  // always true without speculation
+        }
       }
     }
   }

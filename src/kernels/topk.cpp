@@ -13,6 +13,8 @@
 //    select on the keys, 11 + 11 + 10 bits, then a stable filter) and the threshold rises to one
 //    above the k-th key: a later entry with that key ranks below all k kept ones (position asc),
 //    so it can never be selected;
+//  - after a reduction the floor may also rise speculatively to where the row's final k-th key is
+//    expected (RadixRow's comment): checked at the end, and a miss rescans the row without it;
 //  - at the end one more reduction leaves the row's exact top-k, already in position order.
 // After m entries the threshold sits near the top-k/m quantile, so about k·ln(n/k) candidates are
 // written in all: the row is read once with float compares, and the rest touches O(k) memory (the
@@ -237,6 +239,7 @@ class RadixRow {
         tmp_(s.tmp.get()),
         pos_(s.pos.get()),
         capacity_(capacity),
+        limit_(std::min(capacity, 2 * int64_t{k} + kGroup)),
         scored_(scored),
         k_(k),
         speculate_(speculate) {}
@@ -269,7 +272,7 @@ class RadixRow {
   // Appends the group's entries with key ≥ floor_key_: every slot is written, the cursor advances
   // only on a take (no unpredictable branch). Room for a whole group is made first.
   void push(const float* g, int64_t first, int64_t count) {
-    if (size_ + kGroup > capacity_) reduce(seen_offset_ + first);
+    if (size_ + kGroup > limit_) reduce(seen_offset_ + first);
     uint32_t* kk = keys_ + size_;
     int32_t* pp = pos_ + size_;
     int64_t w = 0;
@@ -298,6 +301,7 @@ class RadixRow {
       w += (key > threshold) | tie;
     }
     size_ = w;  // == k
+    limit_ = capacity_;
     proven_floor_ = threshold + 1;  // threshold ≤ score_key(FLT_MAX) = 0xFF7FFFFF: no wrap
     floor_key_ = proven_floor_;
     if (speculate_ && seen < scored_) {
@@ -316,6 +320,10 @@ class RadixRow {
   int32_t* pos_;
   int64_t size_ = 0;
   int64_t capacity_;
+  // Buffer fill that forces a reduction: ~2k the first time (the floor starts rising early; no
+  // speculation yet, so nothing needs proving), then the capacity (so more than k buffered keys
+  // are ≥ a speculative floor: see above).
+  int64_t limit_;
   int64_t scored_;           // entries the row streams in all
   int64_t seen_ = 0;         // entries streamed before the current range
   int64_t seen_offset_ = 0;  // seen_ - begin of the current range: entries seen before position i = offset + i

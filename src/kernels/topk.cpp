@@ -248,7 +248,7 @@ class RadixRow {
     seen_offset_ = seen_ - begin;
     int64_t i = begin;
     for (; i + kGroup <= end; i += kGroup) {
-      if (group_has_candidate(row + i, floor_score_)) push(row + i, i, kGroup);
+      if (group_has_candidate(row + i, floor_score_)) push_group(row + i, i);
     }
     if (i < end) push(row + i, i, end - i);
     seen_ += end - begin;
@@ -281,6 +281,23 @@ class RadixRow {
       kk[w] = key;
       pp[w] = static_cast<int32_t>(first + j);
       w += key >= floor_key_;
+    }
+    size_ += w;
+  }
+
+  // push() of a whole group, with the keys computed first in a loop the compiler vectorises.
+  void push_group(const float* g, int64_t first) {
+    if (size_ + kGroup > limit_) reduce(seen_offset_ + first);
+    uint32_t group_keys[kGroup];
+#pragma GCC unroll 1
+    for (int j = 0; j < kGroup; ++j) group_keys[j] = score_key(g[j]);
+    uint32_t* kk = keys_ + size_;
+    int32_t* pp = pos_ + size_;
+    int64_t w = 0;
+    for (int j = 0; j < kGroup; ++j) {
+      kk[w] = group_keys[j];
+      pp[w] = static_cast<int32_t>(first + j);
+      w += group_keys[j] >= floor_key_;
     }
     size_ += w;
   }

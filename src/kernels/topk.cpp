@@ -273,6 +273,7 @@ class RadixRow {
   // only on a take (no unpredictable branch). Room for a whole group is made first.
   void push(const float* g, int64_t first, int64_t count) {
     if (size_ + kGroup > limit_) reduce(seen_offset_ + first);
+    if (seen_offset_ + first >= next_speculation_) speculate(seen_offset_ + first);
     uint32_t* kk = keys_ + size_;
     int32_t* pp = pos_ + size_;
     int64_t w = 0;
@@ -288,6 +289,7 @@ class RadixRow {
   // push() of a whole group, with the keys computed first in a loop the compiler vectorises.
   void push_group(const float* g, int64_t first) {
     if (size_ + kGroup > limit_) reduce(seen_offset_ + first);
+    if (seen_offset_ + first >= next_speculation_) speculate(seen_offset_ + first);
     uint32_t group_keys[kGroup];
 #pragma GCC unroll 1
     for (int j = 0; j < kGroup; ++j) group_keys[j] = score_key(g[j]);
@@ -321,14 +323,31 @@ class RadixRow {
     limit_ = capacity_;
     proven_floor_ = threshold + 1;  // threshold ≤ score_key(FLT_MAX) = 0xFF7FFFFF: no wrap
     floor_key_ = proven_floor_;
-    if (speculate_ && seen < scored_) {
-      const double expected = static_cast<double>(k_) * static_cast<double>(seen) / static_cast<double>(scored_);
-      const int64_t q = static_cast<int64_t>(expected + 4 * std::sqrt(expected)) + 16;
-      if (q < k_) {
-        int64_t ignored = 0;
-        floor_key_ = std::max(floor_key_, kth_largest_key(keys_, size_, q, tmp_, &ignored));
-      }
+    floor_score_ = key_floor_score(floor_key_);
+    speculate(seen);
+  }
+
+  // Raises the floor to the q-th largest buffered key, q = k·seen/N + 4·sqrt(k·seen/N) + 16 (when
+  // q < k), and drops the buffered keys below it; then again each time `seen` doubles. Every seen
+  // key ≥ the old floor is buffered, so the q-th largest buffered key (if above the old floor) is
+  // the prefix's exact q-th key, and afterwards the buffer is exactly the seen keys ≥ the floor.
+  void speculate(int64_t seen) {
+    next_speculation_ = 2 * seen;
+    if (!speculate_ || seen >= scored_) return;
+    const double expected = static_cast<double>(k_) * static_cast<double>(seen) / static_cast<double>(scored_);
+    const int64_t q = static_cast<int64_t>(expected + 4 * std::sqrt(expected)) + 16;
+    if (q >= k_ || q > size_) return;
+    int64_t ignored = 0;
+    const uint32_t floor = kth_largest_key(keys_, size_, q, tmp_, &ignored);
+    if (floor <= floor_key_) return;
+    int64_t w = 0;
+    for (int64_t i = 0; i < size_; ++i) {
+      keys_[w] = keys_[i];
+      pos_[w] = pos_[i];
+      w += keys_[i] >= floor;
     }
+    size_ = w;
+    floor_key_ = floor;
     floor_score_ = key_floor_score(floor_key_);
   }
 
@@ -346,6 +365,7 @@ class RadixRow {
   int64_t seen_offset_ = 0;  // seen_ - begin of the current range: entries seen before position i = offset + i
   int32_t k_;
   bool speculate_;
+  int64_t next_speculation_ = std::numeric_limits<int64_t>::max();  // the first comes with the first reduction
   uint32_t proven_floor_ = 1;  // no key below it can be selected (1: every finite score can)
   uint32_t floor_key_ = 1;     // candidates have key ≥ floor_key_ (≥ proven_floor_)
   float floor_score_ = -kMaxFinite;

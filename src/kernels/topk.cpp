@@ -10,16 +10,18 @@
 //    thousand entries have been seen almost no group holds a candidate — and only a group with a
 //    hit is compacted, branch-free, into a candidate buffer of (key, position) in position order;
 //  - when the buffer is full it is reduced to the exact top-k of the prefix seen so far (radix
-//    select on the keys, 11 + 11 + 10 bits, then a stable filter) and the threshold rises to one
-//    above the k-th key: a later entry with that key ranks below all k kept ones (position asc),
-//    so it can never be selected;
-//  - after a reduction the floor may also rise speculatively to where the row's final k-th key is
-//    expected (RadixRow's comment): checked at the end, and a miss rescans the row without it;
+//    select on the keys, 8-bit digits from their highest differing bit, then a stable filter) and
+//    the threshold rises to one above the k-th key: a later entry with that key ranks below all
+//    k kept ones (position asc), so it can never be selected;
+//  - after the first reduction (at ~2k candidates) and each time the entries seen double, the
+//    floor also rises speculatively to where the row's final k-th key is expected (RadixRow's
+//    comment): checked at the end, and a miss rescans the row without speculation;
 //  - at the end one more reduction leaves the row's exact top-k, already in position order.
-// After m entries the threshold sits near the top-k/m quantile, so about k·ln(n/k) candidates are
-// written in all: the row is read once with float compares, and the rest touches O(k) memory (the
-// old design made three full passes: histogram, candidate compaction, final emit scan). Worst case
-// (an ascending row: every entry a candidate) it stays O(n): each reduction frees kSlack slots.
+// So about k + O(sqrt(k)) candidates are written after the first ~2k entries: the row is read
+// once with float compares, and the rest touches O(k) memory (the previous design made three full
+// passes: histogram, candidate compaction, final emit scan; 2.7× / 2.5× / 1.3× std::nth_element
+// at 32K / 128K / 512K). Worst case (an ascending row: every entry a candidate) it stays O(n):
+// each reduction frees kSlack slots; a descending row misses the speculation and is read twice.
 //
 // A block mask only changes which position ranges stream through (adjacent blocks merged into one
 // range); blocks are ascending, so positions stay ascending and the same code gives the same
@@ -145,53 +147,56 @@ void topk_row_reference(const float* scores, int64_t n, int32_t k, int32_t* out)
 // xmm; larger groups hit more often once the threshold has settled (P(hit) = 1 - (1 - k/m)^16).
 constexpr int kGroup = 16;
 // Candidate slots beyond 2k: a reduction costs O(buffer) and frees (buffer - k) slots. Set with
-// `spin bench topk` (k = 2048, one thread, Xeon Sapphire Rapids): 1024 and 4096 are within 5 %
-// of each other from 32K to 512K (1024 is 10 % slower at 8K); 16384 is 25–60 % slower at 32K–512K
-// (the threshold rises too rarely).
+// `spin bench topk` (k = 2048, one thread, Xeon Sapphire Rapids) before speculation: 1024 and
+// 4096 within 5 % of each other from 32K to 512K (1024 10 % slower at 8K), 16384 25–60 % slower
+// (the threshold rose too rarely). With speculation a forced reduction after the first is rare on
+// indexer-like rows; the slack bounds the work on adversarial ones (an ascending row).
 constexpr int64_t kSlack = 4096;
 
-// Exact k-th largest of keys[0, n) (1 ≤ k ≤ n) and how many keys are strictly above it: three
-// histogram passes over the top 11, middle 11 and low 10 bits; after the first only the keys of
-// the boundary bucket are revisited (copied to `tmp`, ≥ n slots).
+// Exact k-th largest of keys[0, n) (1 ≤ k ≤ n) and how many keys are strictly above it. Radix
+// select on 8-bit digits, starting at the highest bit in which the keys differ (buffered keys
+// often share their top 10–20 bits: everything above the floor), so usually 2–3 histogram passes,
+// the first over all n keys, the later ones over the boundary digit's keys only (copied to `tmp`,
+// ≥ n slots). 256 bins: clearing and walking them costs next to nothing at n ≈ k.
 uint32_t kth_largest_key(const uint32_t* keys, int64_t n, int64_t k, uint32_t* tmp, int64_t* above_out) {
-  // Keys cluster in a few top-11-bit buckets (sign + exponent), so one counter array would
-  // serialise on store-to-load forwarding of the same counter; four interleaved arrays break that.
-  std::array<std::array<int32_t, 2048>, 4> sub{};
-  int64_t i4 = 0;
-  for (; i4 + 4 <= n; i4 += 4) {
-    ++sub[0][keys[i4] >> 21];
-    ++sub[1][keys[i4 + 1] >> 21];
-    ++sub[2][keys[i4 + 2] >> 21];
-    ++sub[3][keys[i4 + 3] >> 21];
-  }
-  for (; i4 < n; ++i4) ++sub[0][keys[i4] >> 21];
-  std::array<int32_t, 2048> hist;
-  for (int b = 0; b < 2048; ++b) hist[b] = sub[0][b] + sub[1][b] + sub[2][b] + sub[3][b];
+  uint32_t diff = 0;
+  for (int64_t i = 0; i < n; ++i) diff |= keys[i] ^ keys[0];
+  int top = 32 - std::countl_zero(diff);  // bits [top, 32) are the same in every key
+  uint32_t prefix = top == 32 ? 0u : keys[0] >> top;
   int64_t above = 0;
-  int bucket = 2047;
-  while (above + hist[bucket] < k) above += hist[bucket--];
-  uint32_t prefix = static_cast<uint32_t>(bucket);
-  int64_t m = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    tmp[m] = keys[i];
-    m += (keys[i] >> 21) == prefix;
-  }
-  const int shifts[2] = {10, 0};
-  const int widths[2] = {11, 10};
-  int known_bits = 11;
-  for (int pass = 0; pass < 2; ++pass) {
-    const uint32_t mask = (1u << widths[pass]) - 1;
-    std::fill_n(hist.begin(), mask + 1, 0);
-    for (int64_t i = 0; i < m; ++i) ++hist[(tmp[i] >> shifts[pass]) & mask];
-    int b = static_cast<int>(mask);
-    while (above + hist[b] < k) above += hist[b--];
-    prefix = (prefix << widths[pass]) | static_cast<uint32_t>(b);
-    known_bits += widths[pass];
-    int64_t w = 0;
-    for (int64_t i = 0; i < m; ++i) {
-      tmp[w] = tmp[i];
-      w += (tmp[i] >> (32 - known_bits)) == prefix;
+  const uint32_t* cur = keys;
+  int64_t m = n;
+  while (top > 0) {
+    const int width = std::min(top, 8);
+    const int shift = top - width;
+    const uint32_t mask = (1u << width) - 1;
+    // Four interleaved counter arrays: clustered digits would otherwise serialise on
+    // store-to-load forwarding of one counter.
+    std::array<std::array<int32_t, 256>, 4> sub{};
+    int64_t i4 = 0;
+    for (; i4 + 4 <= m; i4 += 4) {
+      ++sub[0][(cur[i4] >> shift) & mask];
+      ++sub[1][(cur[i4 + 1] >> shift) & mask];
+      ++sub[2][(cur[i4 + 2] >> shift) & mask];
+      ++sub[3][(cur[i4 + 3] >> shift) & mask];
     }
+    for (; i4 < m; ++i4) ++sub[0][(cur[i4] >> shift) & mask];
+    int b = static_cast<int>(mask);
+    int64_t here = 0;
+    for (;; --b) {
+      here = int64_t{sub[0][b]} + sub[1][b] + sub[2][b] + sub[3][b];
+      if (above + here >= k) break;
+      above += here;
+    }
+    prefix = (prefix << width) | static_cast<uint32_t>(b);
+    top = shift;
+    if (top == 0) break;
+    int64_t w = 0;  // the boundary digit's keys
+    for (int64_t i = 0; i < m; ++i) {
+      tmp[w] = cur[i];
+      w += (cur[i] >> shift) == prefix;
+    }
+    cur = tmp;
     m = w;
   }
   *above_out = above;
@@ -230,7 +235,8 @@ inline bool group_has_candidate(const float* g, float t) {
 // skips almost every later candidate that would only be reduced away. It is exact whenever at
 // least k buffered keys end up ≥ the floor (then every key ≥ the floor was collected and the k-th
 // largest is among them). A reduction forced by a full buffer always has that (at most k of its
-// keys predate the floor, and it holds more than 2k); at the end finish() checks it and, in the
+// keys, the last reduction's, lie below the floor — speculate() drops the rest — and it holds
+// more than 2k); at the end finish() checks it and, in the
 // rare miss (a descending row, say), returns false and the row is rescanned without speculation.
 class RadixRow {
  public:

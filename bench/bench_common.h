@@ -55,6 +55,7 @@ struct TopkBenchOptions {
   int topk = 2048;
   int threads = 1;
   double min_seconds = 0.3;
+  double sparsity = 0.0;  // > 0: also time a block-masked row, full-row vs scored entries only
   std::string json_path;
 };
 int run_topk_bench(const TopkBenchOptions& options);

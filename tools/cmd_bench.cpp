@@ -90,6 +90,9 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
   add_context(topk_cmd, topk->contexts, "run one context size instead of 8K–512K");
   topk_cmd->add_option("--topk", topk->topk, "k")->check(int_range(1, 65536));
   topk_cmd->add_option("--min-time", topk->min_seconds, "seconds of timed runs per point")->check(positive_seconds());
+  topk_cmd->add_option("--sparsity", topk->sparsity,
+                       "also mask this share of 64-entry blocks: full -inf-padded row vs scored entries only")
+      ->check(sparsity());
   add_common(topk_cmd, topk->threads, topk->json_path);
 
   auto predictor = std::make_shared<PredictorBenchOptions>();

@@ -320,8 +320,15 @@ struct DecodeEngine::Impl {
   // 4. Top-k per row.
   TopkParams topk_params() {
     const int32_t k = cfg.model.topk;
-    return TopkParams{logits.data(), max_entries,     static_cast<int32_t>(rows), max_entries,
-                      visible_entries.data(), k, topk_out.data(), k};
+    TopkParams tp{logits.data(), max_entries,     static_cast<int32_t>(rows), max_entries,
+                  visible_entries.data(), k, topk_out.data(), k};
+    if (predicted) {  // read only the scored blocks: the same result as over the -inf-padded rows
+      tp.block_ids = block_ids.data();
+      tp.block_offsets = block_offsets.data();
+      tp.rows_per_mask = cfg.next_n;
+      tp.block_entries = int64_t{cfg.model.page_size} * cfg.predictor_config.block_pages;
+    }
+    return tp;
   }
 
   // 5. Sparse MLA attention of layer l over the top-k (+ window).
@@ -395,6 +402,7 @@ struct DecodeEngine::Impl {
     TopkParams ftp = tp;
     ftp.scores = logits_full.data();
     ftp.out = topk_full.data();
+    ftp.block_offsets = nullptr;  // every entry was scored
     SPIN_RETURN_IF_ERROR(topk(ftp, {TopkImpl::kAuto, threads}));
     out_full.resize(out.size());
     SparseAttentionParams fap = ap;

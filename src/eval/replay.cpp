@@ -274,6 +274,10 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
             if (!keep[e / E]) masked[e] = -std::numeric_limits<float>::infinity();
           }
           TopkParams tp{masked.data(), std::max<int64_t>(visible, 1), 1, visible, nullptr, st.topk, spin_topk.data(), st.topk};
+          const int32_t mask_offsets[2] = {0, static_cast<int32_t>(sel.blocks.size())};
+          tp.block_ids = sel.blocks.data();  // read only the scored blocks' entries
+          tp.block_offsets = mask_offsets;
+          tp.block_entries = E;
           SPIN_RETURN_IF_ERROR(at_row(topk(tp, {TopkImpl::kAuto, 1}), l, s, j));
           q.recall = recall(spin_topk, st.truth[i]);
           q.block_recall = block_recall(sel.blocks, st.truth[i], E);

@@ -1,6 +1,8 @@
 // CPU feature checks (see cpu_features.h).
 #include "kernels/cpu_features.h"
 
+#include <cpuid.h>
+
 namespace spin::detail {
 
 bool cpu_has_avx512bf16() {
@@ -14,9 +16,15 @@ bool cpu_has_avx512f() {
   return __builtin_cpu_supports("avx512f");
 }
 
+// F16C straight from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports has no "f16c".
+static bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+
 bool cpu_has_avx2_fma() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
 }
 
 bool cpu_is_intel() {

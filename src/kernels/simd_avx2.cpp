@@ -16,8 +16,14 @@
 #include "spin/geometry.h"
 #include "spin/numerics.h"
 
+// Everything below is compiled for this ISA (GCC: target pragma; clang, which the fuzzer uses:
+// the same attribute on every function).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 namespace spin::detail {
 namespace avx2 {
@@ -73,4 +79,8 @@ void attention_run_avx2(const SparseAttentionParams& params, int num_threads) {
 
 }  // namespace spin::detail
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif

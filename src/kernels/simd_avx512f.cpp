@@ -21,8 +21,14 @@
 #include "spin/geometry.h"
 #include "spin/numerics.h"
 
+// Everything below is compiled for this ISA (GCC: target pragma; clang, which the fuzzer uses:
+// the same attribute on every function).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma,f16c")
+#endif
 
 namespace spin::detail {
 namespace avx512f {
@@ -71,4 +77,8 @@ void attention_run_avx512f(const SparseAttentionParams& params, int num_threads)
 
 }  // namespace spin::detail
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif

@@ -9,10 +9,11 @@
 // Row r reads its first n_r = visible_entries[r] (or cols) scores — or, with a block mask, only
 // the entries of its scored blocks: block b covers [b·block_entries, (b+1)·block_entries) ∩ [0, n_r).
 // The masked result is exactly the full-row result over the row with every other entry set to
-// -inf (what the block-masked indexer writes), but reads only (1 - sparsity) of the row: on an
-// H200 at batch 1 the top-k is ~77 % of the indexer's time (DeepGEMM's paged logits read at ~77 %
-// of HBM bandwidth), so skipping blocks pays only if top-k skips them too. The mask is the indexer's own CSR (IndexerParams::block_offsets /
-// block_ids, block_entries = page_size · block_pages), shared by the next_n rows of a request.
+// -inf (what the block-masked indexer writes), but reads only (1 - sparsity) of the row. Why it
+// matters: on an H200 at batch 1 the top-k is ~77 % of the indexer's time (the paged-logits kernel
+// itself is memory-bound), so skipping blocks pays only if top-k skips them too. The mask is the
+// indexer's own CSR (IndexerParams::block_offsets / block_ids, block_entries = page_size ·
+// block_pages), shared by the next_n rows of a request.
 #pragma once
 
 #include <cstdint>

@@ -55,6 +55,25 @@ CLI::Validator output_file();
 CLI::Validator output_dir();
 CLI::Validator threads();                     // 0 (= all) .. 1024
 
+// A kernel path: "auto" or the name of one of `impls`; a known path this CPU lacks is refused by
+// name, saying which path the CPU runs (checked while parsing, as every other flag).
+template <typename Impl>
+CLI::Validator kernel_path(const std::vector<Impl>& impls, const char* (*name)(Impl), bool (*supported)(Impl),
+                           Impl (*best)()) {
+  std::string list = "auto";
+  for (Impl i : impls) list += std::string(", ") + name(i);
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        if (s == "auto") return {};
+        for (Impl i : impls) {
+          if (s != name(i)) continue;
+          return supported(i) ? std::string() : "this CPU lacks " + s + " (it runs " + name(best()) + ")";
+        }
+        return "unknown kernel path '" + s + "'; supported: " + list;
+      },
+      "one of: " + list);
+}
+
 // Largest sizes the command line accepts for generated or benchmarked data (entries of one
 // request, steps): 2^24 entries is 16M tokens, 16× the longest context a DSA model serves.
 inline constexpr int64_t kMaxContext = int64_t{1} << 24;

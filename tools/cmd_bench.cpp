@@ -45,19 +45,15 @@ int run_decode(const DecodeBenchOptions& o) {
     return usage_error(fmt::format("--layers {} is more than the {} indexer layers of {}", o.layers,
                                    model->indexer_layers, model->name));
   }
-  for (IndexerImpl impl : indexer_impls()) {
-    if (o.indexer_impl == indexer_impl_name(impl) && !indexer_impl_supported(impl)) {
-      return usage_error(fmt::format("--indexer-impl {}: this CPU lacks it (it runs {})", o.indexer_impl,
-                                     indexer_impl_name(indexer_best_impl())));
-    }
-  }
-  for (AttentionImpl impl : attention_impls()) {
-    if (o.attention_impl == attention_impl_name(impl) && !attention_impl_supported(impl)) {
-      return usage_error(fmt::format("--attention-impl {}: this CPU lacks it (it runs {})", o.attention_impl,
-                                     attention_impl_name(attention_best_impl())));
-    }
-  }
   return bench::run_decode_bench(o);  // the engine refuses, in GiB, a pool larger than memory
+}
+
+CLI::Validator indexer_paths() {
+  return kernel_path(indexer_impls(), indexer_impl_name, indexer_impl_supported, indexer_best_impl);
+}
+
+CLI::Validator attention_paths() {
+  return kernel_path(attention_impls(), attention_impl_name, attention_impl_supported, attention_best_impl);
 }
 
 void add_common(CLI::App* cmd, int& threads_value, std::string& json_path) {
@@ -77,10 +73,8 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
   indexer_cmd->add_option("--rows", indexer->rows, "query rows per request (MTP next_n), one or more")
       ->check(int_range(1, 4));
   indexer_cmd->add_option("--sparsity", indexer->sparsities, "block sparsities to run (0 = full)")->check(sparsity());
-  std::vector<std::string> indexer_impl_names = {"auto"};
-  for (IndexerImpl i : indexer_impls()) indexer_impl_names.push_back(indexer_impl_name(i));
   indexer_cmd->add_option("--impl", indexer->impl, "kernel path (a path this CPU lacks is refused)")
-      ->check(one_of(indexer_impl_names, "--impl"));
+      ->check(indexer_paths());
   indexer_cmd->add_option("--min-time", indexer->min_seconds, "seconds of timed runs per point")
       ->check(positive_seconds());
   add_common(indexer_cmd, indexer->threads, indexer->json_path);
@@ -111,10 +105,8 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
   attention_cmd->add_option("--heads", attention->heads, "attention heads (V3.2 128, V4-Flash 64)")->check(int_range(1, 128));
   attention_cmd->add_option("--topk", attention->topk, "selected entries per row")->check(int_range(1, 65536));
   attention_cmd->add_option("--latent", attention->latent, "latent cache format")->check(one_of({"fp8", "bf16"}, "--latent"));
-  std::vector<std::string> attention_names = {"auto"};
-  for (AttentionImpl i : attention_impls()) attention_names.push_back(attention_impl_name(i));
   attention_cmd->add_option("--impl", attention->impl, "kernel path (a path this CPU lacks is refused)")
-      ->check(one_of(attention_names, "--impl"));
+      ->check(attention_paths());
   attention_cmd->add_option("--min-time", attention->min_seconds, "seconds of timed runs per point")
       ->check(positive_seconds());
   add_common(attention_cmd, attention->threads, attention->json_path);
@@ -132,11 +124,9 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
   decode_cmd->add_option("--next-n", decode->next_n, "rows per request (MTP verification)")->check(int_range(1, 4));
   decode_cmd->add_option("--acceptance", decode->acceptance_rate, "MTP draft acceptance rate")->check(real_range(0, 1));
   decode_cmd->add_option("--indexer-impl", decode->indexer_impl, "indexer kernel path (a path this CPU lacks is refused)")
-      ->check(one_of(indexer_impl_names, "--indexer-impl"));
-  std::vector<std::string> attention_impl_names = {"auto"};
-  for (AttentionImpl i : attention_impls()) attention_impl_names.push_back(attention_impl_name(i));
+      ->check(indexer_paths());
   decode_cmd->add_option("--attention-impl", decode->attention_impl, "attention kernel path (a path this CPU lacks is refused)")
-      ->check(one_of(attention_impl_names, "--attention-impl"));
+      ->check(attention_paths());
   decode_cmd->add_option("--latent", decode->latent, "latent cache format")->check(one_of({"fp8", "bf16"}, "--latent"));
   decode_cmd->add_option("--path-share", decode->path_share,
                          "share of a full model step the attention path takes (projection only)")

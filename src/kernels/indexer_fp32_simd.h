@@ -115,15 +115,7 @@ void run_fp32_indexer(const IndexerParams& p, const std::vector<IndexerTile>& ti
     for (int32_t i = 0; i < tile.count; ++i) {
       convert_row<V>(page + layout.value_offset(first_offset + i), keys + i * kIndexerHeadDim);
     }
-    if (t + 1 < n_tiles) {
-      // Pages sit at random addresses: fetch the next tile's values while this one computes.
-      const IndexerTile& next = tiles[t + 1];
-      const uint8_t* next_values = p.key_cache + next.physical_page * layout.page_bytes() +
-                                   layout.value_offset(static_cast<int32_t>(next.first_entry % p.page_size));
-      for (int32_t line = 0; line < next.count * kEntryValueBytes; line += 64) {
-        __builtin_prefetch(next_values + line, 0, 3);
-      }
-    }
+    if (t + 1 < n_tiles) prefetch_tile_values(p, tiles[t + 1]);
     const int64_t context_len = p.context_lens[tile.request];
     for (int32_t r = 0; r < p.next_n; ++r) {
       const int64_t visible = visible_entries(context_len, p.next_n, r, p.compress_ratio);
@@ -132,12 +124,7 @@ void run_fp32_indexer(const IndexerParams& p, const std::vector<IndexerTile>& ti
       const int64_t row = int64_t{tile.request} * p.next_n + r;
       score_entries<V>(keys, count, qt.data() + row * kIndexerHeadDim * padded, padded, wpad.data() + row * padded,
                        scores);
-      float* out = p.logits + row * p.logits_stride + tile.first_entry;
-      for (int32_t i = 0; i < count; ++i) {
-        float k_scale;
-        std::memcpy(&k_scale, page + layout.scale_offset(first_offset + i), sizeof(float));
-        out[i] = k_scale * (scores[i] * kUnscale);
-      }
+      write_tile_scores(p, tile, row, count, scores, kUnscale);
     }
   }
 }

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
+#include "spin/geometry.h"
 #include "spin/indexer.h"
 
 namespace spin::detail {
@@ -40,6 +42,30 @@ void indexer_run_avx2(const IndexerParams& params, const std::vector<IndexerTile
 
 // Scalar ground truth with double accumulation; plans nothing, walks entries directly.
 void indexer_run_reference(const IndexerParams& params);
+
+// Pages sit at random addresses, so the hardware prefetcher cannot run ahead across tiles: the
+// kernels fetch the next tile's values into L1 while this one computes (a few µs per tile).
+inline void prefetch_tile_values(const IndexerParams& p, const IndexerTile& next) {
+  const IndexerPageLayout layout{p.page_size};
+  const uint8_t* values = p.key_cache + next.physical_page * layout.page_bytes() +
+                          layout.value_offset(static_cast<int32_t>(next.first_entry % p.page_size));
+  for (int32_t line = 0; line < next.count * kEntryValueBytes; line += 64) __builtin_prefetch(values + line, 0, 3);
+}
+
+// logits[row, first_entry + i] = k_scale[i] · (scores[i] · unscale) for the tile's first `count`
+// entries (unscale is an exact power of two that undoes a kernel's operand scaling, else 1).
+inline void write_tile_scores(const IndexerParams& p, const IndexerTile& tile, int64_t row, int32_t count,
+                              const float* scores, float unscale) {
+  const IndexerPageLayout layout{p.page_size};
+  const uint8_t* page = p.key_cache + tile.physical_page * layout.page_bytes();
+  const int32_t first_offset = static_cast<int32_t>(tile.first_entry % p.page_size);
+  float* out = p.logits + row * p.logits_stride + tile.first_entry;
+  for (int32_t i = 0; i < count; ++i) {
+    float k_scale;
+    std::memcpy(&k_scale, page + layout.scale_offset(first_offset + i), sizeof(float));
+    out[i] = k_scale * (scores[i] * unscale);
+  }
+}
 
 inline int32_t padded_heads(int32_t num_heads) { return (num_heads + 63) / 64 * 64; }
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "spin/files.h"
+#include "spin/memory.h"
 #include "spin/predict.h"
 
 namespace spin::cli {
@@ -106,14 +107,8 @@ CLI::Validator output_dir() {
 
 CLI::Validator threads() { return int_range(0, 1024).description("THREADS in 0..1024 (0 = all)"); }
 
-int64_t physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : int64_t{1} << 34;
-}
-
 Status check_fits_in_memory(double bytes, const std::string& what) {
-  const double limit = 0.8 * static_cast<double>(physical_memory_bytes());
+  const double limit = static_cast<double>(memory_budget_bytes());
   if (bytes > limit) {
     return {StatusCode::kResourceExhausted,
             fmt::format("{} needs about {:.1f} GiB, more than the {:.1f} GiB this machine can give it "

@@ -78,9 +78,8 @@ CLI::Validator kernel_path(const std::vector<Impl>& impls, const char* (*name)(I
 // request, steps): 2^24 entries is 16M tokens, 16× the longest context a DSA model serves.
 inline constexpr int64_t kMaxContext = int64_t{1} << 24;
 
-// Memory this machine has (bytes), for refusing work that cannot fit before starting it.
-int64_t physical_memory_bytes();
-// kResourceExhausted when `bytes` is over 80 % of physical memory; `what` says what needs it.
+// kResourceExhausted when `bytes` is over spin's memory budget (spin/memory.h); `what` says what
+// needs it.
 Status check_fits_in_memory(double bytes, const std::string& what);
 
 // A one-line progress bar on a terminal; on a pipe or file, one line per new stage label.

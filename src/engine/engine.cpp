@@ -1,5 +1,6 @@
 // Batched DSA decode engine (see spin/engine.h for what a step does and what is simulated).
 #include "spin/engine.h"
+#include "spin/memory.h"
 
 #include <omp.h>
 #include <fmt/format.h>
@@ -68,12 +69,6 @@ int64_t entries_for_tokens(const EngineConfig& c, int64_t tokens) { return token
 int64_t pages_per_request(const EngineConfig& c, int64_t max_tokens) {
   const int64_t entries = entries_for_tokens(c, max_tokens + c.next_n) + 1;
   return (entries + c.model.page_size - 1) / c.model.page_size;
-}
-
-int64_t physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? int64_t{pages} * page : int64_t{1} << 34;
 }
 
 // Random e4m3 code that is never a NaN code.
@@ -467,7 +462,7 @@ Result<std::unique_ptr<DecodeEngine>> DecodeEngine::create(const EngineConfig& c
     if (!probe.ok()) return probe.status();
   }
   const int64_t need = engine_memory_bytes(c, requests, max_tokens);
-  const int64_t limit = memory_limit_bytes > 0 ? memory_limit_bytes : physical_memory_bytes() / 10 * 8;
+  const int64_t limit = memory_limit_bytes > 0 ? memory_limit_bytes : memory_budget_bytes();
   if (need > limit) {
     return resource_exhausted(
         "{} requests × {} tokens × {} layers of {} need {:.2f} GiB, more than the {:.2f} GiB available "

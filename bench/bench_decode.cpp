@@ -7,16 +7,23 @@
 // attn_err = ‖o − o_all_keep‖ / ‖o_all_keep‖ (mean over rows). Each predictor run is paired with
 // its own all-keep engine, steps interleaved, so both see the same machine conditions. A whole-model projection assumes
 // the attention path is `--path-share` of a full decode step (stated in the output).
+// With --source (a scenario or a key trace) the indexer replays those keys, queries and acceptance
+// instead of random ones, so recall (of the all-keep top-k) and attn_err measure the predictor on
+// dynamics that mean something, beside its speed; latents and attention queries stay random.
 // Reproduce: spin bench decode --model deepseek-v3.2 --context 131072 --batch 8 --sparsity 0.5
+//            spin bench decode --source doc-qa-94k --batch 2 --sparsity 0.5
 #include <fmt/format.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "bench_common.h"
 #include "spin/engine.h"
+#include "spin/trace.h"
+#include "spin/workload.h"
 
 namespace spin::bench {
 namespace {
@@ -26,14 +33,15 @@ struct RunResult {
   double step_ms = 0;
   double tokens_per_s = 0;
   double attn_err = NAN;
+  double recall = NAN;
   double realised_sparsity = 0;
 };
 
 // Per-step samples of one engine, reduced to medians.
 struct Samples {
   std::vector<double> indexer, topk, attention, predictor, total, tokens;
-  int64_t scored = 0, visible = 0, err_rows = 0;
-  double err_sum = 0;
+  int64_t scored = 0, visible = 0, err_rows = 0, recall_rows = 0;
+  double err_sum = 0, recall_sum = 0;
 
   void add(const StepStats& st) {
     indexer.push_back(st.indexer_ms);
@@ -46,6 +54,8 @@ struct Samples {
     visible += st.visible_entries;
     err_sum += st.attn_err_sum;
     err_rows += st.attn_err_rows;
+    recall_sum += st.recall_sum;
+    recall_rows += st.recall_rows;
   }
   static double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -64,6 +74,7 @@ struct Samples {
     for (double t : tokens) all_tokens += t;
     r.tokens_per_s = all_tokens / static_cast<double>(tokens.size()) / (r.step_ms / 1e3);
     r.attn_err = err_rows > 0 ? err_sum / static_cast<double>(err_rows) : NAN;
+    r.recall = recall_rows > 0 ? recall_sum / static_cast<double>(recall_rows) : NAN;
     r.realised_sparsity = visible > 0 ? 1.0 - static_cast<double>(scored) / static_cast<double>(visible) : 0.0;
     return r;
   }
@@ -81,8 +92,104 @@ EngineKernels kernels_of(const DecodeBenchOptions& o) {
   return k;
 }
 
-Result<std::unique_ptr<DecodeEngine>> make_engine(const DecodeBenchOptions& o, const ModelPreset& model,
-                                                  const std::string& predictor, double sparsity, int64_t context) {
+template <typename... Args>
+Status source_error(fmt::format_string<Args...> f, Args&&... args) {
+  return {StatusCode::kInvalidArgument, fmt::format(f, std::forward<Args>(args)...)};
+}
+
+// The replayed inputs of --source, with what owns their memory (a generated trace or a reader).
+struct Source {
+  std::string label = "random";
+  Trace generated;
+  std::optional<TraceReader> reader;
+  IndexerInputs inputs;
+  TraceMeta meta;
+  bool replayed() const { return label != "random"; }
+};
+
+// Borrowed views of one trace layer's tensors, whichever owns them.
+struct LayerViews {
+  const uint8_t* k;
+  const float* k_scale;
+  const uint8_t* q;
+  const float* w;
+};
+
+Status fill_inputs(Source* s, int64_t entries, int32_t steps, const int64_t* ctx_len, const int32_t* accepted,
+                   const std::vector<LayerViews>& layers) {
+  IndexerInputs& in = s->inputs;
+  in.steps = steps;
+  in.next_n = s->meta.next_n;
+  in.num_heads = s->meta.num_heads;
+  in.entries = entries;
+  in.ctx_len = ctx_len;
+  in.accepted = s->meta.next_n > 1 ? accepted : nullptr;
+  for (const LayerViews& v : layers) {
+    if (v.k == nullptr) return source_error("{} holds no keys (a score trace): --source needs a key trace", s->label);
+    in.keys.push_back(v.k);
+    in.key_scales.push_back(v.k_scale);
+    in.queries.push_back(v.q);
+    in.weights.push_back(v.w);
+  }
+  return ok_status();
+}
+
+// A scenario is generated for the bench's layers and steps; anything else is opened as a trace.
+Result<std::unique_ptr<Source>> open_source(const DecodeBenchOptions& o) {
+  auto s = std::make_unique<Source>();
+  s->label = o.source;
+  if (o.source == "random") return s;
+  const int32_t steps = o.warmup + o.steps;
+  const auto& names = scenario_names();
+  std::vector<LayerViews> views;
+  if (std::find(names.begin(), names.end(), o.source) != names.end()) {
+    auto params = scenario_params(o.source);
+    if (!params.ok()) return params.status();
+    params->layers = o.layers;
+    params->steps = steps;
+    params->seed = o.seed;
+    auto trace = generate_workload(params.value());
+    if (!trace.ok()) return trace.status();
+    s->generated = std::move(trace).value();
+    s->meta = s->generated.meta;
+    for (const TraceLayer& l : s->generated.layers) views.push_back({l.k.data(), l.k_scale.data(), l.q.data(), l.w.data()});
+    const int64_t entries = static_cast<int64_t>(s->generated.layers[0].k_scale.size());
+    SPIN_RETURN_IF_ERROR(fill_inputs(s.get(), entries, steps, s->generated.ctx_len.data(),
+                                     s->generated.accepted.data(), views));
+    return s;
+  }
+  auto reader = TraceReader::open(o.source);
+  if (!reader.ok()) return reader.status();
+  s->reader.emplace(std::move(reader).value());
+  const TraceReader& r = *s->reader;
+  s->meta = r.meta();
+  if (r.num_layers() < o.layers) {
+    return source_error("{} has {} layers, --layers asks for {}", o.source, r.num_layers(), o.layers);
+  }
+  if (r.steps() < steps) {
+    return source_error("{} has {} steps, the bench needs {} (--steps {} + {} warm-up)", o.source, r.steps(),
+                            steps, o.steps, o.warmup);
+  }
+  for (int l = 0; l < o.layers; ++l) {
+    views.push_back({r.k(l).empty() ? nullptr : r.k(l).data(), r.k_scale(l).data(), r.q(l).data(), r.w(l).data()});
+  }
+  SPIN_RETURN_IF_ERROR(fill_inputs(s.get(), r.entries(0), steps, r.ctx_len().data(),
+                                   r.accepted().empty() ? nullptr : r.accepted().data(), views));
+  return s;
+}
+
+// The model preset with the source's geometry (a trace fixes page size, top-k, heads and ratio).
+ModelPreset model_for(ModelPreset model, const Source& s) {
+  if (!s.replayed()) return model;
+  model.page_size = s.meta.page_size;
+  model.topk = s.meta.topk;
+  model.index_heads = s.meta.num_heads;
+  model.compress_ratio = s.meta.compress_ratio;
+  return model;
+}
+
+EngineConfig engine_config(const DecodeBenchOptions& o, const ModelPreset& model, const std::string& predictor,
+                           double sparsity) {
   EngineConfig c;
   c.model = model;
   c.layers = o.layers;
@@ -95,6 +202,22 @@ Result<std::unique_ptr<DecodeEngine>> make_engine(const DecodeBenchOptions& o, c
   c.seed = o.seed;
   c.measure_attn_err = o.attn_err && predictor != "all-keep";
   c.kernels = kernels_of(o);
+  return c;
+}
+
+Result<std::unique_ptr<DecodeEngine>> make_engine(const DecodeBenchOptions& o, const ModelPreset& model,
+                                                  const Source& source, const std::string& predictor,
+                                                  double sparsity, int64_t context) {
+  EngineConfig c = engine_config(o, model, predictor, sparsity);
+  if (source.replayed()) {  // every request replays the source from its prompt
+    const IndexerInputs& in = source.inputs;
+    c.next_n = in.next_n;
+    c.inputs = &in;
+    auto engine = DecodeEngine::create(c, o.batch, in.ctx_len[in.steps - 1]);
+    if (!engine.ok()) return engine.status();
+    for (int32_t b = 0; b < o.batch; ++b) SPIN_RETURN_IF_ERROR(engine.value()->add_request(b, in.prompt_tokens()));
+    return engine;
+  }
   const int64_t max_tokens = context * model.compress_ratio * 11 / 10 + int64_t{o.steps + o.warmup} * o.next_n + 8;
   auto engine = DecodeEngine::create(c, o.batch, max_tokens);
   if (!engine.ok()) return engine.status();
@@ -109,10 +232,10 @@ Result<std::unique_ptr<DecodeEngine>> make_engine(const DecodeBenchOptions& o, c
 // All-keep and the predictor on identical data, their steps interleaved (alternating which goes
 // first), so that drift on a shared machine hits both alike; the speedup is the ratio of medians.
 Result<std::pair<RunResult, RunResult>> run_pair(const DecodeBenchOptions& o, const ModelPreset& model,
-                                                 double sparsity, int64_t context) {
-  auto base = make_engine(o, model, "all-keep", 0.0, context);
+                                                 const Source& source, double sparsity, int64_t context) {
+  auto base = make_engine(o, model, source, "all-keep", 0.0, context);
   if (!base.ok()) return base.status();
-  auto spin = make_engine(o, model, o.predictor, sparsity, context);
+  auto spin = make_engine(o, model, source, o.predictor, sparsity, context);
   if (!spin.ok()) return spin.status();
   Samples base_samples, spin_samples;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
@@ -142,45 +265,62 @@ nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlo
 }  // namespace
 
 int run_decode_bench(const DecodeBenchOptions& o) {
-  auto model = model_preset(o.model);
-  if (!model.ok()) {
-    fmt::print(stderr, "spin: error: {}\n", model.status().to_string());
+  auto preset = model_preset(o.model);
+  if (!preset.ok()) {
+    fmt::print(stderr, "spin: error: {}\n", preset.status().to_string());
     return 2;
   }
+  auto source = open_source(o);
+  if (!source.ok()) {
+    fmt::print(stderr, "spin: error: {}\n", source.status().to_string());
+    return 1;
+  }
+  const Source& src = *source.value();
+  const ModelPreset model = model_for(preset.value(), src);
+  const std::vector<int64_t> contexts =
+      src.replayed() ? std::vector<int64_t>{src.inputs.prompt_tokens() / model.compress_ratio} : o.contexts;
+  const int32_t next_n = src.replayed() ? src.inputs.next_n : o.next_n;
   fmt::print("spin bench decode — {}: {} of {} indexer layers simulated ({} model layers), top-k {}, {} attention "
              "heads, latent {}, next_n {}, batch {}, {} timed steps (+{} warm-up)\n",
-             model->name, o.layers, model->indexer_layers, model->model_layers, model->topk, model->attn_heads,
-             o.latent, o.next_n, o.batch, o.steps, o.warmup);
+             model.name, o.layers, model.indexer_layers, model.model_layers, model.topk, model.attn_heads,
+             o.latent, next_n, o.batch, o.steps, o.warmup);
   fmt::print("kernels: {}\n", kernels_of(o).to_string());
+  if (src.replayed()) {
+    fmt::print("source: {} ({}; page {}, top-k {}, {} heads): the indexer replays its keys, queries and acceptance; "
+               "latents and attention queries are random, every request replays the same inputs\n",
+               src.label, src.meta.model, src.meta.page_size, src.meta.topk, src.meta.num_heads);
+  } else {
+    fmt::print("source: random keys and queries (speed only: recall and attn_err mean little; see --source)\n");
+  }
   fmt::print("times are per step over all simulated layers; whole-model projection assumes the attention path is "
              "{:.0f}% of a full decode step\n\n", 100 * o.path_share);
-  fmt::print("{:>8} {:>12} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8}\n", "context",
-             "predictor", "sparse", "realised", "step_ms", "idx_ms", "topk_ms", "attn_ms", "pred_ms", "tok/s",
-             "speedup", "model", "predicted", "attn_err");
+  fmt::print("{:>8} {:>12} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}\n",
+             "context", "predictor", "sparse", "realised", "step_ms", "idx_ms", "topk_ms", "attn_ms", "pred_ms",
+             "tok/s", "speedup", "model", "predicted", "attn_err", "recall");
   nlohmann::json records = nlohmann::json::array();
-  for (int64_t context : o.contexts) {
+  for (int64_t context : contexts) {
     auto print = [&](const std::string& name, double sparsity, const RunResult& r, double speedup, double predicted) {
       const double model_speedup = 1.0 / (1.0 - o.path_share + o.path_share / speedup);
       fmt::print("{:>8} {:>12} {:>6.2f} {:>9.3f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>8.1f} {:>7.3f}x {:>7.3f}x "
-                 "{:>8.3f}x {:>8.4f}\n",
+                 "{:>8.3f}x {:>8.4f} {:>7.4f}\n",
                  context, name, sparsity, r.realised_sparsity, r.step_ms, r.mean.indexer_ms, r.mean.topk_ms,
                  r.mean.attention_ms, r.mean.predictor_ms, r.tokens_per_s, speedup, model_speedup, predicted,
-                 r.attn_err);
+                 r.attn_err, r.recall);
       std::fflush(stdout);
       nlohmann::json rec = machine_json(o.threads);
-      rec.update({{"bench", "decode"}, {"model", model->name}, {"layers", o.layers}, {"context", context},
-                  {"batch", o.batch}, {"next_n", o.next_n}, {"predictor", name}, {"sparsity", sparsity},
+      rec.update({{"bench", "decode"}, {"model", model.name}, {"layers", o.layers}, {"context", context},
+                  {"batch", o.batch}, {"next_n", next_n}, {"source", src.label}, {"predictor", name}, {"sparsity", sparsity},
                   {"sparsity_realised", r.realised_sparsity}, {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s},
                   {"indexer_ms", r.mean.indexer_ms}, {"topk_ms", r.mean.topk_ms},
                   {"attention_ms", r.mean.attention_ms}, {"predictor_ms", r.mean.predictor_ms},
                   {"speedup_vs_all_keep", speedup}, {"predicted_speedup", predicted},
                   {"model_speedup_projection", model_speedup}, {"path_share", o.path_share},
-                  {"attn_err", num(r.attn_err)}, {"latent", o.latent}, {"peak_rss_mib", peak_rss_mib()},
+                  {"attn_err", num(r.attn_err)}, {"recall", num(r.recall)}, {"latent", o.latent}, {"peak_rss_mib", peak_rss_mib()},
                   {"kernels", kernels_of(o).to_string()}});
       records.push_back(rec);
     };
     for (double sparsity : o.sparsities) {
-      auto pair = run_pair(o, model.value(), sparsity, context);
+      auto pair = run_pair(o, model, src, sparsity, context);
       if (!pair.ok()) {
         fmt::print(stderr, "spin: error: {}\n", pair.status().to_string());
         return 1;

@@ -1,5 +1,6 @@
 // Decode engine: a batched step equals each request run alone through the scalar reference
-// kernels; continuous batching; pool exhaustion; memory refusal; determinism across threads.
+// kernels; continuous batching; pool exhaustion; memory refusal; determinism across threads;
+// replayed indexer inputs (keys, queries, contexts and acceptance of a trace).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -159,12 +160,120 @@ TEST(Engine, SkipsBlocksAtTheTargetSparsity) {
   ASSERT_TRUE(e->add_request(1, 500).ok());
   ASSERT_TRUE(e->add_request(2, 400).ok());
   StepStats st;
+  ASSERT_TRUE(e->step(&st).ok());  // the first step stands for the prefill: scored in full
+  EXPECT_EQ(st.scored_entries, st.visible_entries);
   ASSERT_TRUE(e->step(&st).ok());
   ASSERT_GT(st.visible_entries, 0);
   const double realised = 1.0 - static_cast<double>(st.scored_entries) / static_cast<double>(st.visible_entries);
   EXPECT_NEAR(realised, 0.4, 0.05);
   EXPECT_GT(st.indexer_ms, 0.0);
   EXPECT_EQ(st.total_ms, st.indexer_ms + st.topk_ms + st.attention_ms + st.predictor_ms);
+}
+
+// Indexer inputs as a trace would hold them: a prompt of `prompt` tokens, then `steps` steps of
+// next_n rows accepting `accepted` drafts each (one step jumps by a 40-token tool output). Keys of
+// the first `hot` entries are strong, so the top-k has a structure a predictor can learn.
+struct OwnedInputs {
+  std::vector<std::vector<uint8_t>> k, q;
+  std::vector<std::vector<float>> k_scale, w;
+  std::vector<int64_t> ctx_len;
+  std::vector<int32_t> accepted;
+  IndexerInputs view;
+};
+
+std::unique_ptr<OwnedInputs> make_inputs(int32_t layers, int32_t next_n, int32_t steps, int64_t prompt, uint8_t salt) {
+  auto o = std::make_unique<OwnedInputs>();
+  int64_t tokens = prompt;
+  for (int32_t s = 0; s < steps; ++s) {
+    if (s == 3) tokens += 40;
+    o->ctx_len.push_back(tokens + next_n);
+    o->accepted.push_back(next_n > 1 ? s % next_n : 0);
+    tokens += o->accepted.back() + 1;
+  }
+  const int64_t entries = o->ctx_len.back() + 8;
+  uint32_t x = 12345u + salt;
+  auto next = [&x] { return x = x * 1664525u + 1013904223u; };
+  for (int32_t l = 0; l < layers; ++l) {
+    o->k.emplace_back(static_cast<size_t>(entries) * 128);
+    for (auto& v : o->k.back()) v = static_cast<uint8_t>((next() >> 24) & 0x77);  // finite e4m3 codes
+    o->k_scale.emplace_back(static_cast<size_t>(entries), 1.0f);
+    o->q.emplace_back(static_cast<size_t>(steps) * next_n * 64 * 128);
+    for (auto& v : o->q.back()) v = static_cast<uint8_t>((next() >> 24) & 0x37);  // positive: ReLU passes
+    o->w.emplace_back(static_cast<size_t>(steps) * next_n * 64, 0.01f);
+  }
+  IndexerInputs& in = o->view;
+  in.steps = steps;
+  in.next_n = next_n;
+  in.num_heads = 64;
+  in.entries = entries;
+  for (int32_t l = 0; l < layers; ++l) {
+    in.keys.push_back(o->k[l].data());
+    in.key_scales.push_back(o->k_scale[l].data());
+    in.queries.push_back(o->q[l].data());
+    in.weights.push_back(o->w[l].data());
+  }
+  in.ctx_len = o->ctx_len.data();
+  in.accepted = next_n > 1 ? o->accepted.data() : nullptr;
+  return o;
+}
+
+TEST(EngineInputs, ReplaysTheInputsContextsAndAcceptance) {
+  auto inputs = make_inputs(2, 2, 6, 300, 0);
+  EngineConfig c = tiny_config("spin", 2);
+  c.predictor_config.target_sparsity = 0.0;  // every block: the top-k is the all-keep one
+  c.measure_attn_err = true;
+  c.inputs = &inputs->view;
+  auto e = make(c, 2);
+  ASSERT_TRUE(e->add_request(1, inputs->view.prompt_tokens()).ok());
+  ASSERT_TRUE(e->add_request(2, inputs->view.prompt_tokens()).ok());
+  for (int32_t s = 0; s < 6; ++s) {
+    StepStats st;
+    ASSERT_TRUE(e->step(&st).ok()) << s;
+    EXPECT_EQ(e->tokens(1), inputs->ctx_len[s] - 2 + inputs->accepted[s] + 1) << s;
+    ASSERT_GT(st.recall_rows, 0);
+    EXPECT_EQ(st.recall_sum, static_cast<double>(st.recall_rows)) << s;
+    EXPECT_LT(st.attn_err_sum / static_cast<double>(st.attn_err_rows), 1e-6) << s;
+  }
+  StepStats st;
+  const Status past_end = e->step(&st);
+  EXPECT_EQ(past_end.code(), StatusCode::kOutOfRange) << past_end.to_string();
+}
+
+TEST(EngineInputs, OutputsFollowTheInputsAndNotTheThreadCount) {
+  auto inputs = make_inputs(2, 1, 4, 250, 0);
+  auto other = make_inputs(2, 1, 4, 250, 1);
+  auto run = [](const OwnedInputs& in, int threads) {
+    EngineConfig c = tiny_config("spin");
+    c.inputs = &in.view;
+    c.threads = threads;
+    auto e = make(c, 1);
+    EXPECT_TRUE(e->add_request(5, in.view.prompt_tokens()).ok());
+    StepStats st;
+    for (int s = 0; s < 4; ++s) EXPECT_TRUE(e->step(&st).ok());
+    return *e->last_output(5, 1);
+  };
+  const std::vector<float> a = run(*inputs, 1), b = run(*inputs, 2), c = run(*other, 1);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+  EXPECT_GT(rel_diff(a, c), 1e-3);  // other keys and queries → another top-k → another output
+}
+
+TEST(EngineInputs, RefusesInputsThatDoNotFit) {
+  auto inputs = make_inputs(2, 2, 4, 200, 0);
+  EngineConfig c = tiny_config("spin", 1);  // next_n 1 against inputs of next_n 2
+  c.inputs = &inputs->view;
+  EXPECT_FALSE(DecodeEngine::create(c, 1, 600).ok());
+  c.next_n = 2;
+  c.layers = 3;  // the inputs hold 2 layers
+  EXPECT_FALSE(DecodeEngine::create(c, 1, 600).ok());
+  c.layers = 2;
+  c.model.index_heads = 32;
+  EXPECT_FALSE(DecodeEngine::create(c, 1, 600).ok());
+  c.model.index_heads = 64;
+  EXPECT_FALSE(DecodeEngine::create(c, 1, 100).ok());  // contexts beyond max_tokens
+  auto e = make(c, 1);
+  EXPECT_EQ(e->add_request(1, 150).code(), StatusCode::kInvalidArgument);  // not the inputs' prompt
+  EXPECT_TRUE(e->add_request(1, inputs->view.prompt_tokens()).ok());
 }
 
 }  // namespace

@@ -225,6 +225,11 @@ TEST(Cli, EveryReportedCaseFailsCleanly) {
   const std::vector<Case> cases = {
       {{"replay", "huge_topk.st"}, "topk = 2147483647 is above the supported maximum 65536"},
       {{"bench", "decode", "--steps", "0"}, "--steps: 0 is outside 1..100000"},
+      {{"bench", "decode", "--source", "t.st", "--context", "100"}, "--context comes from --source t.st"},
+      {{"bench", "decode", "--source", "t.st", "--next-n", "2"}, "--next-n comes from --source t.st"},
+      {{"bench", "decode", "--source", "nope.st"}, "'nope.st' is neither random, a scenario"},
+      {{"bench", "decode", "--source", "t.st", "--layers", "1", "--steps", "9"}, "t.st has 6 steps, the bench needs 11"},
+      {{"bench", "decode", "--source", "t.st", "--layers", "2"}, "t.st has 1 layers, --layers asks for 2"},
       {{"bench", "indexer", "--context", "999999999999"}, "--context: 999999999999 is outside"},
       {{"bench", "indexer", "--sparsity", "1.5"}, "target_sparsity 1.5 is outside [0, 1)"},
       {{"bench", "topk", "--topk", "-1"}, "--topk: -1 is outside 1..65536"},
@@ -289,6 +294,21 @@ TEST(Cli, OutputsFollowLinksAndNeverReplaceThem) {
   EXPECT_NE(read_file(ws.file("target.json")).find("\"recall_mean\""), std::string::npos);
   EXPECT_TRUE(TraceReader::open(ws.file("dump.st")).ok() == false);  // a top-k dump, not a trace
   EXPECT_GT(fs::file_size(ws.file("dump.st")), 0u);
+}
+
+// `bench decode --source` replays a trace's keys, queries and acceptance and reports recall.
+TEST(Cli, DecodeBenchReplaysATraceSource) {
+  Workspace ws;
+  const RunResult r = ws.run({"bench", "decode", "--source", "t.st", "--steps", "4", "--layers", "1", "--batch", "2",
+                              "--sparsity", "0.5", "--json", "decode.json"});
+  ASSERT_TRUE(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) << r.err;
+  const nlohmann::json records = nlohmann::json::parse(read_file(ws.file("decode.json")));
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[1]["source"], "t.st");
+  EXPECT_EQ(records[1]["context"], 34);  // the trace's prompt: ctx_len[0] − next_n = 35 − 1
+  EXPECT_TRUE(records[1]["recall"].is_number());
+  EXPECT_GE(records[1]["recall"].get<double>(), 0.0);
+  EXPECT_LE(records[1]["recall"].get<double>(), 1.0);
 }
 
 // A signal in the middle of writing a large output removes the temporary file and still ends

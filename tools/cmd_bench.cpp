@@ -1,6 +1,10 @@
 // `spin bench indexer|topk|predictor|decode`: flags and their checks; the benchmarks themselves
 // live in bench/ (one file each, with their reproduction commands).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
 
 #include "bench_common.h"
 #include "cli.h"
@@ -8,6 +12,7 @@
 #include "spin/engine.h"
 #include "spin/indexer.h"
 #include "spin/predict.h"
+#include "spin/workload.h"
 
 namespace spin::cli {
 namespace {
@@ -46,6 +51,19 @@ int run_decode(const DecodeBenchOptions& o) {
                                    model->indexer_layers, model->name));
   }
   return bench::run_decode_bench(o);  // the engine refuses, in GiB, a pool larger than memory
+}
+
+// --source: "random", a scenario name, or a regular file to open as a key trace.
+CLI::Validator decode_source() {
+  return CLI::Validator(
+      [](const std::string& v) -> std::string {
+        const auto& names = scenario_names();
+        if (v == "random" || std::find(names.begin(), names.end(), v) != names.end()) return "";
+        if (std::filesystem::is_regular_file(v)) return "";
+        return fmt::format("--source: '{}' is neither random, a scenario ({}) nor a trace file", v,
+                           fmt::join(names, ", "));
+      },
+      "random|SCENARIO|TRACE");
 }
 
 CLI::Validator indexer_paths() {
@@ -114,15 +132,21 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
   auto decode = std::make_shared<DecodeBenchOptions>();
   CLI::App* decode_cmd = bench->add_subcommand("decode", "batched decode steps: predictor vs all-keep, stage breakdown");
   decode_cmd->add_option("--model", decode->model, "model preset")->check(one_of(model_preset_names(), "model"));
-  add_context(decode_cmd, decode->contexts, "indexer entries per request (default: 32K and 128K)");
+  CLI::Option* context_opt = add_context(decode_cmd, decode->contexts, "indexer entries per request (default: 32K and 128K)");
   decode_cmd->add_option("--batch", decode->batch, "concurrent requests")->check(int_range(1, 1024));
   decode_cmd->add_option("--layers", decode->layers, "indexer layers simulated (stated in the output)")
       ->check(int_range(1, 1024));
   decode_cmd->add_option("--steps", decode->steps, "timed decode steps")->check(int_range(1, 100000));
   decode_cmd->add_option("--sparsity", decode->sparsities, "target sparsities of the predictor runs")->check(sparsity());
   decode_cmd->add_option("--predictor", decode->predictor, "predictor name")->check(one_of(predictor_names(), "predictor"));
-  decode_cmd->add_option("--next-n", decode->next_n, "rows per request (MTP verification)")->check(int_range(1, 4));
-  decode_cmd->add_option("--acceptance", decode->acceptance_rate, "MTP draft acceptance rate")->check(real_range(0, 1));
+  CLI::Option* next_n_opt = decode_cmd->add_option("--next-n", decode->next_n, "rows per request (MTP verification)")
+                                ->check(int_range(1, 4));
+  CLI::Option* acceptance_opt =
+      decode_cmd->add_option("--acceptance", decode->acceptance_rate, "MTP draft acceptance rate")
+          ->check(real_range(0, 1));
+  decode_cmd->add_option("--source", decode->source,
+                         "indexer keys, queries and acceptance: random, a scenario (generated), or a key trace file")
+      ->check(decode_source());
   decode_cmd->add_option("--indexer-impl", decode->indexer_impl, "indexer kernel path (a path this CPU lacks is refused)")
       ->check(indexer_paths());
   decode_cmd->add_option("--attention-impl", decode->attention_impl, "attention kernel path (a path this CPU lacks is refused)")
@@ -138,7 +162,16 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
           {predictor_cmd,
            [predictor] { return run_if_it_fits(*predictor, "this predictor benchmark", bench::run_predictor_bench); }},
           {attention_cmd, [attention] { return bench::run_attention_bench(*attention); }},
-          {decode_cmd, [decode] { return run_decode(*decode); }}};
+          {decode_cmd, [decode, context_opt, next_n_opt, acceptance_opt] {
+             // A replayed source fixes the context, the rows and the acceptance: a flag for them would be ignored.
+             for (const CLI::Option* given : {context_opt, next_n_opt, acceptance_opt}) {
+               if (decode->source != "random" && given->count() > 0) {
+                 return usage_error(fmt::format("{} comes from --source {}; drop one of them", given->get_name(),
+                                                decode->source));
+               }
+             }
+             return run_decode(*decode);
+           }}};
 }
 
 }  // namespace spin::cli

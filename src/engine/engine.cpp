@@ -77,6 +77,23 @@ inline uint8_t random_code(uint64_t bits) {
   return (c & 0x7F) == 0x7F ? static_cast<uint8_t>(c & 0xFE) : c;
 }
 
+// |a ∩ b| and |b| of two top-k rows (position-ascending, -1 padded, as topk() writes them).
+std::pair<int32_t, int32_t> topk_overlap(const int32_t* a, const int32_t* b, int32_t k) {
+  int32_t i = 0, j = 0, hits = 0;
+  while (i < k && j < k && a[i] >= 0 && b[j] >= 0) {
+    if (a[i] == b[j]) {
+      ++hits, ++i, ++j;
+    } else if (a[i] < b[j]) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  int32_t wanted = 0;
+  while (wanted < k && b[wanted] >= 0) ++wanted;
+  return {hits, wanted};
+}
+
 }  // namespace
 
 int64_t engine_memory_bytes(const EngineConfig& c, int32_t requests, int64_t max_tokens) {
@@ -142,14 +159,9 @@ struct DecodeEngine::Impl {
       for (int64_t e = first; e < last; ++e) {
         const int32_t phys = r.pages.pages()[e / page_size];
         const int32_t o = static_cast<int32_t>(e % page_size);
-        CounterRng rng(stream_key(cfg.seed, kTagIndexKey, l, r.id, e));
         uint8_t* key = icache + phys * ilayout.page_bytes() + ilayout.value_offset(o);
-        for (int d = 0; d < kIndexerHeadDim; d += 8) {
-          const uint64_t bits = rng.next_u64();
-          for (int i = 0; i < 8; ++i) key[d + i] = random_code(bits >> (8 * i));
-        }
-        const float scale = std::ldexp(1.0f, -static_cast<int>(rng.below(6)));
-        std::memcpy(icache + phys * ilayout.page_bytes() + ilayout.scale_offset(o), &scale, 4);
+        float* scale = reinterpret_cast<float*>(icache + phys * ilayout.page_bytes() + ilayout.scale_offset(o));
+        write_index_key(l, r.id, e, key, scale);
         uint8_t* entry = lcache + phys * llayout.page_bytes() + llayout.entry_offset(o);
         CounterRng lrng(stream_key(cfg.seed, kTagLatent, l, r.id, e));
         if (llayout.dtype == LatentDtype::kFp8) {
@@ -175,6 +187,60 @@ struct DecodeEngine::Impl {
     }
   }
 
+  // Indexer key and scale of entry e: the inputs' (recorded dynamics), or random.
+  void write_index_key(int32_t l, int64_t id, int64_t e, uint8_t* key, float* scale) const {
+    if (cfg.inputs != nullptr) {
+      std::memcpy(key, cfg.inputs->keys[l] + e * kIndexerHeadDim, kIndexerHeadDim);
+      std::memcpy(scale, cfg.inputs->key_scales[l] + e, 4);
+      return;
+    }
+    CounterRng rng(stream_key(cfg.seed, kTagIndexKey, l, id, e));
+    for (int d = 0; d < kIndexerHeadDim; d += 8) {
+      const uint64_t bits = rng.next_u64();
+      for (int i = 0; i < 8; ++i) key[d + i] = random_code(bits >> (8 * i));
+    }
+    const float s = std::ldexp(1.0f, -static_cast<int>(rng.below(6)));
+    std::memcpy(scale, &s, 4);
+  }
+
+  // Indexer query and head weights of one row: the inputs' row of the request's step, or random.
+  void write_index_query(int32_t l, const Request& r, int32_t j, int64_t position, uint8_t* q, float* w) const {
+    const int32_t heads = cfg.model.index_heads;
+    const int64_t q_size = int64_t{heads} * kIndexerHeadDim;
+    if (cfg.inputs != nullptr) {
+      const int64_t row = r.step * cfg.next_n + j;
+      std::memcpy(q, cfg.inputs->queries[l] + row * q_size, static_cast<size_t>(q_size));
+      std::memcpy(w, cfg.inputs->weights[l] + row * heads, static_cast<size_t>(heads) * 4);
+      return;
+    }
+    CounterRng qi(stream_key(cfg.seed, kTagIndexQuery, l, r.id, position));
+    for (int64_t i = 0; i < q_size; i += 8) {
+      const uint64_t bits = qi.next_u64();
+      for (int k = 0; k < 8; ++k) q[i + k] = random_code(bits >> (8 * k));
+    }
+    for (int32_t h = 0; h < heads; ++h) w[h] = static_cast<float>(qi.uniform() * 0.02);
+  }
+
+  // With inputs, the request's next step must exist and agree with the engine's own context.
+  Status check_inputs_step(const Request& r) const {
+    const IndexerInputs* in = cfg.inputs;
+    if (in == nullptr) return ok_status();
+    if (r.step >= in->steps) {
+      return out_of_range("request {} has replayed all {} steps of its inputs", r.id, in->steps);
+    }
+    if (in->ctx_len[r.step] < r.tokens + cfg.next_n) {
+      return failed_precondition("request {} is at {} tokens but step {} of its inputs has ctx_len {}", r.id,
+                                 r.tokens + cfg.next_n, r.step, in->ctx_len[r.step]);
+    }
+    return ok_status();
+  }
+
+  // This step's context of request r: its tokens plus the rows, or the inputs' (which may jump
+  // further: agentic traces append a tool output between steps; the engine writes it as a prompt).
+  int64_t step_context(const Request& r) const {
+    return cfg.inputs != nullptr ? cfg.inputs->ctx_len[r.step] : r.tokens + cfg.next_n;
+  }
+
   // ---- The stages of one step (DecodeEngine::step runs and times them in order) ---------------
 
   // 1. Appends this step's next_n tokens (their keys and latents) to every request's caches, and
@@ -187,14 +253,16 @@ struct DecodeEngine::Impl {
     ctx_lens.assign(static_cast<size_t>(batch), 0);
     for (int32_t b = 0; b < batch; ++b) {
       Request& r = requests[b];
-      if (r.tokens + cfg.next_n > max_tokens + cfg.next_n) {
+      SPIN_RETURN_IF_ERROR(check_inputs_step(r));
+      const int64_t ctx = step_context(r);
+      if (ctx > max_tokens + cfg.next_n) {
         return out_of_range("request {} reached the engine's max_tokens ({})", r.id, max_tokens);
       }
-      const int64_t ctx = r.tokens + cfg.next_n;
       const int64_t before = entries_for_tokens(cfg, r.tokens);
       const int64_t after = entries_for_tokens(cfg, ctx);
       SPIN_RETURN_IF_ERROR(r.pages.reserve(after + 1, cfg.model.page_size, allocator));
       fill_entries(r, before, after);
+      r.tokens = ctx - cfg.next_n;  // a jump of the inputs' context arrived as a prompt
       ctx_lens[b] = ctx;
       max_entries = std::max(max_entries, after);
       max_pages = std::max(max_pages, static_cast<int32_t>(r.pages.pages().size()));
@@ -237,13 +305,8 @@ struct DecodeEngine::Impl {
     for (int64_t row = 0; row < rows; ++row) {
       const Request& r = requests[row / next_n];
       const int64_t position = ctx_lens[row / next_n] - next_n + row % next_n;
-      CounterRng qi(stream_key(cfg.seed, kTagIndexQuery, l, r.id, position));
-      uint8_t* q = q_index.data() + row * index_heads * kIndexerHeadDim;
-      for (int64_t i = 0; i < int64_t{index_heads} * kIndexerHeadDim; i += 8) {
-        const uint64_t bits = qi.next_u64();
-        for (int k = 0; k < 8; ++k) q[i + k] = random_code(bits >> (8 * k));
-      }
-      for (int32_t h = 0; h < index_heads; ++h) w_index[row * index_heads + h] = static_cast<float>(qi.uniform() * 0.02);
+      write_index_query(l, r, static_cast<int32_t>(row % next_n), position,
+                        q_index.data() + row * index_heads * kIndexerHeadDim, w_index.data() + row * index_heads);
       CounterRng qa(stream_key(cfg.seed, kTagAttnQuery, l, r.id, position));
       uint16_t* qv = q_attn.data() + row * attn_heads * kMlaHeadDim;
       for (int64_t i = 0; i < int64_t{attn_heads} * kMlaHeadDim; ++i) {
@@ -255,6 +318,15 @@ struct DecodeEngine::Impl {
         extra[row * n_extra + i] = e >= 0 ? static_cast<int32_t>(e) : -1;
       }
     }
+  }
+
+  // A request's first step stands for its prefill, which scored every entry anyway: its blocks are
+  // all scored and observed, the warm start that replay gives step 0 too.
+  void select_all(int64_t num_entries, Selection* sel) const {
+    const int64_t block_entries = int64_t{cfg.model.page_size} * cfg.predictor_config.block_pages;
+    const auto n_blocks = static_cast<int32_t>((num_entries + block_entries - 1) / block_entries);
+    sel->blocks.resize(static_cast<size_t>(n_blocks));
+    for (int32_t b = 0; b < n_blocks; ++b) sel->blocks[b] = b;
   }
 
   // 2. The predictor of every request chooses layer l's blocks; block_ids/offsets are their CSR.
@@ -280,6 +352,7 @@ struct DecodeEngine::Impl {
       in.visible_entries = cfg.model.compress_ratio > 1 ? visible_entries.data() + int64_t{b} * next_n : nullptr;
       in.hisa = &hisa;
       SPIN_RETURN_IF_ERROR(r.predictor->select(l, in, &selections[b]));
+      if (r.step == 0) select_all(hisa.num_entries, &selections[b]);
       block_ids.insert(block_ids.end(), selections[b].blocks.begin(), selections[b].blocks.end());
       block_offsets.push_back(static_cast<int32_t>(block_ids.size()));
     }
@@ -404,6 +477,14 @@ struct DecodeEngine::Impl {
     fap.indices = topk_full.data();
     fap.out = out_full.data();
     SPIN_RETURN_IF_ERROR(sparse_attention(fap, {AttentionImpl::kAuto, threads}));
+    const int32_t k = cfg.model.topk;
+    for (int64_t row = 0; row < rows; ++row) {
+      const auto [hits, wanted] = topk_overlap(topk_out.data() + row * k, topk_full.data() + row * k, k);
+      if (wanted > 0) {
+        stats->recall_sum += static_cast<double>(hits) / static_cast<double>(wanted);
+        ++stats->recall_rows;
+      }
+    }
     const int64_t row_values = int64_t{cfg.model.attn_heads} * kMlaLatentDim;
     for (int64_t row = 0; row < rows; ++row) {
       double diff = 0, norm = 0;
@@ -425,8 +506,12 @@ struct DecodeEngine::Impl {
   Status verify(StepStats* stats) {
     for (Request& r : requests) {
       int32_t accepted = 0;
-      CounterRng rng(stream_key(cfg.seed, kTagAccept, r.id, r.step));
-      while (accepted < cfg.next_n - 1 && rng.uniform() < cfg.acceptance_rate) ++accepted;
+      if (cfg.inputs != nullptr) {
+        accepted = cfg.inputs->accepted != nullptr ? cfg.inputs->accepted[r.step] : 0;
+      } else {
+        CounterRng rng(stream_key(cfg.seed, kTagAccept, r.id, r.step));
+        while (accepted < cfg.next_n - 1 && rng.uniform() < cfg.acceptance_rate) ++accepted;
+      }
       if (r.predictor) SPIN_RETURN_IF_ERROR(r.predictor->commit(accepted));
       r.tokens += accepted + 1;
       ++r.step;
@@ -435,6 +520,34 @@ struct DecodeEngine::Impl {
     return ok_status();
   }
 };
+
+namespace {
+
+// Inputs that cannot feed this engine's shape are refused before anything is allocated.
+Status check_inputs(const EngineConfig& c, int64_t max_tokens) {
+  const IndexerInputs* in = c.inputs;
+  if (in == nullptr) return ok_status();
+  const auto layers = static_cast<size_t>(c.layers);
+  if (in->keys.size() < layers || in->key_scales.size() < layers || in->queries.size() < layers ||
+      in->weights.size() < layers) {
+    return invalid_argument("the inputs hold {} layers, the engine simulates {}", in->keys.size(), c.layers);
+  }
+  if (in->steps < 1 || in->ctx_len == nullptr) return invalid_argument("the inputs hold no steps");
+  if (in->next_n != c.next_n) return invalid_argument("the inputs have next_n {}, the engine {}", in->next_n, c.next_n);
+  if (in->next_n > 1 && in->accepted == nullptr) return invalid_argument("MTP inputs need their accepted counts");
+  if (in->num_heads != c.model.index_heads) {
+    return invalid_argument("the inputs have {} indexer heads, {} has {}", in->num_heads, c.model.name,
+                            c.model.index_heads);
+  }
+  const int64_t last = in->ctx_len[in->steps - 1];
+  if (in->prompt_tokens() < 1 || last > max_tokens + c.next_n || last / c.model.compress_ratio > in->entries) {
+    return invalid_argument("the inputs' contexts ({} to {} tokens) do not fit {} entries and max_tokens {}",
+                            in->ctx_len[0], last, in->entries, max_tokens);
+  }
+  return ok_status();
+}
+
+}  // namespace
 
 DecodeEngine::DecodeEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DecodeEngine::~DecodeEngine() = default;
@@ -454,6 +567,7 @@ Result<std::unique_ptr<DecodeEngine>> DecodeEngine::create(const EngineConfig& c
   if (requests > 65536 || max_tokens > (int64_t{1} << 26)) {
     return invalid_argument("requests ({}) must be ≤ 65536 and max_tokens ({}) ≤ 2^26", requests, max_tokens);
   }
+  SPIN_RETURN_IF_ERROR(check_inputs(c, max_tokens));
   c.predictor_config.page_size = c.model.page_size;
   c.predictor_config.topk = c.model.topk;
   SPIN_RETURN_IF_ERROR(c.predictor_config.validate());
@@ -501,6 +615,10 @@ Status DecodeEngine::add_request(int64_t request_id, int64_t prompt_tokens) {
   }
   if (prompt_tokens < 1 || prompt_tokens > m.max_tokens) {
     return invalid_argument("prompt_tokens must be in [1, {}], got {}", m.max_tokens, prompt_tokens);
+  }
+  if (m.cfg.inputs != nullptr && prompt_tokens != m.cfg.inputs->prompt_tokens()) {
+    return invalid_argument("a request replaying inputs starts from their prompt of {} tokens, got {}",
+                            m.cfg.inputs->prompt_tokens(), prompt_tokens);
   }
   Impl::Request r;
   r.id = request_id;

@@ -225,6 +225,9 @@ TEST(Cli, EveryReportedCaseFailsCleanly) {
   const std::vector<Case> cases = {
       {{"replay", "huge_topk.st"}, "topk = 2147483647 is above the supported maximum 65536"},
       {{"bench", "decode", "--steps", "0"}, "--steps: 0 is outside 1..100000"},
+      {{"diagnose", "--gpu", "a100"}, "--gpu"},
+      {{"diagnose", "--context", "0"}, "--context: 0 is outside"},
+      {{"diagnose", "--sparsity", "1"}, "--sparsity"},
       {{"bench", "decode", "--source", "t.st", "--context", "100"}, "--context comes from --source t.st"},
       {{"bench", "decode", "--source", "t.st", "--next-n", "2"}, "--next-n comes from --source t.st"},
       {{"bench", "decode", "--source", "nope.st"}, "'nope.st' is neither random, a scenario"},

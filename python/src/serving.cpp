@@ -17,8 +17,8 @@ namespace {
 
 class Serving {
  public:
-  Serving(const std::string& predictor, nb::handle config, int32_t max_requests, int32_t num_layers,
-          int64_t max_entries, int32_t max_next_n, int32_t compress_ratio) {
+  Serving(int32_t max_requests, int32_t num_layers, int64_t max_entries, const std::string& predictor,
+          nb::handle config, int32_t max_next_n, int32_t compress_ratio) {
     spin::ServingOptions o;
     o.predictor = predictor;
     o.config = config_from(config);
@@ -162,10 +162,13 @@ void bind_serving(nb::module_& m) {
                       "state indexed by request slot, every buffer preallocated. Per step: "
                       "select/observe every layer, then commit; add/drop slots as requests come "
                       "and go. Exploration is keyed on the request id, not the slot.")
-      .def(nb::init<const std::string&, nb::handle, int32_t, int32_t, int64_t, int32_t, int32_t>(),
-           nb::arg("predictor") = "spin", nb::arg("config") = nb::none(), nb::arg("max_requests"),
-           nb::arg("num_layers"), nb::arg("max_entries"), nb::arg("max_next_n") = 1,
-           nb::arg("compress_ratio") = 1)
+      .def(nb::init<int32_t, int32_t, int64_t, const std::string&, nb::handle, int32_t, int32_t>(),
+           nb::arg("max_requests"), nb::arg("num_layers"), nb::arg("max_entries"),
+           nb::arg("predictor") = "spin", nb::arg("config") = nb::none(), nb::arg("max_next_n") = 1,
+           nb::arg("compress_ratio") = 1,
+           "Allocates every slot's state for max_requests requests × num_layers indexer layers × "
+           "the blocks of max_entries entries (contexts up to max_entries, up to max_next_n rows "
+           "per step). predictor: any predictor_names() entry but oracle and hisa.")
       .def_prop_ro("max_blocks", [](Serving& s) { return s.get().max_blocks(); })
       .def_prop_ro("block_entries", [](Serving& s) { return s.get().block_entries(); })
       .def_prop_ro("memory_bytes", [](Serving& s) { return s.get().memory_bytes(); })

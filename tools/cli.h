@@ -32,6 +32,7 @@ std::vector<Command> add_eval_commands(CLI::App& app);    // eval, calibrate, co
 std::vector<Command> add_replay_command(CLI::App& app);   // replay
 std::vector<Command> add_trace_commands(CLI::App& app);   // trace gen, trace info
 std::vector<Command> add_bench_commands(CLI::App& app);   // bench indexer|topk|predictor|decode
+std::vector<Command> add_diagnose_command(CLI::App& app); // diagnose
 
 inline Status invalid_argument_status(std::string message) {
   return {StatusCode::kInvalidArgument, std::move(message)};

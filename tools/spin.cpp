@@ -48,7 +48,7 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<Command> commands;
   for (auto add : {spin::cli::add_eval_commands, spin::cli::add_replay_command, spin::cli::add_trace_commands,
-                   spin::cli::add_bench_commands}) {
+                   spin::cli::add_bench_commands, spin::cli::add_diagnose_command}) {
     for (Command& c : add(app)) commands.push_back(std::move(c));
   }
   if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {

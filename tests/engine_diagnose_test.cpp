@@ -25,9 +25,10 @@ TEST(Diagnose, ReproducesTheH200Anchors) {
   auto big = diagnose(input("h200", 65536, 64)).value();
   const double layers = big.input.model.indexer_layers;
   EXPECT_NEAR(big.indexer_ms / layers, 0.149, 0.0015);
-  EXPECT_EQ(big.indexer_bound_memory, 1.0);
+  EXPECT_EQ(big.indexer_bound, "memory");
   auto small = diagnose(input("h200", 65536, 1)).value();
   EXPECT_NEAR(small.indexer_ms / layers, 0.011, 1e-9);
+  EXPECT_EQ(small.indexer_bound, "latency");
   EXPECT_NEAR(small.topk_ms / layers, 0.037, 1e-9);
   EXPECT_NEAR(small.topk_ms / (small.topk_ms + small.indexer_ms), 0.77, 0.01);
   EXPECT_NEAR(big.topk_ms / layers, 0.037, 1e-9);

@@ -10,7 +10,7 @@
 //             (DeepGEMM's paged MQA logits are memory-bound: ~77 % of HBM at B=64, 64K on H200);
 //   top-k     = per-row time (a published kernel time per entry, one row per SM) · entries read
 //               · ceil(rows / SMs)  — flat in batch up to one wave, as the published figures are;
-//   attention = max(rows · (topk + window) · 656 B / (HBM · efficiency),
+//   attention = max(latency floor, rows · (topk + window) · 656 B / (HBM · efficiency),
 //                   rows · attn_heads · (topk + window) · (576 + 512) · 2 / (BF16 dense · 0.5))
 //               (FlashMLA sparse decode over the fp8_ds_mla cache; the 0.5 is an assumption);
 // with entries = context / compress_ratio and rows = batch · next_n. spin at sparsity s scores
@@ -78,7 +78,7 @@ struct DiagnoseResult {
   double attention_ms = 0;
   double indexer_share = 0;           // indexer / (indexer + top-k + attention + other)
   double topk_share = 0;
-  double indexer_bound_memory = 0;    // 1 when the indexer term is the bandwidth term
+  std::string indexer_bound;          // the all-keep indexer's binding term: latency, memory, compute
   std::vector<DiagnoseRow> rows;
   std::vector<std::string> sources;   // one line per figure used
 };

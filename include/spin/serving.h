@@ -3,7 +3,9 @@
 //
 // State is indexed by a request *slot* that the engine owns (vLLM's req_index), for
 // max_requests × num_layers × max_blocks blocks, all sized at create(): after it, select / observe
-// / commit / add / drop allocate nothing (tests/serving_predictor_test.cpp counts allocations).
+// / commit / add / drop allocate nothing (tests/serving_predictor_test.cpp counts allocations) —
+// as long as next_n stays the same from step to step (a step with fewer rows than the one before
+// lets the predictor's per-row selection buffers go, and the next larger step regrows them once).
 // Exploration is keyed on the request id given to add(), never on the slot, so tensor-parallel
 // ranks (or two objects holding the same request in different slots) select the same blocks.
 //

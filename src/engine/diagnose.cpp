@@ -44,7 +44,8 @@ constexpr double kB200TopkSPerEntry = 9.9e-6 / 131072.0;
 constexpr double kAttentionComputeEfficiency = 0.5;
 constexpr const char* kAttentionSource =
     "sparse MLA (FlashMLA fp8_ds_mla, 656 B per entry, QK 576 + PV 512 dims, BF16): memory at 77 % "
-    "of HBM, compute at 50 % of BF16 dense (assumptions: no published sparse-decode time in peers.md)";
+    "of HBM, compute at 50 % of BF16 dense, and the indexer's 0.011 ms small-batch floor (assumptions: "
+    "no published sparse-decode time in peers.md)";
 
 const std::vector<GpuPreset>& presets() {
   static const std::vector<GpuPreset> kPresets = {
@@ -60,7 +61,7 @@ const std::vector<GpuPreset>& presets() {
 
 struct LayerTimes {
   double indexer_s = 0, topk_s = 0;
-  bool memory_bound = false;
+  const char* bound = "memory";  // which term of the indexer's max() binds
 };
 
 // One indexer layer when each request scores `scored` of its `entries` entries.
@@ -73,7 +74,7 @@ LayerTimes layer_times(const DiagnoseInput& in, int64_t entries, int64_t scored,
   const double t_flop = flops / (g.fp8_flops * g.paged_logits_efficiency);
   LayerTimes t;
   t.indexer_s = std::max({g.logits_floor_s, t_mem, t_flop});
-  t.memory_bound = t_mem >= t_flop;
+  t.bound = t.indexer_s == g.logits_floor_s ? "latency" : t_mem >= t_flop ? "memory" : "compute";
   const double waves = std::ceil(rows / g.sms);
   t.topk_s = g.topk_s_per_entry * static_cast<double>(topk_read) * waves;
   (void)entries;
@@ -129,12 +130,13 @@ Result<DiagnoseResult> diagnose(const DiagnoseInput& in) {
   const double attended = static_cast<double>(std::min<int64_t>(m.topk, r.entries) + m.window);
   const double attn_bytes = rows * attended * static_cast<double>(LatentPageLayout::kFp8EntryBytes);
   const double attn_flops = rows * m.attn_heads * attended * (576.0 + 512.0) * 2.0;
-  const double attn_s = std::max(attn_bytes / (in.gpu.hbm_bytes_per_s * in.gpu.paged_logits_efficiency),
-                                 attn_flops / (in.gpu.bf16_flops * kAttentionComputeEfficiency));
+  const double attn_s = std::max({in.gpu.logits_floor_s,
+                                  attn_bytes / (in.gpu.hbm_bytes_per_s * in.gpu.paged_logits_efficiency),
+                                  attn_flops / (in.gpu.bf16_flops * kAttentionComputeEfficiency)});
   r.indexer_ms = full.indexer_s * layers * 1e3;
   r.topk_ms = full.topk_s * layers * 1e3;
   r.attention_ms = attn_s * layers * 1e3;
-  r.indexer_bound_memory = full.memory_bound ? 1.0 : 0.0;
+  r.indexer_bound = full.bound;
   const double base = r.indexer_ms + r.topk_ms + r.attention_ms + in.other_ms;
   r.indexer_share = r.indexer_ms / base;
   r.topk_share = r.topk_ms / base;
@@ -181,7 +183,7 @@ std::string diagnose_text(const DiagnoseResult& r) {
       "sparse attention {:.3f} ms{}\n"
       "indexer share {:.1f} %, top-k share {:.1f} %\n\n",
       in.model.name, in.gpu.name, in.context, r.entries, r.n_blocks, in.batch, in.next_n,
-      in.model.indexer_layers, r.indexer_ms, r.indexer_bound_memory > 0 ? "memory" : "compute", r.topk_ms,
+      in.model.indexer_layers, r.indexer_ms, r.indexer_bound, r.topk_ms,
       r.attention_ms, in.other_ms > 0 ? fmt::format(", other {:.3f} ms", in.other_ms) : "",
       100.0 * r.indexer_share, 100.0 * r.topk_share);
   out += fmt::format("{:>8} {:>9} {:>11} {:>13} {:>11} {:>14} {:>12}\n", "sparsity", "realised", "indexer ms",
@@ -215,7 +217,7 @@ std::string diagnose_json(const DiagnoseResult& r) {
                     {"logits_floor_s", in.gpu.logits_floor_s}, {"topk_s_per_entry", in.gpu.topk_s_per_entry}}},
       {"all_keep", {{"indexer_ms", r.indexer_ms}, {"topk_ms", r.topk_ms}, {"attention_ms", r.attention_ms},
                     {"other_ms", in.other_ms}, {"indexer_share", r.indexer_share}, {"topk_share", r.topk_share},
-                    {"indexer_memory_bound", r.indexer_bound_memory > 0}}},
+                    {"indexer_bound", r.indexer_bound}}},
       {"sparsity", rows}, {"sources", r.sources}, {"estimate", "paper model, no GPU measured"}};
   return out.dump(2) + "\n";
 }

@@ -22,7 +22,7 @@ Traces, replay, workloads: :func:`open_trace`, :func:`score_trace`, :func:`repla
 from ._errors import (DataLoss, FailedPrecondition, InvalidArgument, IoError, OutOfRange,
                       ResourceExhausted, SpinError)
 from ._core import (Predictor, ScoredTrace, Serving, Trace, TraceReader, budget_blocks,
-                    check_config, default_config, generate_workload, indexer_impls,
+                    check_config, default_config, diagnose, generate_workload, indexer_impls,
                     indexer_scores, make_predictor, make_trace, open_trace, predictor_names,
                     replay, scenario_names, score_trace, topk, workload_params, write_trace)
 
@@ -36,5 +36,5 @@ __all__ = [
     "Serving",
     "TraceReader", "Trace", "ScoredTrace", "open_trace", "make_trace", "write_trace",
     "score_trace", "replay", "generate_workload", "scenario_names", "workload_params",
-    "indexer_scores", "topk", "indexer_impls",
+    "indexer_scores", "topk", "indexer_impls", "diagnose",
 ]

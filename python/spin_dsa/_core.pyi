@@ -282,3 +282,8 @@ def topk(scores: Annotated[NDArray, dict(writable=False)], k: int, visible_entri
     """
     Per-row top-k (include/spin/topk.h): int32 [rows, k] positions, ascending, -1 padded; ties to the lower position. With a block mask only the scored blocks' entries are read.
     """
+
+def diagnose(model: str = 'deepseek-v3.2', gpu: str = 'h200', context: int = 131072, batch: int = 1, next_n: int = 1, sparsities: Sequence[float] | None = None, other_ms: float = 0.0) -> dict:
+    """
+    The paper model of one GPU decode step (include/spin/diagnose.h, `spin diagnose --json`): indexer / top-k / attention ms, the indexer's share and spin's gain per sparsity, with sources. gpu: h100, h200, b200.
+    """

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "common.h"
+#include "spin/diagnose.h"
+#include "spin/engine.h"
 #include "spin/geometry.h"
 #include "spin/indexer.h"
 #include "spin/topk.h"
@@ -151,7 +153,35 @@ nb::object topk(const InArray& scores, int32_t k, nb::handle visible_obj, nb::ha
 
 }  // namespace
 
+nb::dict diagnose(const std::string& model, const std::string& gpu, int64_t context, int32_t batch,
+                  int32_t next_n, nb::handle sparsities, double other_ms) {
+  spin::DiagnoseInput in;
+  auto mp = spin::model_preset(model);
+  if (!mp.ok()) raise_status(mp.status());
+  auto gp = spin::gpu_preset(gpu);
+  if (!gp.ok()) raise_status(gp.status());
+  in.model = mp.value();
+  in.gpu = gp.value();
+  in.context = context;
+  in.batch = batch;
+  in.next_n = next_n;
+  in.other_ms = other_ms;
+  if (!sparsities.is_none()) {
+    in.sparsities.clear();
+    for (nb::handle s : sparsities) in.sparsities.push_back(nb::cast<double>(s));
+  }
+  auto r = spin::diagnose(in);
+  if (!r.ok()) raise_status(r.status());
+  return nb::cast<nb::dict>(nb::module_::import_("json").attr("loads")(spin::diagnose_json(r.value())));
+}
+
 void bind_kernels(nb::module_& m) {
+  m.def("diagnose", &diagnose, nb::arg("model") = "deepseek-v3.2", nb::arg("gpu") = "h200",
+        nb::arg("context") = 131072, nb::arg("batch") = 1, nb::arg("next_n") = 1,
+        nb::arg("sparsities") = nb::none(), nb::arg("other_ms") = 0.0,
+        "The paper model of one GPU decode step (include/spin/diagnose.h, `spin diagnose --json`): "
+        "indexer / top-k / attention ms, the indexer's share and spin's gain per sparsity, with "
+        "sources. gpu: h100, h200, b200.");
   m.def("indexer_impls", [] {
     std::vector<std::string> names;
     for (spin::IndexerImpl i : spin::indexer_impls())

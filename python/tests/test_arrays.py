@@ -116,3 +116,12 @@ def test_workload_generator():
         spin_dsa.generate_workload("doc-qa-10k", no_such_field=1)
     with pytest.raises(spin_dsa.SpinError):
         spin_dsa.generate_workload("no-such-scenario")
+
+
+def test_diagnose():
+    d = spin_dsa.diagnose(gpu="h200", context=65536, batch=64, sparsities=[0.0, 0.5])
+    assert abs(d["all_keep"]["indexer_ms"] / 61 - 0.149) < 0.002
+    assert d["sparsity"][1]["gain_scored"] > d["sparsity"][1]["gain_full"] > 1.0
+    assert d["sources"]
+    with pytest.raises(spin_dsa.InvalidArgument):
+        spin_dsa.diagnose(gpu="a100")

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "predict/block_state.h"
 
 namespace spin {
 
@@ -422,14 +423,21 @@ Status ServingPredictor::prefill(const int32_t* slots, int32_t batch, int32_t la
 }
 
 size_t ServingPredictor::memory_bytes() const {
+  // What create() reserved (capacities, not the sizes in use): per slot and layer the block state,
+  // the offset EMA, max_next_n pending rows (block, x, top-k hits) and the last top-k's blocks; per
+  // slot the predictor's scratch and the Selection; once the scatter row and the block list.
   const Impl& m = *impl_;
-  size_t bytes = m.scatter.capacity() * sizeof(float) + m.all_blocks.capacity() * sizeof(int32_t);
-  for (const Impl::Slot& s : m.slots) {
-    bytes += s.predictor->memory_bytes();
-    bytes += s.sel.blocks.capacity() * sizeof(int32_t);
-    for (const auto& r : s.sel.row_blocks) bytes += r.capacity() * sizeof(int32_t);
-  }
-  return bytes;
+  const size_t n = static_cast<size_t>(m.max_blocks);
+  const size_t entries = static_cast<size_t>(m.options.max_entries);
+  const size_t rows = static_cast<size_t>(m.options.max_next_n);
+  const size_t buckets = static_cast<size_t>(offset_bucket(std::max<int64_t>(0, m.max_blocks - 1))) + 1;
+  const size_t per_layer = n * kStateBytesPerBlock + buckets * kStateBytesPerOffsetBucket +
+                           rows * n * (sizeof(int32_t) + sizeof(float) + sizeof(int32_t)) +
+                           n * 2 * sizeof(int32_t);
+  const size_t per_slot = static_cast<size_t>(m.options.num_layers) * per_layer +
+                          n * (sizeof(float) + sizeof(uint8_t) + sizeof(uint64_t) + sizeof(int32_t)) +
+                          entries * sizeof(float) + n * sizeof(int32_t) * (1 + rows);
+  return m.slots.size() * per_slot + entries * sizeof(float) + n * sizeof(int32_t);
 }
 
 }  // namespace spin

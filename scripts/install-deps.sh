@@ -2,7 +2,8 @@
 # Installs the Debian packages spin builds against, only when one is missing.
 set -euo pipefail
 pkgs=(g++ cmake ninja-build libgtest-dev libomp-dev libfmt-dev nlohmann-json3-dev libcli11-dev
-      gnuplot-nox python3-numpy clang libclang-rt-14-dev)
+      gnuplot-nox python3-numpy clang libclang-rt-14-dev
+      python3-venv python3-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

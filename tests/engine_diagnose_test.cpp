@@ -1,15 +1,16 @@
-// spin diagnose's GPU cost model: it reproduces the published figures it is fitted to, moves the
-// right way with sparsity, batch and the top-k's input, and refuses inputs it cannot model.
+// The paper model of a GPU decode step (spin/diagnose.h): it reproduces the measurements it is
+// anchored on, its gains behave (1 at sparsity 0, rising, scored-only top-k ≥ full top-k), the
+// budget floor shows in the realised sparsity, and bad input is refused.
 #include <gtest/gtest.h>
 
-#include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "spin/diagnose.h"
 
 namespace spin {
 namespace {
 
-DiagnoseInput v32_on(const std::string& gpu, int64_t context, int32_t batch) {
+DiagnoseInput input(const std::string& gpu, int64_t context, int32_t batch) {
   DiagnoseInput in;
   in.model = model_preset("deepseek-v3.2").value();
   in.gpu = gpu_preset(gpu).value();
@@ -18,66 +19,65 @@ DiagnoseInput v32_on(const std::string& gpu, int64_t context, int32_t batch) {
   return in;
 }
 
-// The anchors of the fit: DeepGEMM's paged logits at 64K on an H200 (0.011 / 0.149 ms) and
-// fast_topk_v2 (0.037 ms); their sum × 61 layers is the 2.9 / 11.5 ms per step of peers.md §4.
-TEST(Diagnose, ReproducesThePublishedH200Figures) {
-  const DiagnoseResult b1 = diagnose(v32_on("h200", 65536, 1)).value();
-  const DiagnoseResult b64 = diagnose(v32_on("h200", 65536, 64)).value();
-  EXPECT_NEAR(b1.rows[0].scored_topk.indexer_us, 11.0, 0.05);
-  EXPECT_NEAR(b64.rows[0].scored_topk.indexer_us, 149.0, 0.05);
-  EXPECT_NEAR(b1.rows[0].scored_topk.topk_us, 37.0, 0.05);
-  const double step_b1 = (b1.rows[0].scored_topk.indexer_us + b1.rows[0].scored_topk.topk_us) * 61 / 1e3;
-  const double step_b64 = (b64.rows[0].scored_topk.indexer_us + b64.rows[0].scored_topk.topk_us) * 61 / 1e3;
-  EXPECT_NEAR(step_b1, 2.9, 0.15);
-  EXPECT_NEAR(step_b64, 11.5, 0.5);
-  EXPECT_GT(b1.topk_share_of_indexer, 0.7);  // "at batch 1 the top-k is ~77 % of the indexer's time"
+TEST(Diagnose, ReproducesTheH200Anchors) {
+  // DeepGEMM paged logits, B=64, 64K: 0.149 ms per layer; fast_topk_v2 0.037 ms at B=1 (77 % of the
+  // indexer's time with the 0.011 ms logits), 0.039 ms measured at B=64 (the model: one wave, 0.037).
+  auto big = diagnose(input("h200", 65536, 64)).value();
+  const double layers = big.input.model.indexer_layers;
+  EXPECT_NEAR(big.indexer_ms / layers, 0.149, 0.0015);
+  EXPECT_EQ(big.indexer_bound, "memory");
+  auto small = diagnose(input("h200", 65536, 1)).value();
+  EXPECT_NEAR(small.indexer_ms / layers, 0.011, 1e-9);
+  EXPECT_EQ(small.indexer_bound, "latency");
+  EXPECT_NEAR(small.topk_ms / layers, 0.037, 1e-9);
+  EXPECT_NEAR(small.topk_ms / (small.topk_ms + small.indexer_ms), 0.77, 0.01);
+  EXPECT_NEAR(big.topk_ms / layers, 0.037, 1e-9);
 }
 
-TEST(Diagnose, SkippingPaysOnlyWhenTheTopkReadsTheScoredEntries) {
-  for (int32_t batch : {1, 8, 64}) {
-    const DiagnoseResult r = diagnose(v32_on("h200", 131072, batch)).value();
-    ASSERT_EQ(r.rows.size(), 6u);
-    EXPECT_EQ(r.rows[0].speedup_scored, 1.0);
+TEST(Diagnose, GainsRiseWithSparsityAndNeedTheScoredTopk) {
+  for (const std::string& gpu : gpu_preset_names()) {
+    auto r = diagnose(input(gpu, 131072, 8)).value();
+    ASSERT_EQ(r.rows.size(), 7u);
+    EXPECT_DOUBLE_EQ(r.rows[0].gain_scored, 1.0);
+    EXPECT_DOUBLE_EQ(r.rows[0].gain_full, 1.0);
     for (size_t i = 1; i < r.rows.size(); ++i) {
-      EXPECT_GT(r.rows[i].speedup_scored, r.rows[i - 1].speedup_scored) << batch;
-      EXPECT_GE(r.rows[i].speedup_full, r.rows[i - 1].speedup_full) << batch;
-      EXPECT_GT(r.rows[i].speedup_scored, r.rows[i].speedup_full) << batch;
-      EXPECT_EQ(r.rows[i].scored_topk.attention_us, r.rows[0].scored_topk.attention_us);  // top-k size fixed
+      EXPECT_GT(r.rows[i].gain_scored, r.rows[i - 1].gain_scored) << gpu;
+      EXPECT_GE(r.rows[i].gain_scored, r.rows[i].gain_full) << gpu;
+      EXPECT_LE(r.rows[i].realised_sparsity, r.rows[i].target_sparsity + 1e-12);
     }
+    EXPECT_GT(r.indexer_share, 0.0);
+    EXPECT_LT(r.indexer_share + r.topk_share, 1.0);
+    EXPECT_FALSE(r.sources.empty());
   }
-  // At batch 1 the full-row top-k dominates: skipping half the blocks gains under 5 %.
-  EXPECT_LT(diagnose(v32_on("h200", 131072, 1)).value().rows[3].speedup_full, 1.05);
 }
 
-TEST(Diagnose, BandwidthAndMtpMoveTheIndexer) {
-  const double h100 = diagnose(v32_on("h100", 131072, 64)).value().rows[0].scored_topk.indexer_us;
-  const double h200 = diagnose(v32_on("h200", 131072, 64)).value().rows[0].scored_topk.indexer_us;
-  const double b200 = diagnose(v32_on("b200", 131072, 64)).value().rows[0].scored_topk.indexer_us;
-  EXPECT_GT(h100, h200);
-  EXPECT_GT(h200, b200);
-  DiagnoseInput mtp = v32_on("h200", 131072, 64);
-  mtp.next_n = 4;  // 4 rows per key read: FP8 compute, not bandwidth, now bounds the indexer
-  const double mtp_us = diagnose(mtp).value().rows[0].scored_topk.indexer_us;
-  EXPECT_GT(mtp_us, 1.2 * h200);
-  EXPECT_LT(mtp_us, 2.0 * h200);  // the rows share one read of the keys (MQA)
+TEST(Diagnose, BudgetFloorAndOtherTime) {
+  // 4K context = 64 blocks; top-k 2048 needs 32: sparsity above 0.5 cannot be realised.
+  DiagnoseInput in = input("h100", 4096, 1);
+  in.sparsities = {0.6};
+  auto r = diagnose(in).value();
+  EXPECT_NEAR(r.rows[0].realised_sparsity, 0.5, 1e-12);
+  in.other_ms = 20.0;
+  auto with_other = diagnose(in).value();
+  EXPECT_LT(with_other.rows[0].gain_scored, r.rows[0].gain_scored);
+  EXPECT_LT(with_other.indexer_share, r.indexer_share);
+  const auto j = nlohmann::json::parse(diagnose_json(with_other));
+  EXPECT_EQ(j["gpu"], "h100");
+  EXPECT_EQ(j["sparsity"].size(), 1u);
+  EXPECT_FALSE(j["sources"].empty());
+  EXPECT_NE(diagnose_text(with_other).find("sources:"), std::string::npos);
 }
 
-TEST(Diagnose, RefusesWhatItCannotModel) {
+TEST(Diagnose, RefusesBadInput) {
   EXPECT_FALSE(gpu_preset("a100").ok());
-  DiagnoseInput in = v32_on("h200", 131072, 1);
-  in.context = 0;
-  EXPECT_FALSE(diagnose(in).ok());
-  in = v32_on("h200", 131072, 0);
-  EXPECT_FALSE(diagnose(in).ok());
-  in = v32_on("h200", 131072, 1);
-  in.sparsities = {0.5, 1.0};
-  EXPECT_FALSE(diagnose(in).ok());
-  in.sparsities = {0.5, std::nan("")};
-  EXPECT_FALSE(diagnose(in).ok());
-  in = v32_on("h200", 131072, 1);
-  in.model = model_preset("deepseek-v4-flash").value();
-  in.context = 3;  // below one entry at compress ratio 4
-  EXPECT_FALSE(diagnose(in).ok());
+  DiagnoseInput in = input("b200", 131072, 1);
+  in.sparsities = {1.0};
+  EXPECT_EQ(diagnose(in).status().code(), StatusCode::kInvalidArgument);
+  in = input("b200", 0, 1);
+  EXPECT_EQ(diagnose(in).status().code(), StatusCode::kInvalidArgument);
+  in = input("b200", 1024, 1);
+  in.next_n = 9;
+  EXPECT_EQ(diagnose(in).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,27 +1,23 @@
-// spin/diagnose.h — "will spin help me?": a per-decode-step cost model of DSA's attention path on a
-// GPU, before anyone installs anything (`spin diagnose`).
+// spin/diagnose.h — a paper model of one decode step on a GPU (`spin diagnose`): how long the
+// lightning indexer, its top-k and the sparse MLA attention take, the indexer's share, and what
+// skipping blocks at each sparsity would gain — with the top-k over the scored entries only (what
+// spin's masked top-k does) and over the full row (a top-k that does not skip).
 //
-// For a model preset (spin/engine.h), a context, a batch, next_n and a GPU preset, it estimates per
-// indexer layer the lightning indexer, the top-k and the sparse MLA attention, their sum over the
-// indexer layers (the attention path of one decode step), the indexer's share of it, and the
-// path's speedup when spin skips a fraction s of the indexer's blocks — with the top-k reading only
-// the scored entries (as spin's CPU top-k does) and with it reading the full -inf-padded row (what
-// skipping buys with today's GPU top-k kernels). MoE, MLP and projections are outside the path.
-//
-// The model, each term with the published figure it rests on (GpuPreset holds them, with sources):
-//   indexer   floor + max(key bytes / effective bandwidth, FLOPs / effective FP8 rate); key bytes =
-//             batch · entries · (1 − s) · 132 (fp8 key + fp32 scale), shared by a request's next_n
-//             rows (MQA); FLOPs = 2 · heads · 128 · entries · (1 − s) · rows. The floor and the
-//             effective bandwidth are fitted to DeepGEMM's paged-logits kernel on an H200 (11 µs at
-//             batch 1 and 149 µs at batch 64, 64K entries); other GPUs scale the bandwidth by their
-//             HBM spec at the same efficiency.
-//   top-k     floor + entries read · time per entry, one row per SM at a time (rows beyond the SM
-//             count queue): fitted to the published kernel time of the preset.
-//   attention floor + max(FLOPs / sparse-MLA rate, bytes / effective bandwidth) over the top-k (+ the
-//             V4 window): FlashMLA's sparse decode rate (fp8 cache, bf16 matmul), unchanged by s.
-//   predictor spin's own select + observe: 1.4 % of the full indexer, its measured CPU share
-//             (`spin bench predictor`); no CUDA predictor exists yet, so this is the one CPU figure.
-// A model, not a measurement: where a GPU is lent, `spin bench` figures replace it.
+// No GPU is needed or used: every figure is arithmetic over public numbers, each with its source
+// in the result (GpuPreset::*_source, DiagnoseResult::sources). The model, per indexer layer:
+//   indexer   = max(latency floor, batch · entries · 132 B / (HBM · paged_logits_efficiency),
+//                   2 · heads · 128 · entries · rows / (FP8 dense · paged_logits_efficiency))
+//             (DeepGEMM's paged MQA logits are memory-bound: ~77 % of HBM at B=64, 64K on H200);
+//   top-k     = per-row time (a published kernel time per entry, one row per SM) · entries read
+//               · ceil(rows / SMs)  — flat in batch up to one wave, as the published figures are;
+//   attention = max(latency floor, rows · (topk + window) · 656 B / (HBM · efficiency),
+//                   rows · attn_heads · (topk + window) · (576 + 512) · 2 / (BF16 dense · 0.5))
+//               (FlashMLA sparse decode over the fp8_ds_mla cache; the 0.5 is an assumption);
+// with entries = context / compress_ratio and rows = batch · next_n. spin at sparsity s scores
+// budget_blocks (spin/predict.h) of the blocks — never fewer than top-k needs — so the indexer
+// (and the scored-only top-k) shrink by the realised block fraction; attention does not change.
+// The rest of the step (MoE, projections) is `other_ms` per step, 0 unless given: with 0 the gain
+// is that of the attention path alone, an upper bound on the step's.
 #pragma once
 
 #include <cstdint>
@@ -34,55 +30,62 @@
 namespace spin {
 
 struct GpuPreset {
-  std::string name;
-  double hbm_tb_s = 0;             // HBM bandwidth, spec
-  double fp8_dense_tflops = 0;     // FP8 tensor rate without sparsity, spec
-  int32_t sms = 0;                 // streaming multiprocessors
-  double indexer_bw_efficiency = 0;   // share of hbm_tb_s the paged-logits kernel reaches
-  double indexer_floor_us = 0;        // fixed cost of one indexer launch
-  double fp8_efficiency = 0;          // share of fp8_dense_tflops a tuned FP8 kernel reaches
-  double topk_floor_us = 0;           // fixed cost of one top-k launch
-  double topk_ns_per_entry = 0;       // one row's time per entry read
-  double attention_tflops = 0;        // sparse MLA decode rate
-  double attention_floor_us = 0;
-  std::vector<std::string> sources;   // where each figure comes from, in the order above
+  std::string name;                 // "h100", "h200", "b200"
+  double hbm_bytes_per_s = 0;       // HBM bandwidth
+  double fp8_flops = 0;             // dense FP8 tensor-core peak
+  double bf16_flops = 0;            // dense BF16 tensor-core peak
+  int32_t sms = 0;                  // streaming multiprocessors
+  double paged_logits_efficiency = 0;  // share of HBM DeepGEMM's paged logits reach
+  double logits_floor_s = 0;        // one indexer launch at small batch (latency floor)
+  double topk_s_per_entry = 0;      // one row's top-k time per entry read (one row per SM)
+  std::string spec_source;          // where bandwidth, FLOPs and SMs come from
+  std::string logits_source;        // where the efficiency and the floor come from
+  std::string topk_source;          // where the top-k time comes from
 };
-
-// h100, h200, b200.
+// h100 (SXM), h200 (SXM), b200.
 Result<GpuPreset> gpu_preset(const std::string& name);
 const std::vector<std::string>& gpu_preset_names();
 
 struct DiagnoseInput {
-  ModelPreset model;
+  ModelPreset model;        // spin/engine.h presets
   GpuPreset gpu;
-  int64_t context = 0;   // tokens per request (the indexer sees context / compress_ratio entries)
-  int32_t batch = 1;
-  int32_t next_n = 1;
-  std::vector<double> sparsities = {0.0, 0.3, 0.4, 0.5, 0.6, 0.7};
-};
-
-// One indexer layer's stage times, and the attention path of one decode step.
-struct StageTimes {
-  double indexer_us = 0, topk_us = 0, attention_us = 0, predictor_us = 0;
-  double layer_us() const { return indexer_us + topk_us + attention_us + predictor_us; }
+  int64_t context = 131072; // tokens cached per request
+  int32_t batch = 1;        // requests decoding together
+  int32_t next_n = 1;       // rows per request (1 + MTP drafts)
+  std::vector<double> sparsities = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6};
+  double other_ms = 0;      // the rest of the decode step (not modelled), per step
+  Status validate() const;
 };
 
 struct DiagnoseRow {
-  double sparsity = 0;
-  StageTimes scored_topk;   // top-k over the scored entries only
-  StageTimes full_topk;     // top-k over the whole -inf-padded row
-  double path_ms_scored = 0, path_ms_full = 0;      // × indexer layers
-  double speedup_scored = 1, speedup_full = 1;      // over sparsity 0 (no predictor)
+  double target_sparsity = 0;
+  double realised_sparsity = 0;       // 1 - budget_blocks / n_blocks
+  double indexer_ms = 0;              // per step, all indexer layers
+  double topk_scored_ms = 0;          // top-k over the scored entries only
+  double topk_full_ms = 0;            // top-k over the whole row
+  double step_ms_scored = 0;          // indexer + top-k(scored) + attention + other
+  double step_ms_full = 0;            // indexer + top-k(full) + attention + other
+  double gain_scored = 0;             // all-keep step / step_ms_scored
+  double gain_full = 0;               // all-keep step / step_ms_full
 };
 
 struct DiagnoseResult {
   DiagnoseInput input;
-  int64_t entries = 0;          // indexer entries per request
-  double indexer_share = 0;     // indexer + top-k over the attention path, at sparsity 0
-  double topk_share_of_indexer = 0;  // top-k / (indexer + top-k) at sparsity 0
+  int64_t entries = 0;                // per request per layer
+  int64_t n_blocks = 0;
+  double indexer_ms = 0;              // all-keep, per step (all indexer layers)
+  double topk_ms = 0;
+  double attention_ms = 0;
+  double indexer_share = 0;           // indexer / (indexer + top-k + attention + other)
+  double topk_share = 0;
+  std::string indexer_bound;          // the all-keep indexer's binding term: latency, memory, compute
   std::vector<DiagnoseRow> rows;
+  std::vector<std::string> sources;   // one line per figure used
 };
 
 Result<DiagnoseResult> diagnose(const DiagnoseInput& input);
+// Text table and the JSON object `spin diagnose [--json]` prints.
+std::string diagnose_text(const DiagnoseResult& result);
+std::string diagnose_json(const DiagnoseResult& result);
 
 }  // namespace spin

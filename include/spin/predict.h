@@ -198,6 +198,14 @@ class BlockPredictor {
   virtual Result<std::unique_ptr<BlockPredictor>> fork(int64_t request_id,
                                                        int64_t shared_entries) const = 0;
 
+  // Serving (spin/serving.h): sizes every buffer for contexts up to `max_entries` entries and up
+  // to `max_next_n` rows, so that no later select/observe/commit within those limits allocates.
+  // kInvalidArgument for limits out of range, kResourceExhausted when the memory is not there.
+  virtual Status reserve(int64_t max_entries, int32_t max_next_n) = 0;
+  // reset(), then continue as request `request_id` (a serving slot handed to a new request):
+  // every buffer keeps its capacity, so nothing is allocated.
+  virtual void rebind(int64_t request_id) = 0;
+
   virtual const BlockState& state(int32_t layer) const = 0;
   // Persistent state of all layers (BlockState::memory_bytes, plus hisa's pooled keys).
   virtual size_t memory_bytes() const = 0;

@@ -66,6 +66,16 @@ void BlockState::apply(const PooledRow& row, int32_t step) {
   }
 }
 
+void BlockState::reserve(int64_t n_blocks) {
+  if (n_blocks < 1) return;
+  const size_t n = static_cast<size_t>(n_blocks);
+  slot_.reserve(n);
+  last_seen_.reserve(n);
+  const size_t buckets = static_cast<size_t>(offset_bucket(n_blocks - 1)) + 1;
+  offset_.reserve(buckets);
+  offset_count_.reserve(buckets);
+}
+
 void BlockState::reset() {
   // clear() keeps the capacity: a reset request regrows without reallocating.
   slot_.clear();

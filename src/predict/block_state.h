@@ -36,6 +36,9 @@ class BlockState {
   // O(observed blocks).
   void apply(const PooledRow& row, int32_t step);
   void reset();
+  // Capacity for n_blocks blocks (and the offset buckets they reach): later growth up to it does
+  // not allocate.
+  void reserve(int64_t n_blocks);
 
   int64_t n_blocks() const { return static_cast<int64_t>(slot_.size()); }
   bool seen(int64_t b) const { return last_seen_[b] != kNeverSeen; }

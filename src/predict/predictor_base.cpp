@@ -17,6 +17,7 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+#include <new>
 #include <utility>
 
 #include "core/errors.h"
@@ -380,6 +381,48 @@ void PredictorBase::reset() {
   open_next_n_ = 0;
   last_committed_ = -1;
   on_reset();
+}
+
+Status PredictorBase::reserve(int64_t max_entries, int32_t max_next_n) {
+  if (max_entries < 1 || max_entries > (int64_t{1} << 31))
+    return invalid_argument("{}: reserve: max_entries {} is outside 1..2^31", name_, max_entries);
+  if (max_next_n < 1 || max_next_n > kMaxNextN)
+    return invalid_argument("{}: reserve: max_next_n {} is outside 1..{}", name_, max_next_n,
+                            kMaxNextN);
+  const int64_t n_blocks = blocks_for_entries(config_, max_entries);
+  const size_t n = static_cast<size_t>(n_blocks);
+  try {
+    for (Layer& l : layers_) {
+      l.state.reserve(n_blocks);
+      for (int32_t j = 0; j < max_next_n; ++j) {
+        PooledRow& r = l.pending[static_cast<size_t>(j)];
+        r.blocks.reserve(n);
+        r.x.reserve(n);
+        r.topk_hits.reserve(n);
+      }
+      l.prev_topk_blocks.reserve(n);
+      l.prev_topk_hits.reserve(n);
+    }
+    if (p_.size() < n) {
+      p_.resize(n);
+      mark_.resize(n);
+      keys_.resize(n);
+    }
+    // pool_row's scratch: the scored values (k-th selection without the kernel's top-k) and the
+    // block → list index map (with it); it grows with resize, so size it now.
+    if (pool_scratch_.values.size() < static_cast<size_t>(max_entries))
+      pool_scratch_.values.resize(static_cast<size_t>(max_entries));
+    if (pool_scratch_.block_index.size() < n) pool_scratch_.block_index.resize(n, -1);
+  } catch (const std::bad_alloc&) {
+    return resource_exhausted("{}: reserve: no memory for {} blocks × {} layers", name_, n_blocks,
+                              num_layers_);
+  }
+  return on_reserve(n_blocks);
+}
+
+void PredictorBase::rebind(int64_t request_id) {
+  reset();
+  request_id_ = request_id;
 }
 
 Result<std::unique_ptr<BlockPredictor>> PredictorBase::fork(int64_t request_id,

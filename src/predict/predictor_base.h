@@ -31,6 +31,8 @@ class PredictorBase : public BlockPredictor {
   void reset() final;
   Result<std::unique_ptr<BlockPredictor>> fork(int64_t request_id,
                                                int64_t shared_entries) const final;
+  Status reserve(int64_t max_entries, int32_t max_next_n) final;
+  void rebind(int64_t request_id) final;
   const BlockState& state(int32_t layer) const final;
   size_t memory_bytes() const final;
 
@@ -67,6 +69,12 @@ class PredictorBase : public BlockPredictor {
   virtual void on_reset() {}
   virtual void on_fork(int64_t shared_entries) { (void)shared_entries; }
   virtual size_t extra_memory_bytes() const { return 0; }
+  // reserve() for what a predictor keeps itself (hisa's pooled keys); kInvalidArgument if it
+  // cannot promise allocation-free steps.
+  virtual Status on_reserve(int64_t max_blocks) {
+    (void)max_blocks;
+    return ok_status();
+  }
 
   const BlockState& layer_state(int32_t layer) const { return layers_[layer].state; }
   // This step's pooled observation of (layer, row) if it was observed in the open step `step`

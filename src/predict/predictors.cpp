@@ -269,6 +269,12 @@ class HisaPredictor final : public PredictorBase {
   void on_fork(int64_t shared_entries) override {
     for (HisaKeys& k : keys_) k.truncate(config(), shared_entries);
   }
+  Status on_reserve(int64_t max_blocks) override {
+    (void)max_blocks;
+    return invalid_argument(
+        "hisa: reserve: its pooled keys grow with the key cache it reads; the serving API (no key "
+        "cache) does not support it");
+  }
   size_t extra_memory_bytes() const override {
     size_t bytes = 0;
     for (const HisaKeys& k : keys_) bytes += k.memory_bytes();

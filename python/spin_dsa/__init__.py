@@ -1,0 +1,40 @@
+"""spin_dsa — SPIN for DeepSeek Sparse Attention: predict which KV blocks the lightning indexer
+must score, from the indexer's own past scores (the C++ library of this repository, bound with
+nanobind).
+
+Arrays go in and out without copies: numpy arrays (buffer protocol) and torch CPU tensors
+(DLPack) of the exact dtype the library reads; a wrong dtype, layout or device is a TypeError,
+never a silent conversion. Library errors are raised as the classes of ``spin_dsa._errors`` (all
+derive from :class:`SpinError`) with the library's messages.
+
+Research API (one object per request)::
+
+    p = spin_dsa.make_predictor("spin", {"target_sparsity": 0.5}, num_layers=4, request_id=7)
+    blocks = p.select(layer, step, num_entries, next_n)   # int32 block ids, ascending
+    p.observe(layer, row, scores)                          # float32 [entries], -inf = unscored
+    p.commit(accepted)
+
+Serving API (one object per batch, DESIGN.md §7): :class:`Serving`.
+Traces, replay, workloads: :func:`open_trace`, :func:`score_trace`, :func:`replay`,
+:func:`generate_workload`. Kernels: :func:`indexer_scores`, :func:`topk`.
+"""
+
+from ._errors import (DataLoss, FailedPrecondition, InvalidArgument, IoError, OutOfRange,
+                      ResourceExhausted, SpinError)
+from ._core import (Predictor, ScoredTrace, Serving, Trace, TraceReader, budget_blocks,
+                    check_config, default_config, diagnose, generate_workload, indexer_impls,
+                    indexer_scores, make_predictor, make_trace, open_trace, predictor_names,
+                    replay, scenario_names, score_trace, topk, workload_params, write_trace)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SpinError", "InvalidArgument", "OutOfRange", "ResourceExhausted", "FailedPrecondition",
+    "DataLoss", "IoError",
+    "Predictor", "make_predictor", "predictor_names", "default_config", "check_config",
+    "budget_blocks",
+    "Serving",
+    "TraceReader", "Trace", "ScoredTrace", "open_trace", "make_trace", "write_trace",
+    "score_trace", "replay", "generate_workload", "scenario_names", "workload_params",
+    "indexer_scores", "topk", "indexer_impls", "diagnose",
+]

@@ -1,0 +1,241 @@
+// spin_dsa.Predictor / make_predictor / PredictorConfig helpers: the per-request research API
+// (spin/predict.h), one object per request, all of its indexer layers.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "spin/geometry.h"
+#include "spin/predict.h"
+
+namespace spin_py {
+
+spin::PredictorConfig config_from(nb::handle obj) {
+  spin::PredictorConfig config;
+  if (obj.is_none()) return config;
+  if (nb::isinstance<nb::str>(obj)) {
+    check(config.parse(nb::cast<std::string>(obj)));
+  } else if (nb::isinstance<nb::dict>(obj)) {
+    for (auto [k, v] : nb::borrow<nb::dict>(obj)) {
+      const std::string key = nb::cast<std::string>(nb::str(k));
+      std::string value = nb::cast<std::string>(nb::str(v));
+      check(config.set(key, value));
+    }
+  } else {
+    raise_type("config: expected None, a dict or a 'key=value ...' string");
+  }
+  check(config.validate());
+  return config;
+}
+
+nb::dict config_dict(const spin::PredictorConfig& config) {
+  nb::dict out;
+  const std::string text = config.to_string();
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t end = text.find(' ', i);
+    if (end == std::string::npos) end = text.size();
+    const std::string pair = text.substr(i, end - i);
+    const size_t eq = pair.find('=');
+    if (eq != std::string::npos) {
+      const std::string key = pair.substr(0, eq), value = pair.substr(eq + 1);
+      nb::object v;
+      try {
+        size_t used = 0;
+        const long long as_int = std::stoll(value, &used);
+        if (used == value.size()) v = nb::int_(as_int);
+      } catch (...) {
+      }
+      if (!v.is_valid()) {
+        try {
+          size_t used = 0;
+          const double as_double = std::stod(value, &used);
+          if (used == value.size()) v = nb::float_(as_double);
+        } catch (...) {
+        }
+      }
+      if (!v.is_valid()) v = nb::str(value.c_str());
+      out[key.c_str()] = v;
+    }
+    i = end + 1;
+  }
+  return out;
+}
+
+namespace {
+
+// One request's predictor and, per layer, what its last select chose (observe needs the scored
+// blocks and the rows' visible counts of the open step).
+class Predictor {
+ public:
+  explicit Predictor(std::unique_ptr<spin::BlockPredictor> p)
+      : p_(std::move(p)), layers_(static_cast<size_t>(p_->num_layers())) {}
+
+  nb::ndarray<nb::numpy, int32_t> select(int32_t layer, int64_t step, int64_t num_entries,
+                                         int32_t next_n, nb::handle visible_entries,
+                                         nb::handle true_topk) {
+    check_layer(layer);
+    LayerSel& l = layers_[static_cast<size_t>(layer)];
+    spin::StepInput in;
+    in.step = step;
+    in.num_entries = num_entries;
+    in.next_n = next_n;
+    InArray vis, tk;
+    if (!visible_entries.is_none()) {
+      vis = as_index_array(visible_entries, "int64");
+      if (vis.ndim() != 1 || static_cast<int64_t>(vis.shape(0)) != next_n)
+        raise_value("visible_entries: expected shape [next_n]");
+      in.visible_entries = static_cast<const int64_t*>(vis.data());
+    }
+    if (!true_topk.is_none()) {
+      tk = nb::cast<InArray>(true_topk);
+      const int32_t* d = array_data<const int32_t>(tk, "true_topk", 2);
+      if (static_cast<int64_t>(tk.shape(0)) != next_n || static_cast<int64_t>(tk.shape(1)) != p_->config().topk)
+        raise_value("true_topk: expected shape [next_n, topk]");
+      in.true_topk = d;
+    }
+    check(p_->select(layer, in, &l.sel));
+    l.next_n = next_n;
+    for (int32_t j = 0; j < next_n && j < spin::kMaxNextN; ++j) {
+      l.visible[static_cast<size_t>(j)] =
+          in.visible_entries ? in.visible_entries[j] : spin::visible_entries(num_entries, next_n, j);
+    }
+    std::vector<int32_t> blocks = l.sel.blocks;
+    const size_t n = blocks.size();
+    return owned_array(std::move(blocks), {n});
+  }
+
+  nb::ndarray<nb::numpy, int32_t> row_blocks(int32_t layer, int32_t row) {
+    check_layer(layer);
+    const LayerSel& l = layers_[static_cast<size_t>(layer)];
+    if (row < 0 || row >= static_cast<int32_t>(l.sel.row_blocks.size()))
+      raise_value("row " + std::to_string(row) + " is outside the last select's rows");
+    std::vector<int32_t> blocks = l.sel.row_blocks[static_cast<size_t>(row)];
+    const size_t n = blocks.size();
+    return owned_array(std::move(blocks), {n});
+  }
+
+  void observe(int32_t layer, int32_t row, const InArray& scores, nb::handle topk,
+               nb::handle scored_blocks) {
+    check_layer(layer);
+    const LayerSel& l = layers_[static_cast<size_t>(layer)];
+    if (row < 0 || row >= l.next_n || row >= spin::kMaxNextN)
+      raise_value("observe: row " + std::to_string(row) + " is outside the last select's " +
+                  std::to_string(l.next_n) + " rows of layer " + std::to_string(layer));
+    spin::RowScores rs;
+    rs.scores = array_data<const float>(scores, "scores", 1);
+    rs.num_cols = static_cast<int64_t>(scores.shape(0));
+    rs.visible_entries = l.visible[static_cast<size_t>(row)];
+    if (rs.num_cols < rs.visible_entries)
+      raise_value("scores: " + std::to_string(rs.num_cols) + " entries, but row " +
+                  std::to_string(row) + " sees " + std::to_string(rs.visible_entries));
+    InArray sb, tk;
+    if (scored_blocks.is_none()) {
+      rs.scored_blocks = l.sel.blocks.data();
+      rs.num_scored_blocks = static_cast<int64_t>(l.sel.blocks.size());
+    } else {
+      sb = as_index_array(scored_blocks, "int32");
+      if (sb.ndim() != 1) raise_value("scored_blocks: expected one dimension");
+      rs.scored_blocks = static_cast<const int32_t*>(sb.data());
+      rs.num_scored_blocks = static_cast<int64_t>(sb.shape(0));
+    }
+    if (!topk.is_none()) {
+      tk = nb::cast<InArray>(topk);
+      rs.topk_positions = array_data<const int32_t>(tk, "topk", 1);
+      if (static_cast<int64_t>(tk.shape(0)) != p_->config().topk)
+        raise_value("topk: expected " + std::to_string(p_->config().topk) + " positions (-1 padded), got " +
+                    std::to_string(tk.shape(0)));
+    }
+    check(p_->observe(layer, row, rs));
+  }
+
+  void commit(int32_t accepted) { check(p_->commit(accepted)); }
+  void reset() { p_->reset(); }
+  Predictor fork(int64_t request_id, int64_t shared_entries) const {
+    auto r = p_->fork(request_id, shared_entries);
+    if (!r.ok()) raise_status(r.status());
+    return Predictor(std::move(r).value());
+  }
+  spin::BlockPredictor& get() { return *p_; }
+
+ private:
+  struct LayerSel {
+    spin::Selection sel;
+    int32_t next_n = 0;
+    std::array<int64_t, spin::kMaxNextN> visible{};
+  };
+  void check_layer(int32_t layer) const {
+    if (layer < 0 || layer >= p_->num_layers()) {
+      check(spin::Status(spin::StatusCode::kOutOfRange,
+                         p_->name() + ": layer " + std::to_string(layer) + " is outside [0, " +
+                             std::to_string(p_->num_layers()) + ")"));
+    }
+  }
+  std::unique_ptr<spin::BlockPredictor> p_;
+  std::vector<LayerSel> layers_;
+};
+
+}  // namespace
+
+void bind_predict(nb::module_& m) {
+  m.def("predictor_names", &spin::predictor_names, "The predictor names make_predictor accepts.");
+  m.def("default_config", [] { return config_dict(spin::PredictorConfig{}); },
+        "The PredictorConfig defaults as a dict (include/spin/predict.h documents each field).");
+  m.def("check_config", [](nb::handle c) { return config_dict(config_from(c)); }, nb::arg("config"),
+        "Validates a config (dict or 'key=value ...') and returns it complete, as a dict.");
+  m.def("budget_blocks",
+        [](nb::handle c, int64_t n_blocks) { return spin::budget_blocks(config_from(c), n_blocks); },
+        nb::arg("config"), nb::arg("n_blocks"),
+        "Blocks scored for a row that sees n_blocks blocks: ceil((1 - s)·n), at least what top-k needs.");
+
+  nb::class_<Predictor>(m, "Predictor",
+                        "One request's block predictor over all of its indexer layers "
+                        "(include/spin/predict.h). Per step: select every layer, observe every row, "
+                        "then commit(accepted).")
+      .def_prop_ro("name", [](Predictor& p) { return p.get().name(); })
+      .def_prop_ro("num_layers", [](Predictor& p) { return p.get().num_layers(); })
+      .def_prop_ro("request_id", [](Predictor& p) { return p.get().request_id(); })
+      .def_prop_ro("config", [](Predictor& p) { return config_dict(p.get().config()); })
+      .def_prop_ro("memory_bytes", [](Predictor& p) { return p.get().memory_bytes(); })
+      .def("select", &Predictor::select, nb::arg("layer"), nb::arg("step"), nb::arg("num_entries"),
+           nb::arg("next_n") = 1, nb::arg("visible_entries") = nb::none(),
+           nb::arg("true_topk") = nb::none(),
+           "Blocks to score for `layer` at decode `step` (int32, ascending: the union of the next_n "
+           "rows' sets). num_entries: entries in the cache including the step's rows. "
+           "visible_entries: optional int64 [next_n] override (V4); true_topk: int32 [next_n, topk] "
+           "(oracle only).")
+      .def("row_blocks", &Predictor::row_blocks, nb::arg("layer"), nb::arg("row"),
+           "Row `row`'s own set from the last select of `layer` (int32, ascending).")
+      .def("observe", &Predictor::observe, nb::arg("layer"), nb::arg("row"), nb::arg("scores"),
+           nb::arg("topk") = nb::none(), nb::arg("scored_blocks") = nb::none(),
+           "Buffers row `row`'s indexer scores (float32 [>= visible entries], request-local; only "
+           "the scored blocks' entries are read; -inf = scored, lowest; NaN/+inf raise) for the "
+           "open step. topk: optional int32 [topk] positions from the top-k kernel, -1 padded. "
+           "scored_blocks: what was scored, default the last select's blocks.")
+      .def("commit", &Predictor::commit, nb::arg("accepted") = 0,
+           "Closes the step: `accepted` draft tokens (0..next_n-1) were accepted; rows replay per "
+           "config mtp_update.")
+      .def("reset", &Predictor::reset, "Forgets every observation (config and request id stay).")
+      .def("fork", &Predictor::fork, nb::arg("request_id"), nb::arg("shared_entries") = -1,
+           "A copy for a request sharing this one's first shared_entries entries (-1: all).");
+
+  m.def(
+      "make_predictor",
+      [](const std::string& name, nb::handle config, int32_t num_layers, int64_t request_id) {
+        auto r = spin::make_predictor(name, config_from(config), num_layers, request_id);
+        if (!r.ok()) raise_status(r.status());
+        return Predictor(std::move(r).value());
+      },
+      nb::arg("name") = "spin", nb::arg("config") = nb::none(), nb::arg("num_layers") = 1,
+      nb::arg("request_id") = 0,
+      "Creates a predictor by name (predictor_names()) for one request with num_layers indexer "
+      "layers. config: None, a dict or a 'key=value ...' string of PredictorConfig fields.");
+}
+
+}  // namespace spin_py

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The Python package's tests: a fresh virtualenv (build/python-test-venv, recreated every run), one
+# `pip install ".[test]"` from the repository into it — the install test itself: scikit-build-core
+# and nanobind come from PyPI through pip's build isolation, the library compiles from this CMake
+# tree (build/python/, kept between runs, so a rerun recompiles only what changed) — then pytest
+# over python/tests. Extra arguments go to pip (e.g. -C build-dir=/tmp/x for a cold build).
+# The comparison with the `spin` command uses build/release/tools/spin when it exists.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python="${PYTHON:-python3}"
+venv=build/python-test-venv
+rm -rf "$venv"
+mkdir -p build
+"$python" -m venv "$venv"
+start=$(date +%s)
+"$venv/bin/pip" install --quiet --disable-pip-version-check ".[test]" "$@"
+echo "spin: pip install . into a fresh virtualenv took $(($(date +%s) - start)) s"
+export SPIN_BINARY="${SPIN_BINARY:-$PWD/build/release/tools/spin}"
+# From the repository root pytest imports the installed spin_dsa (python/ is not on sys.path).
+"$venv/bin/python" -m pytest -q -rs python/tests

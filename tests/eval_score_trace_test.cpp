@@ -343,5 +343,36 @@ TEST(ScoreTraceWrite, ValidateChecksSizesAndValues) {
   EXPECT_TRUE(dir.entries().empty());
 }
 
+// ---------------------------------------------------------------------------------------------
+// The Python score-trace example writes files this reader accepts (F32 and F16, plain and MTP).
+
+TEST(ScoreTraceExample, PythonRecorderOutputIsAccepted) {
+  std::string python;
+  for (const char* candidate : {"python3", "/usr/bin/python3"}) {
+    if (std::system((std::string(candidate) + " -c 'import numpy' >/dev/null 2>&1").c_str()) == 0) {
+      python = candidate;
+      break;
+    }
+  }
+  if (python.empty()) GTEST_SKIP() << "no python3 with numpy; skipping examples/record_score_trace.py";
+  const fs::path script = fs::path(__FILE__).parent_path().parent_path() / "examples" / "record_score_trace.py";
+  ASSERT_TRUE(fs::exists(script)) << script;
+  TempDir dir;
+  for (const char* mode : {"", " --next-n 3", " --f16"}) {
+    const std::string out = dir.file("py.safetensors");
+    const std::string cmd = python + " '" + script.string() + "' '" + out + "'" + mode + " >/dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    auto r = TraceReader::open(out);
+    ASSERT_TRUE(r.ok()) << mode << ": " << r.status().to_string();
+    EXPECT_EQ(r->kind(), TraceKind::kScores);
+    EXPECT_EQ(r->meta().next_n, std::string(mode) == " --next-n 3" ? 3 : 1);
+    // The tool output appended mid-way is a ctx_len jump.
+    const auto ctx = r->ctx_len();
+    bool jump = false;
+    for (size_t s = 1; s < ctx.size(); ++s) jump |= ctx[s] - ctx[s - 1] > r->meta().next_n;
+    EXPECT_TRUE(jump);
+  }
+}
+
 }  // namespace
 }  // namespace spin

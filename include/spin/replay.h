@@ -14,7 +14,7 @@
 // MTP rows of a draft position use the final sequence's entries (k_draft is not replayed).
 // A score trace (kind=scores, spin/trace.h) skips step 1's kernels: its recorded scores are the
 // all-keep scores, and the real top-k runs on them; every predictor that needs only scores then
-// replays it exactly as a key trace with those scores (predict_needs_keys: hisa refuses).
+// replays it exactly as a key trace with those scores (predictor_needs_keys: hisa refuses).
 //
 // Prefill is an observation. A step is replayed as a prefill when the engine scored it in full
 // anyway: step 0 (the prompt's last token, with warm_start) and every step whose ctx_len grows by

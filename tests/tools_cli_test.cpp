@@ -289,7 +289,8 @@ TEST(Cli, ScoreTracesConvertReplayAndRefuseHisa) {
   ws.keep_current_files();
   for (const auto& args : std::vector<std::vector<std::string>>{
            {"trace", "info", "s.st"}, {"replay", "s.st", "--predictor", "spin", "--sparsity", "0.5"},
-           {"replay", "s.st", "--predictor", "oracle", "--open-loop"}}) {
+           {"replay", "s.st", "--predictor", "oracle", "--open-loop"},
+           {"eval", "--trace", "s.st", "--trace", "t.st", "--quick", "--out", "ev"}}) {
     const RunResult ok = ws.run(args);
     expect_one_error_line(ok, joined(args));
     EXPECT_TRUE(WIFEXITED(ok.status) && WEXITSTATUS(ok.status) == 0) << joined(args) << "\n" << ok.err;
@@ -301,6 +302,7 @@ TEST(Cli, ScoreTracesConvertReplayAndRefuseHisa) {
       {{"trace", "convert", "t.st", "--to", "keys", "--out", "x.st"}, "unknown trace kind 'keys'; supported: scores"},
       {{"trace", "convert", "t.st", "--out", "t.st"}, "refusing to overwrite an input"},
       {{"trace", "convert", "bad.st", "--out", "x.st"}, "bad.st"},
+      {{"eval", "--trace", "bad.st", "--out", "ev"}, "bad.st"},
   };
   for (const Case& c : cases) {
     const std::string what = joined(c.args);

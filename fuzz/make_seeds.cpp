@@ -1,8 +1,10 @@
 // Writes a few small valid trace files into the directory given as argv[1]: the fuzzer's seed
-// corpus (plain decode, MTP with draft keys, V4-style compress ratio 4).
+// corpus (plain decode, MTP with draft keys, V4-style compress ratio 4), and score traces (kind=scores)
+// of the same shapes.
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "spin/trace.h"
 
@@ -44,6 +46,36 @@ spin::Trace tiny(int layers, int next_n, int ratio, bool draft) {
   return t;
 }
 
+// A score trace of the same shape: scores in [-4, 4), -inf sprinkled in, NaN padding past each
+// row's visible prefix.
+spin::ScoreTrace tiny_scores(int layers, int next_n, int ratio) {
+  const spin::Trace keys = tiny(layers, next_n, ratio, false);
+  spin::ScoreTrace t;
+  t.meta = keys.meta;
+  t.meta.kind = spin::TraceKind::kScores;
+  t.ctx_len = keys.ctx_len;
+  t.accepted = keys.accepted;
+  const int64_t entries = 8;
+  uint32_t x = 777;
+  for (int l = 0; l < layers; ++l) {
+    t.entries.push_back(entries);
+    std::vector<float>& v = t.scores.emplace_back();
+    for (int64_t s = 0; s < t.steps(); ++s) {
+      for (int j = 0; j < next_n; ++j) {
+        const int64_t visible = spin::visible_entries(t.ctx_len[s], next_n, j, ratio);
+        for (int64_t e = 0; e < entries; ++e) {
+          x = x * 1664525u + 1013904223u;
+          float f = static_cast<float>(x >> 8) / static_cast<float>(1 << 21) - 4.0f;
+          if (e % 5 == 3) f = -INFINITY;
+          if (e >= visible) f = NAN;
+          v.push_back(f);
+        }
+      }
+    }
+  }
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -61,6 +93,19 @@ int main(int argc, char** argv) {
                {"v4_ratio4.safetensors", tiny(1, 1, 4, false)}};
   for (const auto& s : seeds) {
     const spin::Status st = spin::write_trace(s.trace, dir + "/" + s.name);
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s: %s\n", s.name, st.to_string().c_str());
+      return 1;
+    }
+  }
+  const struct {
+    const char* name;
+    spin::ScoreTrace trace;
+  } score_seeds[] = {{"scores_plain.safetensors", tiny_scores(1, 1, 1)},
+                     {"scores_mtp.safetensors", tiny_scores(2, 3, 1)},
+                     {"scores_v4_ratio4.safetensors", tiny_scores(1, 1, 4)}};
+  for (const auto& s : score_seeds) {
+    const spin::Status st = spin::write_score_trace(s.trace, dir + "/" + s.name);
     if (!st.ok()) {
       std::fprintf(stderr, "%s: %s\n", s.name, st.to_string().c_str());
       return 1;

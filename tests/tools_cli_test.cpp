@@ -285,6 +285,45 @@ TEST(Cli, EveryReportedCaseFailsCleanly) {
   }
 }
 
+// Score traces: convert a key trace, describe and replay the result; hisa refuses it in one line.
+TEST(Cli, ScoreTracesConvertReplayAndRefuseHisa) {
+  Workspace ws;
+  const RunResult conv = ws.run({"trace", "convert", "t.st", "--to", "scores", "--out", "s.st"});
+  expect_one_error_line(conv, "trace convert");
+  ASSERT_TRUE(WIFEXITED(conv.status) && WEXITSTATUS(conv.status) == 0) << conv.err;
+  auto r = TraceReader::open(ws.file("s.st"));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->kind(), TraceKind::kScores);
+  ws.keep_current_files();
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"trace", "info", "s.st"}, {"replay", "s.st", "--predictor", "spin", "--sparsity", "0.5"},
+           {"replay", "s.st", "--predictor", "oracle", "--open-loop"},
+           {"eval", "--trace", "s.st", "--trace", "t.st", "--quick", "--out", "ev"}}) {
+    const RunResult ok = ws.run(args);
+    expect_one_error_line(ok, joined(args));
+    EXPECT_TRUE(WIFEXITED(ok.status) && WEXITSTATUS(ok.status) == 0) << joined(args) << "\n" << ok.err;
+    ws.check_and_reset(ok, joined(args));
+  }
+  const std::vector<Case> cases = {
+      {{"replay", "s.st", "--predictor", "hisa"}, "--predictor hisa needs the indexer's keys and queries"},
+      {{"trace", "convert", "s.st", "--to", "scores", "--out", "x.st"}, "is already a score trace"},
+      {{"trace", "convert", "t.st", "--to", "keys", "--out", "x.st"}, "unknown trace kind 'keys'; supported: scores"},
+      {{"trace", "convert", "t.st", "--out", "t.st"}, "refusing to overwrite an input"},
+      {{"trace", "convert", "bad.st", "--out", "x.st"}, "bad.st"},
+      {{"eval", "--trace", "bad.st", "--out", "ev"}, "bad.st"},
+  };
+  for (const Case& c : cases) {
+    const std::string what = joined(c.args);
+    const RunResult res = ws.run(c.args);
+    expect_one_error_line(res, what);
+    EXPECT_TRUE(WIFEXITED(res.status) && WEXITSTATUS(res.status) != 0) << what;
+    EXPECT_NE(res.err.find(c.needle), std::string::npos) << what << "\nexpected: " << c.needle << "\ngot: " << res.err;
+    ws.check_and_reset(res, what);
+  }
+  const RunResult hisa = ws.run({"replay", "s.st", "--predictor", "hisa"});
+  EXPECT_EQ(WEXITSTATUS(hisa.status), 2);  // a command line that cannot be run on this input
+}
+
 // The same checks hold when the output is valid: a link is written through, never replaced.
 TEST(Cli, OutputsFollowLinksAndNeverReplaceThem) {
   Workspace ws;

@@ -30,7 +30,7 @@ struct Command {
 // Each registers its subcommands (and their flags' checks) on `app`.
 std::vector<Command> add_eval_commands(CLI::App& app);    // eval, calibrate, config
 std::vector<Command> add_replay_command(CLI::App& app);   // replay
-std::vector<Command> add_trace_commands(CLI::App& app);   // trace gen, trace info
+std::vector<Command> add_trace_commands(CLI::App& app);   // trace gen, trace info, trace convert
 std::vector<Command> add_bench_commands(CLI::App& app);   // bench indexer|topk|predictor|decode
 std::vector<Command> add_diagnose_command(CLI::App& app); // diagnose
 

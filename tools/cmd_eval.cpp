@@ -8,6 +8,8 @@
 #include "spin/eval.h"
 #include "spin/files.h"
 #include "spin/predict.h"
+#include "spin/replay.h"
+#include "spin/trace.h"
 #include "spin/workload.h"
 
 namespace spin::cli {
@@ -23,6 +25,13 @@ int run_eval_command(EvalArgs& a) {
     if (Status st = a.options.base_config.parse(s); !st.ok()) return usage_error("--set " + s + ": " + st.message());
   }
   if (Status st = a.options.base_config.validate(); !st.ok()) return usage_error("--set: " + st.message());
+  for (const std::string& t : a.options.traces) {  // every trace checked before any work starts
+    auto reader = TraceReader::open(t);
+    if (!reader.ok()) return fail(reader.status());
+    if (Status s = check_fits_in_memory(replay_memory_bytes(reader.value(), false), "evaluating " + t); !s.ok()) {
+      return fail(s);
+    }
+  }
   Progress progress;
   a.options.progress = [&](const std::string& stage, double f) { progress.update(stage, f); };
   auto summary = run_eval(a.options);
@@ -77,6 +86,8 @@ std::vector<Command> add_eval_commands(CLI::App& app) {
   CLI::App* eval_cmd = app.add_subcommand("eval", "the main job: predictors vs all-keep on the built-in scenarios");
   eval_cmd->add_option("--scenario", eval->options.scenarios, "scenarios to run (default: all built-in)")
       ->check(one_of(scenario_names(), "scenario"));
+  eval_cmd->add_option("--trace", eval->options.traces,
+                       "recorded trace files (key or score traces) to evaluate as well (alone, without --scenario)");
   eval_cmd->add_flag("--quick", eval->options.quick, "shorter runs and fewer points (seconds, not minutes)");
   eval_cmd->add_option("--out", eval->options.out_dir, "output directory (report.md, results.json, plots)")
       ->check(output_dir());

@@ -21,6 +21,7 @@ struct ReplayArgs {
   std::string file, json, dump;
   ReplayOptions options;
   bool cold_start = false;
+  bool decode_jumps = false;
   // Config fields set on the command line, in order: --sparsity, --explore, --pooling and
   // --mtp-update are spelled as the config keys they set, so the library checks them all alike.
   struct Field {
@@ -84,24 +85,41 @@ int run_replay_command(ReplayArgs& a) {
   auto reader = TraceReader::open(a.file);
   if (!reader.ok()) return fail(reader.status());
   if (Status s = check_against_trace(a, reader->meta()); !s.ok()) return usage_error(s.message());
+  const bool score_only = reader->kind() == TraceKind::kScores;
+  if (score_only && predictor_needs_keys(a.options.predictor)) {
+    return usage_error(fmt::format("{}: --predictor {} needs the indexer's keys and queries, and this is a score "
+                                   "trace (kind=scores); replay a key trace, or a score-only predictor",
+                                   a.file, a.options.predictor));
+  }
   const bool keep_topk = !a.dump.empty();
   if (Status s = check_fits_in_memory(replay_memory_bytes(reader.value(), keep_topk), "replaying " + a.file); !s.ok()) {
     return fail(s);
   }
-  Trace trace = reader->to_trace();
+  // A key trace is scored by the real indexer; a score trace's scores are the all-keep truth.
+  Trace trace;
+  ScoreTrace score_trace_data;
+  if (score_only) {
+    score_trace_data = reader->to_score_trace();
+  } else {
+    trace = reader->to_trace();
+  }
+  const int64_t steps = reader->steps();
+  const int32_t next_n = reader->meta().next_n;
   Progress progress;
   ScoreOptions so;
   so.progress = [&](int64_t d, int64_t t) {
-    progress.update("scoring (all-keep)", 0.5 * static_cast<double>(d) / static_cast<double>(t));
+    progress.update(score_only ? "top-k of the recorded scores" : "scoring (all-keep)",
+                    0.5 * static_cast<double>(d) / static_cast<double>(t));
   };
-  auto scored = score_trace(trace, so);
+  auto scored = score_only ? score_trace(score_trace_data, so) : score_trace(trace, so);
   if (!scored.ok()) return fail(Status(scored.status().code(), a.file + ": " + scored.status().message()));
   a.options.keep_topk = keep_topk;
   a.options.warm_start = !a.cold_start;
+  a.options.prefill_jumps = !a.decode_jumps;
   a.options.progress = [&](int64_t d, int64_t t) {
     progress.update("replaying " + a.options.predictor, 0.5 + 0.5 * static_cast<double>(d) / static_cast<double>(t));
   };
-  auto result = replay(trace, *scored.value(), a.options);
+  auto result = score_only ? replay(*scored.value(), a.options) : replay(trace, *scored.value(), a.options);
   progress.done();
   if (!result.ok()) return fail(Status(result.status().code(), a.file + ": " + result.status().message()));
   const std::string json =
@@ -109,7 +127,7 @@ int run_replay_command(ReplayArgs& a) {
   fmt::print("{}", json);
   // The dump first: the JSON record, written last, says the whole replay succeeded.
   if (keep_topk) {
-    if (Status s = write_topk_dump(a.dump, trace, result.value()); !s.ok()) return fail(s);
+    if (Status s = write_topk_dump(a.dump, steps, next_n, result.value()); !s.ok()) return fail(s);
   }
   if (!a.json.empty()) {
     if (Status s = write_file_atomic(a.json, json); !s.ok()) return fail(s);
@@ -135,6 +153,13 @@ std::vector<Command> add_replay_command(CLI::App& app) {
   field("--mtp-update", "mtp_update", "prefix | row0 | all-rows");
   cmd->add_flag("--open-loop", a->options.open_loop, "the predictor sees every step's full scores");
   cmd->add_flag("--cold-start", a->cold_start, "do not give step 0's full scores (prefill) to the predictor");
+  cmd->add_flag("--decode-jumps", a->decode_jumps,
+                "replay a step whose ctx_len grows by more than its rows (a tool output, a new turn) as plain "
+                "decode, not as an observed prefill");
+  cmd->add_option("--from-step", a->options.count_from_step, "count samples from this step on (the replay runs whole)")
+      ->check(int_range(0, int64_t{1} << 31));
+  cmd->add_option("--to-step", a->options.count_to_step, "count samples before this step only")
+      ->check(int_range(1, int64_t{1} << 31));
   cmd->add_option("--set", a->sets, "other config fields, key=value (see spin config)");
   cmd->add_option("--json", a->json, "write the metrics as one JSON object")->check(output_file());
   cmd->add_option("--dump-topk", a->dump, "write layer.{l}.topk i32 [steps, next_n, topk] (safetensors)")

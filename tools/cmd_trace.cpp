@@ -1,8 +1,10 @@
-// `spin trace gen` (a synthetic trace) and `spin trace info` (describe and validate a trace).
+// `spin trace gen` (a synthetic trace), `spin trace info` (describe and validate a trace) and
+// `spin trace convert --to scores` (a key trace's all-keep indexer scores as a score trace).
 #include <fmt/format.h>
 
 #include "cli.h"
 #include "spin/files.h"
+#include "spin/replay.h"
 #include "spin/trace.h"
 #include "spin/workload.h"
 
@@ -56,6 +58,45 @@ int run_info(const std::string& file) {
   return 0;
 }
 
+struct ConvertArgs {
+  std::string file, out, to = "scores";
+};
+
+// A key trace → the score trace of its all-keep scores (what an engine's logits buffer would have
+// held): replaying either gives the same metrics for every score-only predictor.
+int run_convert(const ConvertArgs& a) {
+  const std::vector<std::string> inputs = {a.file};
+  if (Status s = check_output_path(a.out, inputs); !s.ok()) return fail(s);
+  auto reader = TraceReader::open(a.file);
+  if (!reader.ok()) return fail(reader.status());
+  if (reader->kind() == TraceKind::kScores) {
+    return usage_error(a.file + " is already a score trace (kind=scores); --to scores converts a key trace");
+  }
+  const TraceMeta& m = reader->meta();
+  double cells = 0;
+  for (int l = 0; l < m.num_layers; ++l) cells += static_cast<double>(reader->entries(l));
+  const double out_bytes = cells * static_cast<double>(reader->steps()) * m.next_n * 4;
+  if (Status s = check_fits_in_memory(replay_memory_bytes(reader.value(), false) + out_bytes,
+                                      "converting " + a.file);
+      !s.ok()) {
+    return fail(s);
+  }
+  const Trace trace = reader->to_trace();
+  Progress progress;
+  ScoreOptions so;
+  so.progress = [&](int64_t d, int64_t t) {
+    progress.update("scoring (all-keep)", static_cast<double>(d) / static_cast<double>(t));
+  };
+  auto scores = all_keep_score_trace(trace, so);
+  progress.done();
+  if (!scores.ok()) return fail(Status(scores.status().code(), a.file + ": " + scores.status().message()));
+  if (Status s = write_score_trace(scores.value(), a.out); !s.ok()) return fail(s);
+  auto written = TraceReader::open(a.out);
+  if (!written.ok()) return fail(written.status());
+  fmt::print("{}", describe(written.value()));
+  return 0;
+}
+
 }  // namespace
 
 std::vector<Command> add_trace_commands(CLI::App& app) {
@@ -76,7 +117,14 @@ std::vector<Command> add_trace_commands(CLI::App& app) {
   auto info_file = std::make_shared<std::string>();
   CLI::App* info_cmd = trace->add_subcommand("info", "describe and validate a trace file");
   info_cmd->add_option("file", *info_file, "trace file")->required();
-  return {{gen_cmd, [gen] { return run_gen(*gen); }}, {info_cmd, [info_file] { return run_info(*info_file); }}};
+  auto convert = std::make_shared<ConvertArgs>();
+  CLI::App* convert_cmd = trace->add_subcommand("convert", "convert a key trace to the score trace of its all-keep scores");
+  convert_cmd->add_option("file", convert->file, "key trace file")->required();
+  convert_cmd->add_option("--to", convert->to, "target kind")->check(one_of({"scores"}, "trace kind"));
+  convert_cmd->add_option("--out", convert->out, "output file")->required()->check(output_file());
+  return {{gen_cmd, [gen] { return run_gen(*gen); }},
+          {info_cmd, [info_file] { return run_info(*info_file); }},
+          {convert_cmd, [convert] { return run_convert(*convert); }}};
 }
 
 }  // namespace spin::cli

@@ -12,8 +12,8 @@
 //                 budget — mean recall, p99 miss, realised sparsity, gap to the oracle;
 //   mtp           MTP scenarios: prefix vs row0 vs all-rows replay, mean recall and p99 miss;
 //   pooling       spin with max / mean / topk-hits / lse pooling.
-// Step 0 of every trace stands for prefill (ReplayOptions::warm_start): observed in full by every
-// predictor, not counted. Deterministic: the same options give an identical results.json apart from its "timing" keys.
+// Prefills (step 0 and every ctx_len jump, spin/replay.h) are observed in full by every predictor
+// and not counted. Deterministic: the same options give an identical results.json apart from its "timing" keys.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,11 @@
 namespace spin {
 
 struct EvalOptions {
-  std::vector<std::string> scenarios;  // empty = the built-in set (base and -mtp)
+  std::vector<std::string> scenarios;  // empty = the built-in set (base and -mtp), unless traces are given
+  // Recorded trace files (key or score traces, spin/trace.h), each evaluated like a scenario with
+  // one request; on a score trace the predictors that need keys (hisa) are skipped, and the
+  // report says so.
+  std::vector<std::string> traces;
   bool quick = false;                  // shorter runs, fewer points: ≤ 2 minutes
   std::string out_dir = "spin-report";
   uint64_t seed = 1;

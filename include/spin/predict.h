@@ -191,6 +191,14 @@ class BlockPredictor {
   // config().mtp_update (prefix: 0..accepted in order; row0: row 0; all-rows: every row).
   virtual Status commit(int32_t accepted) = 0;
 
+  // A prefill observation: a row the engine scored in full outside a decode step — the prompt, or
+  // a tool output appended mid-conversation, whose indexer scores prefill computes anyway. It
+  // updates `layer`'s state at once (no pending buffer, no commit; the same for every mtp_update,
+  // so all modes start from the same state), with blocks stamped as seen at `step`. Only between
+  // steps (none open); `step` must follow the last committed step, or equal the last prefill's
+  // (more layers and rows of the same prefill, rows in order); the next decode step must follow it.
+  virtual Status observe_prefill(int32_t layer, int64_t step, const RowScores& scores) = 0;
+
   // Forgets every observation and the open step (config, layers, request id stay).
   virtual void reset() = 0;
   // A copy for a request that shares this one's first `shared_entries` entries (-1: all): state
@@ -213,6 +221,10 @@ class BlockPredictor {
 
 // The predictor names make_predictor accepts, in a fixed order.
 const std::vector<std::string>& predictor_names();
+
+// True for predictors that read the indexer's keys and the step's query (StepInput::hisa), not
+// only scores (hisa): they cannot replay a score trace.
+bool predictor_needs_keys(std::string_view name);
 
 // Creates a predictor by name: all-keep, random, prev-iter, prev-layer, ema-slot, ema-offset,
 // spin, oracle, step-reuse, hisa, indexcache-2, indexcache-4. Validates the config.

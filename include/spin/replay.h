@@ -12,6 +12,15 @@
 //        comparison) and is judged by the Pearson of its block ranking against the true pooled
 //        block scores, and by the recall of the blocks it would have selected.
 // MTP rows of a draft position use the final sequence's entries (k_draft is not replayed).
+// A score trace (kind=scores, spin/trace.h) skips step 1's kernels: its recorded scores are the
+// all-keep scores, and the real top-k runs on them; every predictor that needs only scores then
+// replays it exactly as a key trace with those scores (predictor_needs_keys: hisa refuses).
+//
+// Prefill is an observation. A step is replayed as a prefill when the engine scored it in full
+// anyway: step 0 (the prompt's last token, with warm_start) and every step whose ctx_len grows by
+// more than its rows (a tool output or a new turn appended mid-conversation: prefill_jumps). Its
+// rows 0..accepted go to BlockPredictor::observe_prefill in full — the same for every MTP update
+// mode, so prefix, row0 and all-rows start from the same state — and it is not a sample.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +43,14 @@ struct ScoreOptions {
   std::function<void(int64_t done, int64_t total)> progress;  // called after each (layer, step)
 };
 Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const ScoreOptions& options = {});
+// The ground truth of a score trace: its scores as recorded, top-k by the real kernel.
+Result<std::shared_ptr<const ScoredTrace>> score_trace(const ScoreTrace& trace, const ScoreOptions& options = {});
+// A key trace's all-keep indexer scores as a score trace (`spin trace convert --to scores`):
+// same metadata and ctx_len / accepted, layer.{l}.scores [steps, next_n, entries] F32 with -inf
+// beyond each row's visible prefix.
+Result<ScoreTrace> all_keep_score_trace(const Trace& trace, const ScoreOptions& options = {});
+// Whether a scored trace carries the keys and queries predictor_needs_keys() predictors read.
+bool has_keys(const ScoredTrace& scored);
 
 // Per-trace facts of the all-keep ground truth.
 struct TraceFacts {
@@ -55,8 +72,21 @@ struct ReplayOptions {
   // predictor observes step 0 in full and step 0 is not counted as a sample (otherwise every
   // predictor's first step is a cold guess that dominates p99 miss). Same for every predictor.
   bool warm_start = true;
+  // A step whose ctx_len grows by more than next_n over the previous one appended a prefill (tool
+  // output, new turn): observed in full and not counted, as step 0. false replays it as decode.
+  bool prefill_jumps = true;
+  // Samples are counted only for steps in [count_from_step, count_to_step) (-1: to the end):
+  // to read the metrics over a window (e.g. the steps after a tool burst). The replay runs whole.
+  int64_t count_from_step = 0;
+  int64_t count_to_step = -1;
   std::function<void(int64_t done, int64_t total)> progress;  // after each step
+  // Called after each step is closed (committed, or observed as a prefill): tests read the
+  // predictor's state here.
+  std::function<void(int64_t step, const BlockPredictor& predictor)> after_step;
 };
+
+// Whether replay() treats step `step` as a prefill (see above) under these options.
+bool replayed_as_prefill(const ScoredTrace& scored, int64_t step, const ReplayOptions& options);
 
 struct ReplayResult {
   std::string predictor;
@@ -64,11 +94,16 @@ struct ReplayResult {
   bool open_loop = false;
   QualityStats quality{2048};
   double predictor_seconds = 0;  // time in select + observe + commit
+  int64_t prefill_steps = 0;     // steps observed as prefills (not samples)
   // [layer][step · next_n + row][topk] when keep_topk (closed loop).
   std::vector<std::vector<std::vector<int32_t>>> topk;
 };
 
 Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& scored, const ReplayOptions& options);
+// The same without the trace's keys and queries (a score trace, or any scored trace): a predictor
+// that needs keys (hisa) is refused in one line unless `scored` came from a key trace — then use
+// the overload above.
+Result<ReplayResult> replay(const ScoredTrace& scored, const ReplayOptions& options);
 
 // Bytes that read_trace() + score_trace() + replay() hold for this trace (the trace in memory, its
 // caches, every row's all-keep scores and top-k, and the kept top-k): compared with the machine's
@@ -82,5 +117,6 @@ std::string replay_json(const std::string& trace_path, const ReplayResult& resul
 
 // Writes `layer.{l}.topk` i32 [steps, next_n, topk] (spin/topk.h format) atomically.
 Status write_topk_dump(const std::string& path, const Trace& trace, const ReplayResult& result);
+Status write_topk_dump(const std::string& path, int64_t steps, int32_t next_n, const ReplayResult& result);
 
 }  // namespace spin

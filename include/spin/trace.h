@@ -36,6 +36,20 @@
 //   torch.float8_e4m3fn): the bytes are the same. The writer always writes U8.
 // - Views are zero-copy into the mapping; a tensor that a hand-written file puts at an offset
 //   misaligned for its dtype is copied once at open (write_trace and the Python package align).
+//
+// Score traces (metadata kind=scores; kind=keys or no kind = the key trace above): what a serving
+// engine's indexer logits buffer holds, recordable from vLLM, SGLang or a real model without the
+// indexer's inputs (examples/record_score_trace.py):
+//   metadata: format=spin-trace version=1 kind=scores model num_layers next_n page_size topk
+//             compress_ratio (num_heads optional: a score trace has no heads)
+//   per layer l:  layer.{l}.scores  F32 (or F16, BF16) [steps, next_n, entries]
+//   shared:       ctx_len I64 [steps] as above; accepted I32 [steps] when next_n > 1
+// Row j of step s sees the first visible_entries(ctx_len[s], next_n, j, compress_ratio) columns;
+// columns at or beyond that are ignored whatever they hold (NaN padding included); inside, -inf
+// means "scored, lowest" and NaN or +inf is an error naming layer, step, row and column. The same
+// ctx_len / accepted rules as a key trace apply, and entries must cover the last step's last row.
+// F16 and BF16 are widened to F32 once at open (exact); the writer always writes F32.
+// A predictor that needs keys (predictor_needs_keys(): hisa) cannot replay a score trace.
 #pragma once
 
 #include <cstdint>
@@ -66,7 +80,12 @@ inline constexpr int32_t kTraceMaxCompressRatio = 64;
 inline constexpr int64_t kTraceMaxEntries = int64_t{1} << 26;
 inline constexpr int64_t kTraceMaxSteps = int64_t{1} << 20;
 
+// What a trace file holds: the indexer's inputs (keys, queries, weights) or its output scores.
+enum class TraceKind { kKeys, kScores };
+const char* trace_kind_name(TraceKind kind);  // "keys" "scores" (the metadata spelling)
+
 struct TraceMeta {
+  TraceKind kind = TraceKind::kKeys;  // metadata "kind"; absent = keys
   std::string model;          // free text, e.g. "deepseek-v3.2" or "synthetic:doc-qa-10k"
   int32_t num_layers = 0;     // indexer layers in the trace
   int32_t next_n = 1;         // rows per step: 1 + draft tokens
@@ -98,8 +117,26 @@ struct Trace {
   int64_t steps() const { return static_cast<int64_t>(ctx_len.size()); }
 };
 
+// An owning score trace (kind=scores). meta.kind must be kScores; meta.num_heads is not used.
+struct ScoreTrace {
+  TraceMeta meta;
+  std::vector<int64_t> ctx_len;   // [steps]
+  std::vector<int32_t> accepted;  // [steps], or empty when next_n == 1
+  std::vector<int64_t> entries;   // [num_layers] columns of each layer's scores
+  std::vector<std::vector<float>> scores;  // [num_layers][steps, next_n, entries]
+
+  int64_t steps() const { return static_cast<int64_t>(ctx_len.size()); }
+  // Row `row` of step `step` of `layer`: entries[layer] floats (valid indices only).
+  const float* row(int layer, int64_t step, int r) const {
+    return scores[layer].data() + ((step * meta.next_n + r) * entries[layer]);
+  }
+};
+
 // Checks every rule of the schema (sizes, values); the same checks the reader applies.
 Status validate_trace(const Trace& trace);
+Status validate_score_trace(const ScoreTrace& trace);
+// Validates, then writes atomically (F32 scores), as write_trace.
+Status write_score_trace(const ScoreTrace& trace, const std::string& path);
 
 // Validates, then writes atomically (temporary file in the same directory, fsync, rename):
 // an invalid trace or an I/O failure leaves nothing behind and an existing `path` untouched.
@@ -120,6 +157,7 @@ class TraceReader {
   ~TraceReader();
 
   const TraceMeta& meta() const;
+  TraceKind kind() const { return meta().kind; }
   int32_t num_layers() const { return meta().num_layers; }
   int64_t steps() const;
   int64_t entries(int layer) const;
@@ -143,8 +181,16 @@ class TraceReader {
   std::span<const uint8_t> k_draft(int layer, int64_t step) const;     // [next_n-1, 128]
   std::span<const float> k_draft_scale(int layer, int64_t step) const; // [next_n-1]
 
-  // Copies the whole trace into memory.
+  // Score traces: [steps, next_n, entries] of `layer` as F32 (widened at open from F16/BF16), and
+  // one row ([entries]; only its first visible_entries(step, row) columns mean anything).
+  // Empty for a key trace; k, q, w and the draft views are empty for a score trace.
+  std::span<const float> scores(int layer) const;
+  std::span<const float> scores(int layer, int64_t step, int row) const;
+
+  // Copies the whole trace into memory (to_trace: a key trace; to_score_trace: a score trace;
+  // the other kind gives an empty trace).
   Trace to_trace() const;
+  ScoreTrace to_score_trace() const;
 
  private:
   struct Impl;
@@ -152,10 +198,12 @@ class TraceReader {
   std::unique_ptr<Impl> impl_;
 };
 
-// Reads and validates a trace file into memory (open + to_trace).
+// Reads and validates a trace file into memory (open + to_trace / to_score_trace); a file of the
+// other kind is refused in one line naming its kind.
 Result<Trace> read_trace(const std::string& path);
+Result<ScoreTrace> read_score_trace(const std::string& path);
 
-// A human-readable multi-line summary (for `spin trace info`): model, layers, steps, next_n,
+// A human-readable multi-line summary (for `spin trace info`): kind, model, layers, steps, next_n,
 // heads, entries, ctx_len range, page_size, topk, compress_ratio, draft keys, size on disk.
 std::string describe(const TraceReader& reader);
 

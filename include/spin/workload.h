@@ -27,7 +27,8 @@
 //              (focus_drift), and with probability shift_prob per step one focus segment jumps —
 //              to a segment never attended before with probability needle_prob (needles);
 //              layer l repeats layer l-1's jump with probability layer_correlation;
-//     ε        per-step noise shared by all heads (what makes top-k churn between steps).
+//     ε        per-step noise shared by all heads (what makes top-k churn between steps); each
+//              MTP row draws its own (a drafted token is a different token).
 //   decoding appends one entry per accepted token, drawn from the current focus of layer 0;
 //   agentic scenarios append tool_tokens tokens of a fresh segment every burst_steps steps.
 // Head weights are 1 + 0.3·N(0,1) per (layer, head); queries are quantised with

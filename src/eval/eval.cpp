@@ -6,6 +6,7 @@
 #include <omp.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include "core/errors.h"
 #include "spin/calibrate.h"
 #include "spin/replay.h"
+#include "spin/trace.h"
 #include "spin/workload.h"
 
 namespace spin {
@@ -190,6 +192,8 @@ using Progress = std::function<void(const std::string& stage, double fraction)>;
 struct ScenarioRun {
   std::string name;
   WorkloadParams params;
+  std::string description;           // recorded traces: what the file is (else params say it)
+  std::vector<std::string> skipped;  // jobs not run: predictors a score trace cannot feed
   std::vector<Job> jobs;
   std::vector<JobResult> out;  // [jobs]
   TraceFacts facts;            // means over requests
@@ -197,11 +201,13 @@ struct ScenarioRun {
   double replay_s = 0;
 };
 
+Status run_jobs(const EvalOptions& o, const Trace* trace, const ScoredTrace& scored, int requests, int threads,
+                const Progress& stage, ScenarioRun* run);
+
 // Generates request `request`'s trace, scores it and replays every job on it; merges the results
 // into `run` (in job order, so the statistics do not depend on thread timing).
 Status run_request(const EvalOptions& o, int request, int requests, int threads, const Progress& stage,
                    ScenarioRun* run) {
-  const std::vector<Job>& jobs = run->jobs;
   WorkloadParams request_params = run->params;
   request_params.seed = o.seed + static_cast<uint64_t>(request);
   const auto g0 = std::chrono::steady_clock::now();
@@ -216,6 +222,14 @@ Status run_request(const EvalOptions& o, int request, int requests, int threads,
   auto scored = score_trace(trace.value(), score_options);
   if (!scored.ok()) return scored.status();
   run->generate_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count();
+  return run_jobs(o, &trace.value(), *scored.value(), requests, threads, stage, run);
+}
+
+// Replays every job of `run` on one scored trace (`trace`, for hisa's keys, may be null) and
+// merges the results and the trace's facts into `run`.
+Status run_jobs(const EvalOptions& o, const Trace* trace, const ScoredTrace& scored, int requests, int threads,
+                const Progress& stage, ScenarioRun* run) {
+  const std::vector<Job>& jobs = run->jobs;
   std::vector<JobResult> part(jobs.size());
   std::vector<Status> errors(jobs.size());
   int64_t finished = 0;
@@ -227,7 +241,7 @@ Status run_request(const EvalOptions& o, int request, int requests, int threads,
     ro.predictor = jobs[j].predictor;
     ro.config = jobs[j].config;
     ro.open_loop = jobs[j].open_loop;
-    auto r = replay(trace.value(), *scored.value(), ro);
+    auto r = trace != nullptr ? replay(*trace, scored, ro) : replay(scored, ro);
     if (r.ok()) {
       part[j] = {r->quality, r->predictor_seconds};
     } else {
@@ -248,7 +262,7 @@ Status run_request(const EvalOptions& o, int request, int requests, int threads,
     run->out[j].predictor_seconds += part[j].predictor_seconds;
   }
   // Blocks as replay() sees them: the trace's page size, the config's pages per block.
-  const TraceFacts f = trace_facts(*scored.value(), trace->meta.page_size * o.base_config.block_pages);
+  const TraceFacts f = trace_facts(scored, run->params.page_size * o.base_config.block_pages);
   // Means over requests (each request has the same number of samples).
   TraceFacts& facts = run->facts;
   facts.samples += f.samples;
@@ -287,6 +301,55 @@ Result<ScenarioRun> run_scenario(const EvalOptions& o, const std::string& name, 
   return run;
 }
 
+// A recorded trace file (key or score trace) as one more "scenario": the same jobs, one request.
+// A score trace skips the jobs whose predictor needs keys (hisa), and says so in the report.
+Result<ScenarioRun> run_trace_file(const EvalOptions& o, const std::string& path, int threads, const Progress& report) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto reader = TraceReader::open(path);
+  if (!reader.ok()) return reader.status();
+  const TraceMeta& m = reader->meta();
+  ScenarioRun run;
+  run.name = path;
+  run.params.scenario = path;
+  run.params.steps = static_cast<int32_t>(reader->steps());
+  run.params.layers = m.num_layers;
+  run.params.next_n = m.next_n;
+  run.params.page_size = m.page_size;
+  run.params.topk = m.topk;
+  run.params.prompt_tokens = reader->ctx_len().front();
+  const bool scores = reader->kind() == TraceKind::kScores;
+  run.description = fmt::format("recorded trace: model {}, kind={}", m.model, trace_kind_name(m.kind));
+  for (Job& job : jobs_for(m.next_n > 1, o)) {
+    if (scores && predictor_needs_keys(job.predictor)) {
+      if (std::find(run.skipped.begin(), run.skipped.end(), job.predictor) == run.skipped.end()) {
+        run.skipped.push_back(job.predictor);
+      }
+      continue;
+    }
+    run.jobs.push_back(std::move(job));
+  }
+  run.out.resize(run.jobs.size());
+  for (JobResult& r : run.out) r.quality = QualityStats(m.topk);
+  ScoreOptions score_options;
+  score_options.threads = threads;
+  score_options.progress = [&](int64_t done, int64_t total) {
+    report("scoring (all-keep)", 0.25 * static_cast<double>(done) / static_cast<double>(total));
+  };
+  Trace trace;
+  Result<std::shared_ptr<const ScoredTrace>> scored = Status(StatusCode::kInvalidArgument, "not scored");
+  if (scores) {
+    scored = score_trace(reader->to_score_trace(), score_options);
+  } else {
+    trace = reader->to_trace();
+    scored = score_trace(trace, score_options);
+  }
+  if (!scored.ok()) return Status(scored.status().code(), path + ": " + scored.status().message());
+  run.generate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  SPIN_RETURN_IF_ERROR(run_jobs(o, scores ? nullptr : &trace, *scored.value(), 1, threads, report, &run));
+  run.replay_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - run.generate_s;
+  return run;
+}
+
 // ---- Results: results.json's sections -----------------------------------------------------
 
 struct Results {
@@ -300,7 +363,8 @@ void add_results(const ScenarioRun& run, int requests, const std::map<std::strin
   const WorkloadParams& params = run.params;
   const TraceFacts& facts = run.facts;
   res->scenarios[name] = {{"requests", requests},
-                          {"workload", params.to_string()},
+                          {"workload", run.description.empty() ? params.to_string() : run.description},
+                          {"skipped_predictors", run.skipped},
                           {"steps", params.steps},
                           {"layers", params.layers},
                           {"next_n", params.next_n},
@@ -449,8 +513,19 @@ std::string render_report(const EvalOptions& o, int requests, const Results& res
                     o.quick ? ", quick mode" : "", o.base_config.to_string());
   md += "Every number is measured against all-keep (the full indexer) on the same trace; recall is token-level "
         "top-k recall, miss = 1 − recall, percentiles are nearest-rank. Rows whose context holds ≤ topk entries are "
-        "exact by construction and excluded (counted in results.json). Step 0 of each trace stands for prefill: every "
-        "predictor observes its full scores (prefill computed them anyway) and it is not a sample.\n\n";
+        "exact by construction and excluded (counted in results.json). Prefills are observations, not samples: step 0 of "
+        "each trace and every step whose ctx_len grows by more than its rows (a tool output, a new turn) are observed "
+        "in full by every predictor (prefill computed those scores anyway), the same for every MTP update mode.\n\n";
+  for (const auto& [name, sc] : res.scenarios.items()) {
+    if (sc["workload"].get<std::string>().rfind("recorded trace", 0) != 0) continue;
+    md += fmt::format("Trace `{}`: {}.", name, sc["workload"].get<std::string>());
+    if (!sc["skipped_predictors"].empty()) {
+      std::string list;
+      for (const auto& p : sc["skipped_predictors"]) list += (list.empty() ? "" : ", ") + p.get<std::string>();
+      md += fmt::format(" Not run on it: {} (needs the indexer's keys and queries; a score trace has only scores).", list);
+    }
+    md += "\n\n";
+  }
   md += render_calibration(res.calibration);
   md += render_predictors(res.predictors);
   md += render_sweep(res.sweep, o.quick);
@@ -465,7 +540,7 @@ std::string render_report(const EvalOptions& o, int requests, const Results& res
 Result<EvalSummary> run_eval(const EvalOptions& o) {
   SPIN_RETURN_IF_ERROR(o.base_config.validate());
   std::vector<std::string> scenarios = o.scenarios;
-  if (scenarios.empty()) {
+  if (scenarios.empty() && o.traces.empty()) {
     scenarios = o.quick ? std::vector<std::string>{"doc-qa-10k", "doc-qa-94k", "needle-shift", "agentic",
                                                    "doc-qa-10k-mtp"}
                         : scenario_names();
@@ -490,6 +565,15 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
     auto run = run_scenario(o, name, requests, threads, report);
     if (!run.ok()) return run.status();
     add_results(run.value(), requests, targets, &res);
+  }
+  for (size_t ti = 0; ti < o.traces.size(); ++ti) {
+    const std::string& path = o.traces[ti];
+    auto report = [&](const std::string& stage, double f) {
+      if (o.progress) o.progress(fmt::format("[trace {}/{}] {}: {}", ti + 1, o.traces.size(), path, stage), f);
+    };
+    auto run = run_trace_file(o, path, threads, report);
+    if (!run.ok()) return run.status();
+    add_results(run.value(), 1, targets, &res);
   }
   json results = {{"seed", o.seed}, {"quick", o.quick}, {"config", o.base_config.to_string()}};
   if (!res.scenarios.empty()) results["scenarios"] = res.scenarios;

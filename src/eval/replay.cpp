@@ -41,6 +41,8 @@ class ScoredTrace {
   int32_t compress_ratio = 1;
   int64_t steps = 0;
   std::vector<int64_t> ctx_len;
+  std::vector<int32_t> accepted;        // [steps], or empty
+  bool has_keys = false;                // built from a key trace (caches below are filled)
   std::vector<IndexerKeyCache> caches;  // one per layer, pages in logical order
   std::vector<int32_t> identity_pages;  // logical page i = physical page i
   // Indexed by (layer · steps + step) · next_n + row.
@@ -68,6 +70,8 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const
   st->compress_ratio = m.compress_ratio;
   st->steps = trace.steps();
   st->ctx_len = trace.ctx_len;
+  st->accepted = trace.accepted;
+  st->has_keys = true;
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   const int64_t entries = static_cast<int64_t>(trace.layers[0].k_scale.size());
   const int32_t pages = static_cast<int32_t>(std::max<int64_t>(1, (entries + m.page_size - 1) / m.page_size));
@@ -126,6 +130,86 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const
     }
   }
   return std::shared_ptr<const ScoredTrace>(std::move(st));
+}
+
+Result<std::shared_ptr<const ScoredTrace>> score_trace(const ScoreTrace& trace, const ScoreOptions& options) {
+  SPIN_RETURN_IF_ERROR(validate_score_trace(trace));
+  auto st = std::make_shared<ScoredTrace>();
+  const TraceMeta& m = trace.meta;
+  st->layers = m.num_layers;
+  st->next_n = m.next_n;
+  st->num_heads = m.num_heads;
+  st->topk = m.topk;
+  st->page_size = m.page_size;
+  st->compress_ratio = m.compress_ratio;
+  st->steps = trace.steps();
+  st->ctx_len = trace.ctx_len;
+  st->accepted = trace.accepted;
+  const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
+  const size_t n = static_cast<size_t>(m.num_layers) * st->steps * m.next_n;
+  st->scores.resize(n);
+  st->truth.resize(n);
+  st->visible_entries.resize(n);
+  // The same top-k call as score_trace(Trace): rows of `cols` columns, -inf past each row's
+  // visible prefix (what the indexer writes there), so both paths give bitwise the same truth.
+  std::vector<float> logits;
+  std::vector<int32_t> topk_out;
+  std::vector<int64_t> visible(static_cast<size_t>(m.next_n));
+  const int64_t total = int64_t{m.num_layers} * st->steps;
+  int64_t done = 0;
+  for (int32_t l = 0; l < m.num_layers; ++l) {
+    for (int64_t s = 0; s < st->steps; ++s) {
+      const int64_t cols = std::max<int64_t>(1, st->entries_at(s));
+      logits.assign(static_cast<size_t>(m.next_n) * cols, -std::numeric_limits<float>::infinity());
+      for (int32_t j = 0; j < m.next_n; ++j) {
+        visible[j] = spin::visible_entries(st->ctx_len[s], m.next_n, j, m.compress_ratio);
+        const float* row = trace.row(l, s, j);
+        std::copy(row, row + visible[j], logits.begin() + j * cols);
+      }
+      topk_out.resize(static_cast<size_t>(m.next_n) * m.topk);
+      TopkParams tp{logits.data(), cols, m.next_n, cols, visible.data(), m.topk, topk_out.data(), m.topk};
+      SPIN_RETURN_IF_ERROR(at_row(topk(tp, {TopkImpl::kAuto, threads}), l, s));
+      for (int32_t j = 0; j < m.next_n; ++j) {
+        const size_t i = st->index(l, s, j);
+        st->visible_entries[i] = visible[j];
+        st->scores[i].assign(logits.begin() + j * cols, logits.begin() + j * cols + visible[j]);
+        st->truth[i].assign(topk_out.begin() + j * m.topk, topk_out.begin() + (j + 1) * m.topk);
+      }
+      if (options.progress) options.progress(++done, total);
+    }
+  }
+  return std::shared_ptr<const ScoredTrace>(std::move(st));
+}
+
+Result<ScoreTrace> all_keep_score_trace(const Trace& trace, const ScoreOptions& options) {
+  auto scored = score_trace(trace, options);
+  if (!scored.ok()) return scored.status();
+  const ScoredTrace& st = *scored.value();
+  ScoreTrace out;
+  out.meta = trace.meta;
+  out.meta.kind = TraceKind::kScores;
+  out.ctx_len = trace.ctx_len;
+  out.accepted = trace.accepted;
+  for (int32_t l = 0; l < st.layers; ++l) {
+    const int64_t entries = static_cast<int64_t>(trace.layers[l].k_scale.size());
+    out.entries.push_back(entries);
+    std::vector<float>& rows = out.scores.emplace_back(static_cast<size_t>(st.steps * st.next_n * entries),
+                                                       -std::numeric_limits<float>::infinity());
+    for (int64_t s = 0; s < st.steps; ++s) {
+      for (int32_t j = 0; j < st.next_n; ++j) {
+        const std::vector<float>& v = st.scores[st.index(l, s, j)];
+        std::copy(v.begin(), v.end(), rows.begin() + (s * st.next_n + j) * entries);
+      }
+    }
+  }
+  return out;
+}
+
+bool has_keys(const ScoredTrace& scored) { return scored.has_keys; }
+
+bool replayed_as_prefill(const ScoredTrace& st, int64_t s, const ReplayOptions& options) {
+  if (s == 0) return options.warm_start;
+  return options.prefill_jumps && s < st.steps && st.ctx_len[s] - st.ctx_len[s - 1] > st.next_n;
 }
 
 TraceFacts trace_facts(const ScoredTrace& st, int32_t block_entries) {
@@ -190,9 +274,16 @@ int64_t blocks_within(const std::vector<int32_t>& blocks, int64_t visible, int32
 
 }  // namespace
 
-// One loop nest (~135 lines): closed and open loop share the walk over (step, layer, row) in decode
+// One loop nest (~150 lines): closed and open loop share the walk over (step, layer, row) in decode
 // order and its reused buffers; the per-row work differs only in which scores the predictor sees.
-Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const ReplayOptions& options) {
+// `trace` (keys and queries, for hisa) may be null.
+static Result<ReplayResult> replay_impl(const Trace* trace, const ScoredTrace& st, const ReplayOptions& options) {
+  if (predictor_needs_keys(options.predictor) && (trace == nullptr || !st.has_keys)) {
+    return failed_precondition(
+        "predictor {} needs the indexer's keys and queries (it scores pooled block keys with the step's query); "
+        "a score trace has only scores: replay a key trace (kind=keys), or a score-only predictor",
+        options.predictor);
+  }
   PredictorConfig config = options.config;
   config.page_size = st.page_size;
   config.topk = st.topk;
@@ -222,7 +313,39 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
   PoolScratch pool_scratch;
   std::vector<double> px, py;
   double predictor_seconds = 0;
+  const int64_t count_end = options.count_to_step < 0 ? st.steps : options.count_to_step;
   for (int64_t s = 0; s < st.steps; ++s) {
+    const int32_t accepted = st.accepted.empty() ? 0 : st.accepted[s];
+    if (replayed_as_prefill(st, s, options)) {
+      // The engine scored these rows in full (prefill): every predictor observes the kept rows
+      // 0..accepted at once, whatever its MTP mode, and nothing here is a sample.
+      ++result.prefill_steps;
+      for (int32_t l = 0; l < st.layers; ++l) {
+        for (int32_t j = 0; j < next_n; ++j) {
+          const size_t i = st.index(l, s, j);
+          if (options.keep_topk && !options.open_loop) result.topk[l][static_cast<size_t>(s * next_n + j)] = st.truth[i];
+          if (j > accepted) continue;  // rejected drafts were never tokens of the sequence
+          const int64_t visible = st.visible_entries[i];
+          const int64_t n_blocks = (visible + E - 1) / E;
+          all_blocks.resize(static_cast<size_t>(n_blocks));
+          for (int64_t b = 0; b < n_blocks; ++b) all_blocks[b] = static_cast<int32_t>(b);
+          RowScores rs;
+          rs.scores = st.scores[i].data();
+          rs.num_cols = visible;
+          rs.visible_entries = visible;
+          rs.scored_blocks = all_blocks.data();
+          rs.num_scored_blocks = n_blocks;
+          rs.topk_positions = st.truth[i].data();
+          const auto t0 = Clock::now();
+          SPIN_RETURN_IF_ERROR(at_row(predictor->observe_prefill(l, s, rs), l, s, j));
+          predictor_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+        }
+      }
+      if (options.after_step) options.after_step(s, *predictor);
+      if (options.progress) options.progress(s + 1, st.steps);
+      continue;
+    }
+    const bool counted = s >= options.count_from_step && s < count_end;
     for (int32_t l = 0; l < st.layers; ++l) {
       for (int32_t j = 0; j < next_n; ++j) {
         const size_t i = st.index(l, s, j);
@@ -230,21 +353,23 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
         visible_entries[j] = st.visible_entries[i];
       }
       HisaView hisa;
-      hisa.key_cache = st.caches[l].data();
-      hisa.page_size = st.page_size;
-      hisa.block_table = st.identity_pages.data();
-      hisa.num_entries = st.entries_at(s);
-      hisa.q = trace.layers[l].q.data() + static_cast<size_t>(s) * next_n * st.num_heads * kIndexerHeadDim;
-      hisa.w = trace.layers[l].w.data() + static_cast<size_t>(s) * next_n * st.num_heads;
-      hisa.num_heads = st.num_heads;
-      hisa.num_cache_pages = static_cast<int64_t>(st.identity_pages.size());
+      if (trace != nullptr && st.has_keys) {
+        hisa.key_cache = st.caches[l].data();
+        hisa.page_size = st.page_size;
+        hisa.block_table = st.identity_pages.data();
+        hisa.num_entries = st.entries_at(s);
+        hisa.q = trace->layers[l].q.data() + static_cast<size_t>(s) * next_n * st.num_heads * kIndexerHeadDim;
+        hisa.w = trace->layers[l].w.data() + static_cast<size_t>(s) * next_n * st.num_heads;
+        hisa.num_heads = st.num_heads;
+        hisa.num_cache_pages = static_cast<int64_t>(st.identity_pages.size());
+      }
       StepInput in;
       in.step = s;
       in.num_entries = st.entries_at(s);
       in.next_n = next_n;
       in.visible_entries = st.compress_ratio > 1 ? visible_entries.data() : nullptr;
       in.true_topk = true_topk.data();
-      in.hisa = &hisa;
+      in.hisa = trace != nullptr && st.has_keys ? &hisa : nullptr;
       in.want_scores = options.open_loop;
       auto t0 = Clock::now();
       SPIN_RETURN_IF_ERROR(at_row(predictor->select(l, in, &sel), l, s));
@@ -260,10 +385,7 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
         RowScores rs;
         rs.num_cols = visible;
         rs.visible_entries = visible;
-        // Warm start: the first step's row is what prefill already scored in full (the last
-        // prompt token's indexer row), so every predictor observes it whole and it is not a sample.
-        const bool prefill_step = options.warm_start && s == 0;
-        if (!options.open_loop && !prefill_step) {
+        if (!options.open_loop) {
           // Closed loop: only the union's blocks were scored (what the masked kernel writes).
           keep.assign(static_cast<size_t>(n_blocks), 0);
           for (int32_t b : sel.blocks) {
@@ -310,27 +432,32 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const Rep
           q.block_recall = block_recall(sel.row_blocks[j], st.truth[i], E);
           q.scored_entries = scored_entries_in(sel.row_blocks[j], visible, E);
           q.scored_blocks = blocks_within(sel.row_blocks[j], visible, E);
-          if (prefill_step && options.keep_topk && !options.open_loop) {
-            result.topk[l][static_cast<size_t>(s * next_n + j)] = st.truth[i];  // everything was scored
-          }
           if (s > 0 && (options.predictor == "prev-iter" || options.predictor == "step-reuse")) {
             q.topk_recall = recall(st.truth[st.index(l, s - 1, j)], st.truth[i]);
           }
         }
-        if (!prefill_step) result.quality.add(q);
+        if (counted) result.quality.add(q);
         t0 = Clock::now();
         SPIN_RETURN_IF_ERROR(at_row(predictor->observe(l, j, rs), l, s, j));
         predictor_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
       }
     }
-    const int32_t accepted = trace.accepted.empty() ? 0 : trace.accepted[s];
     const auto t0 = Clock::now();
     if (Status c = predictor->commit(accepted); !c.ok()) return Status(c.code(), fmt::format("step {}: {}", s, c.message()));
     predictor_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (options.after_step) options.after_step(s, *predictor);
     if (options.progress) options.progress(s + 1, st.steps);
   }
   result.predictor_seconds = predictor_seconds;
   return result;
+}
+
+Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const ReplayOptions& options) {
+  return replay_impl(&trace, st, options);
+}
+
+Result<ReplayResult> replay(const ScoredTrace& st, const ReplayOptions& options) {
+  return replay_impl(nullptr, st, options);
 }
 
 double replay_memory_bytes(const TraceReader& r, bool keep_topk) {
@@ -339,8 +466,8 @@ double replay_memory_bytes(const TraceReader& r, bool keep_topk) {
   for (int64_t s = 0; s < r.steps(); ++s) {
     for (int32_t j = 0; j < m.next_n; ++j) row_entries += static_cast<double>(r.visible_entries(s, j));
   }
-  double cache_entries = 0;
-  for (int32_t l = 0; l < m.num_layers; ++l) cache_entries += static_cast<double>(r.entries(l));
+  double cache_entries = 0;  // a score trace builds no cache
+  for (int32_t l = 0; l < m.num_layers && r.kind() == TraceKind::kKeys; ++l) cache_entries += static_cast<double>(r.entries(l));
   const double rows = static_cast<double>(m.num_layers) * static_cast<double>(r.steps()) * m.next_n;
   const double topk_bytes = rows * m.topk * sizeof(int32_t);
   return static_cast<double>(r.file_size())                         // the trace, read into memory
@@ -359,7 +486,7 @@ std::string replay_json(const std::string& trace_path, const ReplayResult& resul
       {"block_recall_mean", q.block_recall().mean()}, {"sparsity_mean", q.sparsity().mean()},
       {"block_sparsity_mean", q.block_sparsity().mean()}, {"pearson_mean", q.pearson().mean()},
       {"topk_recall_mean", q.topk_recall().mean()}, {"topk_block_share", facts.topk_block_share},
-      {"predictor_seconds", result.predictor_seconds}};
+      {"prefill_steps", result.prefill_steps}, {"predictor_seconds", result.predictor_seconds}};
   for (auto& [k, v] : out.items()) {
     if (v.is_number_float() && !std::isfinite(v.get<double>())) v = nullptr;  // JSON has no NaN
   }
@@ -367,15 +494,18 @@ std::string replay_json(const std::string& trace_path, const ReplayResult& resul
 }
 
 Status write_topk_dump(const std::string& path, const Trace& trace, const ReplayResult& result) {
+  return write_topk_dump(path, trace.steps(), trace.meta.next_n, result);
+}
+
+Status write_topk_dump(const std::string& path, int64_t steps, int32_t next_n, const ReplayResult& result) {
   if (result.topk.empty()) return failed_precondition("the replay kept no top-k (run it with keep_topk)");
-  const int32_t next_n = trace.meta.next_n;
   const int32_t k = result.config.topk;
   std::vector<std::vector<int32_t>> flat(result.topk.size());
   std::vector<st::TensorSpec> tensors;
   for (size_t l = 0; l < result.topk.size(); ++l) {
     for (const auto& row : result.topk[l]) flat[l].insert(flat[l].end(), row.begin(), row.end());
     tensors.push_back({"layer." + std::to_string(l) + ".topk", st::Dtype::kI32,
-                       {trace.steps(), next_n, k}, flat[l].data(), flat[l].size() * sizeof(int32_t)});
+                       {steps, next_n, k}, flat[l].data(), flat[l].size() * sizeof(int32_t)});
   }
   return st::write_safetensors(path, tensors,
                                {{"format", "spin-topk"}, {"version", "1"}, {"predictor", result.predictor},

@@ -177,11 +177,14 @@ Status check_sizes(const TraceMeta& m, const TraceViews& v, const std::string& w
   return ok_status();
 }
 
-Status check_values(const TraceMeta& m, const TraceViews& v, const std::string& where) {
-  const int64_t next_n = m.next_n, heads = m.num_heads;
-  SPIN_RETURN_IF_ERROR(check_sizes(m, v, where));
-  // ctx_len
-  for (int64_t s = 0; s < v.steps; ++s) {
+// ctx_len and accepted: the rules both kinds share.
+Status check_ctx_accepted(const TraceMeta& m, int64_t steps, std::span<const int64_t> ctx_len,
+                          std::span<const int32_t> accepted, const std::string& where) {
+  const int64_t next_n = m.next_n;
+  struct {
+    std::span<const int64_t> ctx_len;
+  } v{ctx_len};
+  for (int64_t s = 0; s < steps; ++s) {
     const int64_t c = v.ctx_len[s];
     if (c < next_n) {
       return data_loss("{}: ctx_len[{}] = {} is below next_n = {} (the step's own rows are in "
@@ -194,6 +197,21 @@ Status check_values(const TraceMeta& m, const TraceViews& v, const std::string& 
                        where, s, c, s - 1, v.ctx_len[s - 1]);
     }
   }
+  for (size_t s = 0; s < accepted.size(); ++s) {
+    const int32_t a = accepted[s];
+    if (a < 0 || a > m.next_n - 1) {
+      return data_loss("{}: accepted[{}] = {}, expected 0..{} (draft tokens accepted of "
+                       "next_n - 1 = {})",
+                       where, s, a, m.next_n - 1, m.next_n - 1);
+    }
+  }
+  return ok_status();
+}
+
+Status check_values(const TraceMeta& m, const TraceViews& v, const std::string& where) {
+  const int64_t next_n = m.next_n, heads = m.num_heads;
+  SPIN_RETURN_IF_ERROR(check_sizes(m, v, where));
+  SPIN_RETURN_IF_ERROR(check_ctx_accepted(m, v.steps, v.ctx_len, v.accepted, where));
   const int64_t last_visible = v.ctx_len[v.steps - 1] / m.compress_ratio;
   for (int l = 0; l < m.num_layers; ++l) {
     if (last_visible > v.layers[l].entries) {
@@ -201,15 +219,6 @@ Status check_values(const TraceMeta& m, const TraceViews& v, const std::string& 
                        "but {} holds only {}",
                        where, v.ctx_len[v.steps - 1], m.compress_ratio, last_visible,
                        layer_name(l, "k"), v.layers[l].entries);
-    }
-  }
-  // accepted
-  for (size_t s = 0; s < v.accepted.size(); ++s) {
-    const int32_t a = v.accepted[s];
-    if (a < 0 || a > m.next_n - 1) {
-      return data_loss("{}: accepted[{}] = {}, expected 0..{} (draft tokens accepted of "
-                       "next_n - 1 = {})",
-                       where, s, a, m.next_n - 1, m.next_n - 1);
     }
   }
   // per layer tensors
@@ -254,6 +263,83 @@ Status check_values(const TraceMeta& m, const TraceViews& v, const std::string& 
 }
 
 // ---------------------------------------------------------------------------------------------
+// Score traces: the same ctx_len / accepted rules, then each row's visible prefix.
+
+struct ScoreViews {
+  int64_t steps = 0;
+  std::span<const int64_t> ctx_len;
+  std::span<const int32_t> accepted;
+  std::vector<int64_t> entries;                // [layers]
+  std::vector<std::span<const float>> scores;  // [layers][steps, next_n, entries]
+};
+
+// NaN or +inf (-inf is a legal "scored, lowest").
+bool bad_score(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  return (bits & 0x7F800000u) == 0x7F800000u && bits != 0xFF800000u;
+}
+
+Status check_score_values(const TraceMeta& m, const ScoreViews& v, const std::string& where) {
+  if (v.steps > kTraceMaxSteps) {
+    return data_loss("{}: {} steps, above the supported maximum {} (spin/trace.h)", where, v.steps, kTraceMaxSteps);
+  }
+  SPIN_RETURN_IF_ERROR(check_ctx_accepted(m, v.steps, v.ctx_len, v.accepted, where));
+  const int64_t last_visible = v.ctx_len[v.steps - 1] / m.compress_ratio;
+  for (int l = 0; l < m.num_layers; ++l) {
+    const int64_t entries = v.entries[l];
+    if (entries > kTraceMaxEntries) {
+      return data_loss("{}: {} holds {} entries, above the supported maximum {} (spin/trace.h)", where,
+                       layer_name(l, "scores"), entries, kTraceMaxEntries);
+    }
+    if (last_visible > entries) {
+      return data_loss("{}: the last step (ctx_len {} tokens, compress_ratio {}) sees {} entries "
+                       "but {} has only {} columns (entries < the visible prefix)",
+                       where, v.ctx_len[v.steps - 1], m.compress_ratio, last_visible,
+                       layer_name(l, "scores"), entries);
+    }
+    for (int64_t s = 0; s < v.steps; ++s) {
+      for (int32_t j = 0; j < m.next_n; ++j) {
+        const int64_t visible = spin::visible_entries(v.ctx_len[s], m.next_n, j, m.compress_ratio);
+        const float* row = v.scores[l].data() + (s * m.next_n + j) * entries;
+        unsigned any = 0;  // branch-free scan; only a faulty row is searched again
+        for (int64_t e = 0; e < visible; ++e) any |= static_cast<unsigned>(bad_score(row[e]));
+        if (any == 0) continue;
+        for (int64_t e = 0; e < visible; ++e) {
+          if (bad_score(row[e])) {
+            return data_loss("{}: {}[step {}, row {}, entry {}] = {} inside the row's {} visible entries "
+                             "(expected a finite score, or -inf for the lowest)",
+                             where, layer_name(l, "scores"), s, j, e, row[e], visible);
+          }
+        }
+      }
+    }
+  }
+  return ok_status();
+}
+
+// IEEE half → float (exact: every F16 value is an F32 value).
+float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (man << 13);  // inf / NaN
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: man · 2^-24
+    const float v = static_cast<float>(man) * 5.9604644775390625e-8f;
+    std::memcpy(&bits, &v, 4);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Metadata
 
 Status parse_int_meta(const std::map<std::string, std::string>& md, const char* key,
@@ -289,17 +375,30 @@ Status parse_meta(const std::map<std::string, std::string>& md, const std::strin
     return data_loss("{}: trace version \"{}\" is not supported (this build reads version {})",
                      where, ver->second, kTraceVersion);
   }
+  const auto kind = md.find("kind");
+  if (kind == md.end() || kind->second == "keys") {
+    m->kind = TraceKind::kKeys;
+  } else if (kind->second == "scores") {
+    m->kind = TraceKind::kScores;
+  } else {
+    return data_loss("{}: metadata kind = \"{}\", expected \"keys\" (indexer inputs) or \"scores\" "
+                     "(indexer output)",
+                     where, kind->second);
+  }
   const auto model = md.find("model");
   if (model == md.end()) return data_loss("{}: metadata has no \"model\"", where);
   m->model = model->second;
   SPIN_RETURN_IF_ERROR(parse_int_meta(md, "num_layers", where, &m->num_layers));
   SPIN_RETURN_IF_ERROR(parse_int_meta(md, "next_n", where, &m->next_n));
-  SPIN_RETURN_IF_ERROR(parse_int_meta(md, "num_heads", where, &m->num_heads));
+  // A score trace has no heads: num_heads is optional there (kept when given).
+  if (m->kind == TraceKind::kKeys || md.count("num_heads")) {
+    SPIN_RETURN_IF_ERROR(parse_int_meta(md, "num_heads", where, &m->num_heads));
+  }
   SPIN_RETURN_IF_ERROR(parse_int_meta(md, "page_size", where, &m->page_size));
   SPIN_RETURN_IF_ERROR(parse_int_meta(md, "topk", where, &m->topk));
   SPIN_RETURN_IF_ERROR(parse_int_meta(md, "compress_ratio", where, &m->compress_ratio));
   for (const auto& [k, val] : md) {
-    if (k != "format" && k != "version" && k != "model" && k != "num_layers" && k != "next_n" &&
+    if (k != "format" && k != "version" && k != "kind" && k != "model" && k != "num_layers" && k != "next_n" &&
         k != "num_heads" && k != "page_size" && k != "topk" && k != "compress_ratio") {
       m->extra[k] = val;
     }
@@ -314,7 +413,11 @@ std::map<std::string, std::string> meta_to_strings(const TraceMeta& m) {
   md["model"] = m.model;
   md["num_layers"] = std::to_string(m.num_layers);
   md["next_n"] = std::to_string(m.next_n);
-  md["num_heads"] = std::to_string(m.num_heads);
+  if (m.kind == TraceKind::kScores) {
+    md["kind"] = trace_kind_name(m.kind);  // key traces keep the version-1 metadata unchanged
+  } else {
+    md["num_heads"] = std::to_string(m.num_heads);
+  }
   md["page_size"] = std::to_string(m.page_size);
   md["topk"] = std::to_string(m.topk);
   md["compress_ratio"] = std::to_string(m.compress_ratio);
@@ -327,6 +430,7 @@ std::map<std::string, std::string> meta_to_strings(const TraceMeta& m) {
 Status trace_views(const Trace& t, TraceViews* v) {
   const std::string where = "trace";
   const TraceMeta& m = t.meta;
+  if (m.kind != TraceKind::kKeys) return invalid_argument("trace: meta.kind is scores; write it as a ScoreTrace");
   SPIN_RETURN_IF_ERROR(check_meta(m, where));
   if (t.ctx_len.empty()) return invalid_argument("trace: ctx_len is empty, expected >= 1 step");
   v->steps = t.steps();
@@ -399,6 +503,35 @@ Status trace_views(const Trace& t, TraceViews* v) {
   return check_values(m, *v, where);
 }
 
+Status score_views(const ScoreTrace& t, ScoreViews* v) {
+  const std::string where = "score trace";
+  const TraceMeta& m = t.meta;
+  if (m.kind != TraceKind::kScores) return invalid_argument("score trace: meta.kind must be scores");
+  SPIN_RETURN_IF_ERROR(check_meta(m, where));
+  if (t.ctx_len.empty()) return invalid_argument("score trace: ctx_len is empty, expected >= 1 step");
+  v->steps = t.steps();
+  v->ctx_len = t.ctx_len;
+  if ((m.next_n > 1 || !t.accepted.empty()) && t.accepted.size() != t.ctx_len.size()) {
+    return invalid_argument("score trace: accepted has {} values, expected one per step ({}){}", t.accepted.size(),
+                            t.ctx_len.size(), m.next_n > 1 ? " since next_n > 1" : "");
+  }
+  v->accepted = t.accepted;
+  if (t.scores.size() != static_cast<size_t>(m.num_layers) || t.entries.size() != t.scores.size()) {
+    return invalid_argument("score trace: {} score layers and {} entry counts but meta.num_layers = {}",
+                            t.scores.size(), t.entries.size(), m.num_layers);
+  }
+  for (int l = 0; l < m.num_layers; ++l) {
+    int64_t n = 0;
+    if (!checked_mul({v->steps, m.next_n, t.entries[l]}, &n) || static_cast<int64_t>(t.scores[l].size()) != n) {
+      return invalid_argument("score trace: {} has {} values, expected steps {} x next_n {} x entries {}",
+                              layer_name(l, "scores"), t.scores[l].size(), v->steps, m.next_n, t.entries[l]);
+    }
+    v->entries.push_back(t.entries[l]);
+    v->scores.push_back(t.scores[l]);
+  }
+  return check_score_values(m, *v, where);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reading from a file
 
@@ -415,7 +548,9 @@ struct TraceReader::Impl {
   st::SafetensorsFile file;
   TraceMeta meta;
   TraceViews v;
+  ScoreViews sv;  // kind=scores
   std::vector<std::unique_ptr<uint8_t[]>> owned;  // aligned copies of unaligned tensors
+  std::vector<std::vector<float>> widened;        // F16 / BF16 scores as F32
 
   // Fetches `name` and checks its dtype and shape. `-1` in `want` accepts any size (reported in
   // `got_dims`). U8 tensors also accept F8_E4M3 (what safetensors.torch writes for
@@ -458,6 +593,81 @@ struct TraceReader::Impl {
     return {reinterpret_cast<const T*>(p), t.nbytes / sizeof(T)};
   }
 
+  // Stray layer tensors: a layer beyond num_layers or an unknown per-layer name.
+  Status check_layer_names(std::initializer_list<std::string_view> known, const char* kind_words) {
+    const std::string& where = file.label();
+    const TraceMeta& m = meta;
+    for (const std::string& name : file.names()) {
+      if (name.rfind("layer.", 0) != 0) continue;
+      const char* b = name.data() + 6;
+      const char* e = name.data() + name.size();
+      int64_t l = -1;
+      const auto [p, ec] = std::from_chars(b, e, l);
+      if (ec != std::errc() || p == e || *p != '.' || p == b ||
+          std::string_view(b, static_cast<size_t>(p - b)) != std::to_string(l)) {
+        return data_loss("{}: tensor {} does not follow layer.{{l}}.{{name}}", where, name);
+      }
+      if (l < 0 || l >= m.num_layers) {
+        return data_loss("{}: tensor {} is beyond metadata num_layers = {} (layers 0..{}): "
+                         "layer count mismatch",
+                         where, name, m.num_layers, m.num_layers - 1);
+      }
+      const std::string_view suffix(p + 1, static_cast<size_t>(e - p - 1));
+      if (std::find(known.begin(), known.end(), suffix) == known.end()) {
+        return data_loss("{}: unknown tensor {} ({})", where, name, kind_words);
+      }
+    }
+    return ok_status();
+  }
+
+  // A score trace: ctx_len, accepted, then layer.{l}.scores [steps, next_n, entries] per layer.
+  Status load_scores() {
+    const std::string& where = file.label();
+    const TraceMeta& m = meta;
+    auto ctx = get("ctx_len", st::Dtype::kI64, {-1});
+    if (!ctx.ok()) return ctx.status();
+    sv.steps = ctx->shape[0];
+    if (sv.steps < 1) return data_loss("{}: ctx_len is empty, expected >= 1 step", where);
+    sv.ctx_len = typed<int64_t>(ctx.value());
+    if (m.next_n > 1 || file.contains("accepted")) {
+      if (!file.contains("accepted")) {
+        return data_loss("{}: missing tensor accepted (I32 [steps], required since next_n = {} > 1)", where, m.next_n);
+      }
+      auto acc = get("accepted", st::Dtype::kI32, {sv.steps});
+      if (!acc.ok()) return acc.status();
+      sv.accepted = typed<int32_t>(acc.value());
+    }
+    for (int l = 0; l < m.num_layers; ++l) {
+      const std::string name = layer_name(l, "scores");
+      if (!file.contains(name)) return data_loss("{}: missing tensor {}", where, name);
+      auto r = file.tensor(name);
+      if (!r.ok()) return r.status();
+      const st::TensorView& t = r.value();
+      if (t.dtype != st::Dtype::kF32 && t.dtype != st::Dtype::kF16 && t.dtype != st::Dtype::kBF16) {
+        return data_loss("{}: tensor {} has dtype {}, expected F32 (or F16, BF16)", where, name,
+                         st::dtype_name(t.dtype));
+      }
+      if (t.shape.size() != 3 || t.shape[0] != sv.steps || t.shape[1] != m.next_n) {
+        return data_loss("{}: tensor {} has shape {}, expected [{}, {}, any] (steps, next_n, entries)", where, name,
+                         shape_str(t.shape), sv.steps, m.next_n);
+      }
+      sv.entries.push_back(t.shape[2]);
+      if (t.dtype == st::Dtype::kF32) {
+        sv.scores.push_back(typed<float>(t));
+        continue;
+      }
+      // Widen once (exact); read the 16-bit values byte-wise, so alignment never matters.
+      std::vector<float>& f = widened.emplace_back(static_cast<size_t>(t.numel()));
+      for (size_t i = 0; i < f.size(); ++i) {
+        const uint16_t h = static_cast<uint16_t>(t.data[2 * i] | (t.data[2 * i + 1] << 8));
+        f[i] = t.dtype == st::Dtype::kF16 ? f16_to_float(h) : bf16_to_float(h);
+      }
+      sv.scores.push_back(f);
+    }
+    SPIN_RETURN_IF_ERROR(check_layer_names({"scores"}, "the per-layer tensor of a score trace is scores"));
+    return check_score_values(m, sv, where);
+  }
+
   // Checks the file against the schema (metadata, every tensor's dtype and shape, the values)
   // before anything is exposed; ~80 lines, one check after another in the order of the schema.
   Status load() {
@@ -465,6 +675,7 @@ struct TraceReader::Impl {
     SPIN_RETURN_IF_ERROR(parse_meta(file.metadata(), where, &meta));
     // The limits, before any size is used; in a file, a broken rule is a corrupt file.
     if (Status s = check_meta(meta, where); !s.ok()) return data_loss("{}", s.message());
+    if (meta.kind == TraceKind::kScores) return load_scores();
     const TraceMeta& m = meta;
     // ctx_len fixes the number of steps.
     auto ctx = get("ctx_len", st::Dtype::kI64, {-1});
@@ -518,36 +729,38 @@ struct TraceReader::Impl {
       }
       v.layers.push_back(lv);
     }
-    // Stray layer tensors: a layer beyond num_layers or an unknown per-layer name.
-    for (const std::string& name : file.names()) {
-      if (name.rfind("layer.", 0) != 0) continue;
-      const char* b = name.data() + 6;
-      const char* e = name.data() + name.size();
-      int64_t l = -1;
-      const auto [p, ec] = std::from_chars(b, e, l);
-      if (ec != std::errc() || p == e || *p != '.' || p == b ||
-          std::string_view(b, static_cast<size_t>(p - b)) != std::to_string(l)) {
-        return data_loss("{}: tensor {} does not follow layer.{{l}}.{{name}}", where, name);
-      }
-      if (l < 0 || l >= m.num_layers) {
-        return data_loss("{}: tensor {} is beyond metadata num_layers = {} (layers 0..{}): "
-                         "layer count mismatch",
-                         where, name, m.num_layers, m.num_layers - 1);
-      }
-      const std::string_view suffix(p + 1, static_cast<size_t>(e - p - 1));
-      if (suffix != "k" && suffix != "k_scale" && suffix != "q" && suffix != "w" &&
-          suffix != "k_draft" && suffix != "k_draft_scale") {
-        return data_loss("{}: unknown tensor {} (per-layer tensors are k, k_scale, q, w, "
-                         "k_draft, k_draft_scale)",
-                         where, name);
-      }
-    }
+    SPIN_RETURN_IF_ERROR(check_layer_names({"k", "k_scale", "q", "w", "k_draft", "k_draft_scale"},
+                                           "per-layer tensors are k, k_scale, q, w, k_draft, k_draft_scale"));
     return check_values(m, v, where);
   }
 };
 
 // ---------------------------------------------------------------------------------------------
 // Public API
+
+const char* trace_kind_name(TraceKind kind) { return kind == TraceKind::kScores ? "scores" : "keys"; }
+
+Status validate_score_trace(const ScoreTrace& trace) {
+  ScoreViews v;
+  return score_views(trace, &v);
+}
+
+Status write_score_trace(const ScoreTrace& t, const std::string& path) {
+  ScoreViews v;
+  SPIN_RETURN_IF_ERROR(score_views(t, &v));
+  const TraceMeta& m = t.meta;
+  const int64_t steps = t.steps();
+  std::vector<st::TensorSpec> specs;
+  specs.push_back({"ctx_len", st::Dtype::kI64, {steps}, t.ctx_len.data(), t.ctx_len.size() * 8});
+  if (!t.accepted.empty()) {
+    specs.push_back({"accepted", st::Dtype::kI32, {steps}, t.accepted.data(), t.accepted.size() * 4});
+  }
+  for (int l = 0; l < m.num_layers; ++l) {
+    specs.push_back({layer_name(l, "scores"), st::Dtype::kF32, {steps, m.next_n, t.entries[l]}, t.scores[l].data(),
+                     t.scores[l].size() * 4});
+  }
+  return st::write_safetensors(path, specs, meta_to_strings(m));
+}
 
 Status validate_trace(const Trace& trace) {
   TraceViews v;
@@ -610,42 +823,59 @@ Result<TraceReader> TraceReader::from_memory(const void* data, size_t size) {
 }
 
 const TraceMeta& TraceReader::meta() const { return impl_->meta; }
-int64_t TraceReader::steps() const { return impl_->v.steps; }
+int64_t TraceReader::steps() const { return kind() == TraceKind::kScores ? impl_->sv.steps : impl_->v.steps; }
 uint64_t TraceReader::file_size() const { return impl_->file.file_size(); }
 const std::string& TraceReader::path() const { return impl_->file.label(); }
-std::span<const int64_t> TraceReader::ctx_len() const { return impl_->v.ctx_len; }
-std::span<const int32_t> TraceReader::accepted() const { return impl_->v.accepted; }
+std::span<const int64_t> TraceReader::ctx_len() const {
+  return kind() == TraceKind::kScores ? impl_->sv.ctx_len : impl_->v.ctx_len;
+}
+std::span<const int32_t> TraceReader::accepted() const {
+  return kind() == TraceKind::kScores ? impl_->sv.accepted : impl_->v.accepted;
+}
 bool TraceReader::has_draft_keys() const { return impl_->v.has_draft; }
 
 int64_t TraceReader::entries(int layer) const {
   if (layer < 0 || layer >= num_layers()) return 0;
-  return impl_->v.layers[layer].entries;
+  return kind() == TraceKind::kScores ? impl_->sv.entries[layer] : impl_->v.layers[layer].entries;
+}
+
+std::span<const float> TraceReader::scores(int layer) const {
+  if (kind() != TraceKind::kScores || layer < 0 || layer >= num_layers()) return {};
+  return impl_->sv.scores[layer];
+}
+
+std::span<const float> TraceReader::scores(int layer, int64_t step, int row) const {
+  if (kind() != TraceKind::kScores || layer < 0 || layer >= num_layers() || step < 0 || step >= steps() || row < 0 ||
+      row >= meta().next_n)
+    return {};
+  const size_t n = static_cast<size_t>(impl_->sv.entries[layer]);
+  return impl_->sv.scores[layer].subspan((static_cast<size_t>(step) * meta().next_n + row) * n, n);
 }
 
 int64_t TraceReader::visible_entries(int64_t step, int row) const {
   const TraceMeta& m = meta();
   if (step < 0 || step >= steps() || row < 0 || row >= m.next_n) return 0;
-  return spin::visible_entries(impl_->v.ctx_len[step], m.next_n, row, m.compress_ratio);
+  return spin::visible_entries(ctx_len()[step], m.next_n, row, m.compress_ratio);
 }
 
 std::span<const uint8_t> TraceReader::k(int layer) const {
-  if (layer < 0 || layer >= num_layers()) return {};
+  if (kind() != TraceKind::kKeys || layer < 0 || layer >= num_layers()) return {};
   return impl_->v.layers[layer].k;
 }
 std::span<const float> TraceReader::k_scale(int layer) const {
-  if (layer < 0 || layer >= num_layers()) return {};
+  if (kind() != TraceKind::kKeys || layer < 0 || layer >= num_layers()) return {};
   return impl_->v.layers[layer].k_scale;
 }
 std::span<const uint8_t> TraceReader::q(int layer) const {
-  if (layer < 0 || layer >= num_layers()) return {};
+  if (kind() != TraceKind::kKeys || layer < 0 || layer >= num_layers()) return {};
   return impl_->v.layers[layer].q;
 }
 std::span<const float> TraceReader::w(int layer) const {
-  if (layer < 0 || layer >= num_layers()) return {};
+  if (kind() != TraceKind::kKeys || layer < 0 || layer >= num_layers()) return {};
   return impl_->v.layers[layer].w;
 }
 std::span<const uint8_t> TraceReader::q(int layer, int64_t step) const {
-  if (layer < 0 || layer >= num_layers() || step < 0 || step >= steps()) return {};
+  if (kind() != TraceKind::kKeys || layer < 0 || layer >= num_layers() || step < 0 || step >= steps()) return {};
   const size_t n = static_cast<size_t>(meta().next_n) * meta().num_heads * kD;
   return impl_->v.layers[layer].q.subspan(static_cast<size_t>(step) * n, n);
 }
@@ -656,7 +886,7 @@ std::span<const uint8_t> TraceReader::q(int layer, int64_t step, int row) const 
   return s.empty() ? s : s.subspan(static_cast<size_t>(row) * n, n);
 }
 std::span<const float> TraceReader::w(int layer, int64_t step) const {
-  if (layer < 0 || layer >= num_layers() || step < 0 || step >= steps()) return {};
+  if (kind() != TraceKind::kKeys || layer < 0 || layer >= num_layers() || step < 0 || step >= steps()) return {};
   const size_t n = static_cast<size_t>(meta().next_n) * meta().num_heads;
   return impl_->v.layers[layer].w.subspan(static_cast<size_t>(step) * n, n);
 }
@@ -679,8 +909,21 @@ std::span<const float> TraceReader::k_draft_scale(int layer, int64_t step) const
   return impl_->v.layers[layer].k_draft_scale.subspan(static_cast<size_t>(step) * n, n);
 }
 
+ScoreTrace TraceReader::to_score_trace() const {
+  ScoreTrace t;
+  if (kind() != TraceKind::kScores) return t;
+  t.meta = meta();
+  const ScoreViews& v = impl_->sv;
+  t.ctx_len.assign(v.ctx_len.begin(), v.ctx_len.end());
+  t.accepted.assign(v.accepted.begin(), v.accepted.end());
+  t.entries = v.entries;
+  for (const auto& s : v.scores) t.scores.emplace_back(s.begin(), s.end());
+  return t;
+}
+
 Trace TraceReader::to_trace() const {
   Trace t;
+  if (kind() != TraceKind::kKeys) return t;
   t.meta = meta();
   const TraceViews& v = impl_->v;
   t.ctx_len.assign(v.ctx_len.begin(), v.ctx_len.end());
@@ -701,7 +944,20 @@ Trace TraceReader::to_trace() const {
 Result<Trace> read_trace(const std::string& path) {
   auto r = TraceReader::open(path);
   if (!r.ok()) return r.status();
+  if (r->kind() != TraceKind::kKeys) {
+    return failed_precondition("{}: a score trace (kind=scores), not a key trace: it has no keys or queries", path);
+  }
   return r->to_trace();
+}
+
+Result<ScoreTrace> read_score_trace(const std::string& path) {
+  auto r = TraceReader::open(path);
+  if (!r.ok()) return r.status();
+  if (r->kind() != TraceKind::kScores) {
+    return failed_precondition("{}: a key trace (kind=keys), not a score trace (convert it: spin trace convert --to scores)",
+                               path);
+  }
+  return r->to_score_trace();
 }
 
 std::string describe(const TraceReader& r) {
@@ -713,6 +969,8 @@ std::string describe(const TraceReader& r) {
   const double mib = static_cast<double>(r.file_size()) / (1024.0 * 1024.0);
   s += fmt::format("spin trace v{}: {} ({} bytes, {:.1f} MiB on disk)\n", kTraceVersion, r.path(),
                    r.file_size(), mib);
+  line("kind", m.kind == TraceKind::kScores ? "scores (the indexer's output; no keys or queries)"
+                                             : "keys (the indexer's inputs: keys, queries, weights)");
   line("model", m.model.empty() ? "(unnamed)" : m.model);
   line("indexer layers", std::to_string(m.num_layers));
   line("steps", std::to_string(r.steps()));
@@ -720,12 +978,13 @@ std::string describe(const TraceReader& r) {
   if (m.next_n > 1) {
     double acc = 0;
     for (int32_t a : r.accepted()) acc += a;
-    rows += fmt::format(" (MTP: {} draft tokens, mean accepted {:.2f}, draft keys {})",
-                        m.next_n - 1, acc / static_cast<double>(r.steps()),
-                        r.has_draft_keys() ? "recorded" : "not recorded");
+    rows += fmt::format(" (MTP: {} draft tokens, mean accepted {:.2f}", m.next_n - 1,
+                        acc / static_cast<double>(r.steps()));
+    rows += m.kind == TraceKind::kScores ? std::string(")")
+                                         : fmt::format(", draft keys {})", r.has_draft_keys() ? "recorded" : "not recorded");
   }
   line("rows per step", rows);
-  line("heads", fmt::format("{} x {}", m.num_heads, kTraceHeadDim));
+  if (m.kind == TraceKind::kKeys) line("heads", fmt::format("{} x {}", m.num_heads, kTraceHeadDim));
   int64_t emin = r.entries(0), emax = r.entries(0);
   for (int l = 1; l < m.num_layers; ++l) {
     emin = std::min(emin, r.entries(l));

@@ -542,11 +542,16 @@ void make_queries(const WorkloadParams& P, const World& w, const Timeline& tl, T
     for (int32_t s = 0; s < P.steps; ++s) {
       std::vector<float> q(static_cast<size_t>(next_n) * num_heads * kDim);
       std::vector<float> weights(static_cast<size_t>(next_n) * num_heads);
-      CounterRng step_rng(stream_key(P.seed, kTagQueryNoise, l, s));
-      float shared_noise[kDim];
-      normal_fill(step_rng, shared_noise, kDim, P.query_noise / std::sqrt(double{kDim}));
       const Vec& f = tl.focus_at[l][s];
       for (int32_t j = 0; j < next_n; ++j) {
+        // Each MTP row is its own token, so it draws its own per-step noise (the part that makes
+        // top-k churn between tokens); otherwise draft rows would be row 0 shifted by a rope step
+        // and prefix, row0 and all-rows replay could not be told apart. Row 0 keeps the stream a
+        // plain trace has always used, so plain traces (and the calibration) are unchanged.
+        CounterRng step_rng(j == 0 ? stream_key(P.seed, kTagQueryNoise, l, s)
+                                   : stream_key(P.seed, kTagQueryNoise, l, s, 0x4D5450 /* "MTP" */, j));
+        float shared_noise[kDim];
+        normal_fill(step_rng, shared_noise, kDim, P.query_noise / std::sqrt(double{kDim}));
         const int64_t position = trace.ctx_len[s] - next_n + j;
         for (int32_t h = 0; h < num_heads; ++h) {
           float* v = q.data() + (int64_t{j} * num_heads + h) * kDim;

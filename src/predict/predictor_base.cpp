@@ -363,6 +363,34 @@ Status PredictorBase::commit(int32_t accepted) {
   }
   open_ = false;
   last_committed_ = open_step_;
+  last_was_prefill_ = false;
+  return ok_status();
+}
+
+Status PredictorBase::observe_prefill(int32_t layer, int64_t step, const RowScores& scores) {
+  if (layer < 0 || layer >= num_layers_)
+    return invalid_argument("{}: layer {} is outside [0, {})", name_, layer, num_layers_);
+  if (open_)
+    return failed_precondition("{}: observe_prefill during open step {}; a prefill comes between steps (commit first)",
+                               name_, open_step_);
+  if (step < 0 || step > INT32_MAX) return invalid_argument("{}: step {} is outside [0, 2^31)", name_, step);
+  if (step < last_committed_ || (step == last_committed_ && !last_was_prefill_))
+    return failed_precondition("{}: prefill at step {} is not after the last committed step {}", name_, step,
+                               last_committed_);
+  Layer& l = layers_[static_cast<size_t>(layer)];
+  l.state.ensure_blocks(blocks_for_entries(config_, scores.visible_entries));
+  SPIN_RETURN_IF_ERROR(pool_row(config_, scores, &prefill_row_, &pool_scratch_));
+  l.state.apply(prefill_row_, static_cast<int32_t>(step));
+  // step-reuse reads the newest observed top-k: the prefill's last row is the newest token.
+  l.prev_topk_blocks.clear();
+  l.prev_topk_hits.clear();
+  for (size_t i = 0; i < prefill_row_.blocks.size(); ++i) {
+    if (prefill_row_.topk_hits[i] == 0) continue;
+    l.prev_topk_blocks.push_back(prefill_row_.blocks[i]);
+    l.prev_topk_hits.push_back(prefill_row_.topk_hits[i]);
+  }
+  last_committed_ = step;
+  last_was_prefill_ = true;
   return ok_status();
 }
 
@@ -380,6 +408,7 @@ void PredictorBase::reset() {
   open_step_ = -1;
   open_next_n_ = 0;
   last_committed_ = -1;
+  last_was_prefill_ = false;
   on_reset();
 }
 
@@ -437,6 +466,7 @@ Result<std::unique_ptr<BlockPredictor>> PredictorBase::fork(int64_t request_id,
   // The child numbers its own steps: any step ≥ 0 may come next. Old last_seen values only order
   // blocks by staleness, which stays meaningful.
   child->last_committed_ = -1;
+  child->last_was_prefill_ = false;
   if (shared_entries >= 0) {
     const int64_t n = blocks_for_entries(config_, shared_entries);
     for (Layer& l : child->layers_) {

@@ -28,6 +28,7 @@ class PredictorBase : public BlockPredictor {
   Status select(int32_t layer, const StepInput& in, Selection* out) final;
   Status observe(int32_t layer, int32_t row, const RowScores& scores) final;
   Status commit(int32_t accepted) final;
+  Status observe_prefill(int32_t layer, int64_t step, const RowScores& scores) final;
   void reset() final;
   Result<std::unique_ptr<BlockPredictor>> fork(int64_t request_id,
                                                int64_t shared_entries) const final;
@@ -124,6 +125,8 @@ class PredictorBase : public BlockPredictor {
   int64_t open_step_ = -1;
   int32_t open_next_n_ = 0;
   int64_t last_committed_ = -1;
+  bool last_was_prefill_ = false;  // last_committed_ is a prefill: more of its rows may come
+  PooledRow prefill_row_;          // scratch of observe_prefill
 
   // Scratch reused across calls (sized to the largest context seen).
   std::vector<float> p_;

@@ -295,6 +295,8 @@ const std::vector<std::string>& predictor_names() {
   return kNames;
 }
 
+bool predictor_needs_keys(std::string_view name) { return name == "hisa"; }
+
 Result<std::unique_ptr<BlockPredictor>> make_predictor(std::string_view name,
                                                        const PredictorConfig& config,
                                                        int32_t num_layers, int64_t request_id) {

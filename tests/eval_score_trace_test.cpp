@@ -1,0 +1,378 @@
+// Score traces (kind=scores, spin/trace.h): bit-exact round trips (F32 written, F16 and BF16 read),
+// and every corrupt file gives one clear error naming the tensor or field; columns beyond a row's
+// visible prefix are ignored whatever they hold.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <random>
+
+#include "eval/safetensors.h"
+#include "spin/numerics.h"
+#include "spin/trace.h"
+#include "test_util.h"
+
+namespace spin {
+namespace {
+
+namespace fs = std::filesystem;
+using spin::testing::TempDir;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// A score trace whose values are small multiples of 1/8 (exact in F16 and BF16), with -inf inside
+// the visible prefix and NaN / +inf padding beyond it (which the reader must ignore).
+ScoreTrace make_scores(int layers, int next_n, int64_t entries, std::vector<int64_t> ctx) {
+  ScoreTrace t;
+  t.meta.kind = TraceKind::kScores;
+  t.meta.model = "unit-test";
+  t.meta.num_layers = layers;
+  t.meta.next_n = next_n;
+  t.meta.page_size = 16;
+  t.meta.topk = 32;
+  t.ctx_len = std::move(ctx);
+  if (next_n > 1) {
+    for (size_t s = 0; s < t.ctx_len.size(); ++s) t.accepted.push_back(static_cast<int32_t>(s % next_n));
+  }
+  std::mt19937 rng(11);
+  for (int l = 0; l < layers; ++l) {
+    t.entries.push_back(entries);
+    std::vector<float>& v = t.scores.emplace_back();
+    for (int64_t s = 0; s < t.steps(); ++s) {
+      for (int j = 0; j < next_n; ++j) {
+        const int64_t visible = visible_entries(t.ctx_len[s], next_n, j, 1);
+        for (int64_t e = 0; e < entries; ++e) {
+          float x = static_cast<float>(static_cast<int>(rng() % 512) - 256) / 8.0f;
+          if (e < visible && e % 37 == 5) x = -kInf;        // scored, lowest
+          if (e >= visible) x = (e % 2) ? kNaN : kInf;       // padding: ignored
+          v.push_back(x);
+        }
+      }
+    }
+  }
+  return t;
+}
+
+ScoreTrace plain_scores() { return make_scores(2, 1, 120, {90, 100, 101, 110, 120}); }
+ScoreTrace mtp_scores() { return make_scores(1, 3, 70, {40, 42, 45, 47, 50, 60}); }
+
+void expect_same(const TraceReader& r, const ScoreTrace& t) {
+  ASSERT_EQ(r.kind(), TraceKind::kScores);
+  EXPECT_EQ(r.meta().model, t.meta.model);
+  EXPECT_EQ(r.num_layers(), t.meta.num_layers);
+  EXPECT_EQ(r.meta().next_n, t.meta.next_n);
+  EXPECT_EQ(r.steps(), t.steps());
+  EXPECT_TRUE(std::equal(r.ctx_len().begin(), r.ctx_len().end(), t.ctx_len.begin(), t.ctx_len.end()));
+  EXPECT_TRUE(std::equal(r.accepted().begin(), r.accepted().end(), t.accepted.begin(), t.accepted.end()));
+  for (int l = 0; l < t.meta.num_layers; ++l) {
+    EXPECT_EQ(r.entries(l), t.entries[l]);
+    ASSERT_EQ(r.scores(l).size(), t.scores[l].size());
+    EXPECT_EQ(0, std::memcmp(r.scores(l).data(), t.scores[l].data(), t.scores[l].size() * 4)) << "layer " << l;
+    // Key views are empty on a score trace.
+    EXPECT_TRUE(r.k(l).empty());
+    EXPECT_TRUE(r.q(l, 0, 0).empty());
+  }
+  EXPECT_EQ(r.scores(0, 1, 0).size(), size_t(t.entries[0]));
+  EXPECT_EQ(r.scores(0, 1, 0).data(), r.scores(0).data() + t.meta.next_n * t.entries[0]);
+}
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+TEST(ScoreTrace, RoundTripIsBitExact) {
+  TempDir dir;
+  for (const ScoreTrace& t : {plain_scores(), mtp_scores()}) {
+    const std::string path = dir.file("s.safetensors");
+    ASSERT_TRUE(write_score_trace(t, path).ok());
+    auto r = TraceReader::open(path);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_same(r.value(), t);
+    EXPECT_EQ(r->meta().extra.count("kind"), 0u);  // kind is a field, not an extra
+    // Copy out, write again: the same bytes.
+    auto back = read_score_trace(path);
+    ASSERT_TRUE(back.ok()) << back.status().to_string();
+    const std::string path2 = dir.file("s2.safetensors");
+    ASSERT_TRUE(write_score_trace(back.value(), path2).ok());
+    EXPECT_EQ(read_bytes(path), read_bytes(path2));
+    // The other kind's reader refuses in one line naming the kind.
+    auto as_keys = read_trace(path);
+    ASSERT_FALSE(as_keys.ok());
+    EXPECT_NE(as_keys.status().message().find("kind=scores"), std::string::npos);
+    // describe names the kind.
+    EXPECT_NE(describe(r.value()).find("scores (the indexer's output"), std::string::npos);
+  }
+}
+
+// F16 and BF16 scores are widened exactly at open; non-finite padding stays ignored.
+TEST(ScoreTrace, ReadsF16AndBf16) {
+  TempDir dir;
+  const ScoreTrace t = mtp_scores();
+  for (st::Dtype dtype : {st::Dtype::kF16, st::Dtype::kBF16}) {
+    std::vector<uint16_t> half(t.scores[0].size());
+    for (size_t i = 0; i < half.size(); ++i) {
+      const float x = t.scores[0][i];
+      uint16_t h = 0;
+      if (dtype == st::Dtype::kBF16) {
+        h = bf16_from_float(x);
+      } else if (std::isnan(x)) {
+        h = 0x7E00;
+      } else if (std::isinf(x)) {
+        h = x > 0 ? 0x7C00 : 0xFC00;
+      } else {  // multiples of 1/8 in [-32, 32): exact in F16
+        const float a = std::fabs(x);
+        int exp = 0;
+        const float m = std::frexp(a, &exp);  // a = m · 2^exp, m in [0.5, 1)
+        h = a == 0 ? 0 : static_cast<uint16_t>(((exp - 1 + 15) << 10) | static_cast<uint16_t>((m * 2 - 1) * 1024));
+        if (x < 0) h |= 0x8000;
+      }
+      half[i] = h;
+    }
+    std::vector<st::TensorSpec> specs = {
+        {"ctx_len", st::Dtype::kI64, {t.steps()}, t.ctx_len.data(), t.ctx_len.size() * 8},
+        {"accepted", st::Dtype::kI32, {t.steps()}, t.accepted.data(), t.accepted.size() * 4},
+        {"layer.0.scores", dtype, {t.steps(), 3, t.entries[0]}, half.data(), half.size() * 2}};
+    const std::map<std::string, std::string> md = {{"format", "spin-trace"}, {"version", "1"}, {"kind", "scores"},
+                                                   {"model", "unit-test"},   {"num_layers", "1"}, {"next_n", "3"},
+                                                   {"page_size", "16"},      {"topk", "32"},     {"compress_ratio", "1"}};
+    const std::string path = dir.file("h.safetensors");
+    ASSERT_TRUE(st::write_safetensors(path, specs, md).ok());
+    auto r = TraceReader::open(path);
+    ASSERT_TRUE(r.ok()) << st::dtype_name(dtype) << ": " << r.status().to_string();
+    for (int64_t s = 0; s < t.steps(); ++s) {
+      for (int j = 0; j < 3; ++j) {
+        const int64_t visible = r->visible_entries(s, j);
+        const auto row = r->scores(0, s, j);
+        for (int64_t e = 0; e < visible; ++e) {
+          ASSERT_EQ(row[e], t.row(0, s, j)[e]) << st::dtype_name(dtype) << " step " << s << " row " << j << " entry " << e;
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Corrupt files: the good file's tensors with one change, one specific error.
+
+struct Owned {
+  st::Dtype dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+struct Contents {
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, Owned> tensors;
+};
+
+Contents load(const std::string& path) {
+  Contents c;
+  auto f = st::SafetensorsFile::open(path);
+  EXPECT_TRUE(f.ok());
+  c.metadata = f->metadata();
+  for (const auto& name : f->names()) {
+    auto t = f->tensor(name).value();
+    c.tensors[name] = {t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)};
+  }
+  return c;
+}
+
+Status open_contents(const Contents& c, const std::string& path) {
+  std::vector<st::TensorSpec> specs;
+  for (const auto& [name, t] : c.tensors) specs.push_back({name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
+  const Status w = st::write_safetensors(path, specs, c.metadata);
+  if (!w.ok()) return w;
+  return TraceReader::open(path).status();
+}
+
+template <typename T>
+void set(Contents& c, const std::string& name, size_t i, T v) {
+  std::memcpy(c.tensors.at(name).bytes.data() + i * sizeof(T), &v, sizeof(T));
+}
+
+class CorruptScoreTrace : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(write_score_trace(plain_scores(), dir_.file("plain")).ok());
+    ASSERT_TRUE(write_score_trace(mtp_scores(), dir_.file("mtp")).ok());
+    plain_ = load(dir_.file("plain"));
+    mtp_ = load(dir_.file("mtp"));
+    ASSERT_TRUE(open_contents(plain_, dir_.file("check")).ok());
+    ASSERT_TRUE(open_contents(mtp_, dir_.file("check")).ok());
+  }
+  void expect(const Contents& c, const std::string& needle) {
+    const Status s = open_contents(c, dir_.file("bad"));
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.to_string();
+    EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line: " << s.message();
+    EXPECT_NE(s.message().find(needle), std::string::npos)
+        << "message: " << s.message() << "\nexpected to contain: " << needle;
+  }
+  TempDir dir_;
+  Contents plain_, mtp_;
+};
+
+TEST_F(CorruptScoreTrace, WrongDtypeAndShape) {
+  Contents c = plain_;
+  c.tensors["layer.0.scores"].dtype = st::Dtype::kI32;
+  expect(c, "tensor layer.0.scores has dtype I32, expected F32 (or F16, BF16)");
+  c = plain_;
+  c.tensors["layer.1.scores"].shape = {5, 2, 60};
+  expect(c, "tensor layer.1.scores has shape [5, 2, 60], expected [5, 1, any]");
+  c = plain_;
+  c.tensors["layer.1.scores"].shape = {600};
+  expect(c, "tensor layer.1.scores has shape [600]");
+  c = plain_;
+  c.tensors.erase("layer.1.scores");
+  expect(c, "missing tensor layer.1.scores");
+  c = plain_;
+  c.tensors["layer.2.scores"] = c.tensors["layer.0.scores"];
+  expect(c, "tensor layer.2.scores is beyond metadata num_layers = 2");
+  c = plain_;
+  c.tensors["layer.0.k"] = {st::Dtype::kU8, {120, 128}, std::vector<uint8_t>(120 * 128)};
+  expect(c, "unknown tensor layer.0.k");
+}
+
+TEST_F(CorruptScoreTrace, EntriesBelowTheVisiblePrefix) {
+  Contents c = plain_;
+  for (const char* name : {"layer.0.scores", "layer.1.scores"}) {
+    Owned& t = c.tensors[name];
+    t.shape = {5, 1, 119};  // the last step sees 120
+    t.bytes.resize(5 * 119 * 4);
+  }
+  expect(c, "layer.0.scores has only 119 columns (entries < the visible prefix)");
+}
+
+TEST_F(CorruptScoreTrace, NanOrPlusInfInsideTheVisiblePrefix) {
+  Contents c = plain_;
+  set(c, "layer.1.scores", 120 * 2 + 7, kNaN);  // step 2, row 0, entry 7 (sees 101)
+  expect(c, "layer.1.scores[step 2, row 0, entry 7] = nan inside the row's 101 visible entries");
+  c = plain_;
+  set(c, "layer.0.scores", 100, kInf);  // step 0, entry 89 = the last visible one is 89
+  set(c, "layer.0.scores", 89, kInf);
+  expect(c, "layer.0.scores[step 0, row 0, entry 89] = inf");
+  // -inf inside and NaN just past the prefix are fine.
+  c = plain_;
+  set(c, "layer.0.scores", 3, -kInf);
+  set(c, "layer.0.scores", 90, kNaN);
+  EXPECT_TRUE(open_contents(c, dir_.file("ok")).ok());
+}
+
+TEST_F(CorruptScoreTrace, AcceptedAndCtxLen) {
+  Contents c = mtp_;
+  c.tensors.erase("accepted");
+  expect(c, "missing tensor accepted (I32 [steps], required since next_n = 3 > 1)");
+  c = mtp_;
+  set<int32_t>(c, "accepted", 2, 3);
+  expect(c, "accepted[2] = 3, expected 0..2");
+  c = mtp_;
+  set<int32_t>(c, "accepted", 0, -1);
+  expect(c, "accepted[0] = -1");
+  c = mtp_;
+  c.tensors["accepted"].dtype = st::Dtype::kI64;
+  c.tensors["accepted"].shape = {3};
+  expect(c, "tensor accepted has dtype I64, expected I32");
+  c = plain_;
+  set<int64_t>(c, "ctx_len", 2, 100);
+  expect(c, "ctx_len is not strictly increasing: ctx_len[2] = 100 after ctx_len[1] = 100");
+  c = mtp_;
+  set<int64_t>(c, "ctx_len", 0, 2);
+  expect(c, "ctx_len[0] = 2 is below next_n = 3");
+  c = plain_;
+  c.tensors["ctx_len"].dtype = st::Dtype::kI32;
+  c.tensors["ctx_len"].shape = {10};
+  expect(c, "tensor ctx_len has dtype I32, expected I64");
+}
+
+TEST_F(CorruptScoreTrace, Metadata) {
+  Contents c = plain_;
+  c.metadata["kind"] = "logits";
+  expect(c, "metadata kind = \"logits\", expected \"keys\" (indexer inputs) or \"scores\"");
+  c = plain_;
+  c.metadata.erase("topk");
+  expect(c, "metadata has no \"topk\"");
+  c = plain_;
+  c.metadata["next_n"] = "0";
+  expect(c, "metadata next_n = \"0\"");
+  // num_heads is optional on a score trace, and kept when given.
+  c = plain_;
+  c.metadata["num_heads"] = "8";
+  EXPECT_TRUE(open_contents(c, dir_.file("ok")).ok());
+  // Without kind, the same tensors are read as a key trace, which has no layer.{l}.k.
+  c = plain_;
+  c.metadata.erase("kind");
+  const Status s = open_contents(c, dir_.file("bad"));
+  EXPECT_FALSE(s.ok());
+}
+
+TEST_F(CorruptScoreTrace, TruncatedAnywhere) {
+  const auto bytes = read_bytes(dir_.file("mtp"));
+  for (size_t n = 0; n < bytes.size(); n += 7) {
+    const std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + long(n));
+    auto r = TraceReader::from_memory(cut.data(), cut.size());
+    ASSERT_FALSE(r.ok()) << "truncated at " << n;
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().to_string();
+    EXPECT_FALSE(r.status().message().empty());
+  }
+  std::ofstream(dir_.file("cut"), std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                                          static_cast<std::streamsize>(bytes.size() - 1));
+  auto r = TraceReader::open(dir_.file("cut"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("truncated"), std::string::npos) << r.status().message();
+}
+
+TEST(ScoreTraceWrite, ValidateChecksSizesAndValues) {
+  ScoreTrace t = plain_scores();
+  EXPECT_TRUE(validate_score_trace(t).ok());
+  t.scores[1].pop_back();
+  EXPECT_EQ(validate_score_trace(t).code(), StatusCode::kInvalidArgument);
+  t = mtp_scores();
+  t.accepted.clear();
+  EXPECT_EQ(validate_score_trace(t).code(), StatusCode::kInvalidArgument);
+  t = plain_scores();
+  t.scores[0][3] = kNaN;
+  const Status s = validate_score_trace(t);
+  EXPECT_NE(s.message().find("layer.0.scores[step 0, row 0, entry 3]"), std::string::npos) << s.message();
+  // Nothing is written for an invalid trace.
+  TempDir dir;
+  EXPECT_FALSE(write_score_trace(t, dir.file("x")).ok());
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Python score-trace example writes files this reader accepts (F32 and F16, plain and MTP).
+
+TEST(ScoreTraceExample, PythonRecorderOutputIsAccepted) {
+  std::string python;
+  for (const char* candidate : {"python3", "/usr/bin/python3"}) {
+    if (std::system((std::string(candidate) + " -c 'import numpy' >/dev/null 2>&1").c_str()) == 0) {
+      python = candidate;
+      break;
+    }
+  }
+  if (python.empty()) GTEST_SKIP() << "no python3 with numpy; skipping examples/record_score_trace.py";
+  const fs::path script = fs::path(__FILE__).parent_path().parent_path() / "examples" / "record_score_trace.py";
+  ASSERT_TRUE(fs::exists(script)) << script;
+  TempDir dir;
+  for (const char* mode : {"", " --next-n 3", " --f16"}) {
+    const std::string out = dir.file("py.safetensors");
+    const std::string cmd = python + " '" + script.string() + "' '" + out + "'" + mode + " >/dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    auto r = TraceReader::open(out);
+    ASSERT_TRUE(r.ok()) << mode << ": " << r.status().to_string();
+    EXPECT_EQ(r->kind(), TraceKind::kScores);
+    EXPECT_EQ(r->meta().next_n, std::string(mode) == " --next-n 3" ? 3 : 1);
+    // The tool output appended mid-way is a ctx_len jump.
+    const auto ctx = r->ctx_len();
+    bool jump = false;
+    for (size_t s = 1; s < ctx.size(); ++s) jump |= ctx[s] - ctx[s - 1] > r->meta().next_n;
+    EXPECT_TRUE(jump);
+  }
+}
+
+}  // namespace
+}  // namespace spin

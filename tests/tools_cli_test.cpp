@@ -6,7 +6,8 @@
 // The binary under test is SPIN_BINARY (set by CMake). Each run happens in a fresh working
 // directory holding a tiny valid trace, a link to it, a named pipe, a corrupt file and a
 // directory; after each run the test checks the exit status, stderr, the directory listing and
-// the trace's bytes.
+// the trace's bytes. A cross build (cmake/aarch64-linux-gnu.cmake) runs it through the emulator
+// CMake names in SPIN_EMULATOR (qemu-user), as a host without binfmt_misc cannot exec it directly.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -35,6 +36,19 @@ namespace {
 
 namespace fs = std::filesystem;
 using spin::testing::TempDir;
+
+// execv of SPIN_BINARY with argv = {SPIN_BINARY, args...}, through SPIN_EMULATOR where set;
+// returns only on failure.
+void exec_spin(const std::vector<const char*>& args) {
+  std::vector<char*> argv;
+#ifdef SPIN_EMULATOR
+  argv.push_back(const_cast<char*>(SPIN_EMULATOR));
+#endif
+  argv.push_back(const_cast<char*>(SPIN_BINARY));
+  for (const char* a : args) argv.push_back(const_cast<char*>(a));
+  argv.push_back(nullptr);
+  execv(argv[0], argv.data());
+}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -108,11 +122,9 @@ class Workspace {
       dup2(out, 1);
       dup2(err, 2);
       dup2(in, 0);
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(SPIN_BINARY));
-      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv(SPIN_BINARY, argv.data());
+      std::vector<const char*> argv;
+      for (const std::string& a : args) argv.push_back(a.c_str());
+      exec_spin(argv);
       _exit(127);
     }
     RunResult r;
@@ -302,8 +314,7 @@ TEST(Cli, InterruptedWriteLeavesNothing) {
     const int null = open("/dev/null", O_WRONLY);
     dup2(null, 1);
     dup2(null, 2);
-    execl(SPIN_BINARY, SPIN_BINARY, "trace", "gen", "--scenario", "doc-qa-94k", "--layers", "16", "--steps", "64",
-          "--out", "big.st", static_cast<char*>(nullptr));
+    exec_spin({"trace", "gen", "--scenario", "doc-qa-94k", "--layers", "16", "--steps", "64", "--out", "big.st"});
     _exit(127);
   }
   bool saw_temp = false;

@@ -134,16 +134,25 @@ bool cpu_supports(const char* path) {
   return f == "neon";  // a loop is only compiled for its own ISA, and NEON is base aarch64
 }
 
-double measure_loop(const PeakLoop& l, int threads) {
-  // ~0.1 s per attempt; the best of five rides out a busy neighbour (peaks are maxima).
-  const int64_t iterations = 20'000'000;
-  double best = 0;
-  std::vector<double> sink(static_cast<size_t>(threads));  // keeps the loops' results alive
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    const auto t0 = std::chrono::steady_clock::now();
+double seconds_of(const PeakLoop& l, int64_t iterations, int threads, std::vector<double>& sink) {
+  const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(threads)
-    sink[omp_get_thread_num()] = l.loop(iterations);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  sink[omp_get_thread_num()] = l.loop(iterations);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double measure_loop(const PeakLoop& l, int threads) {
+  // ~0.1 s per attempt; the best of five rides out a busy neighbour (peaks are maxima). The
+  // iteration count is sized by a doubling probe (≥ 20 ms) rather than fixed, so the same 0.5 s
+  // holds on a slow core or under an emulator (qemu-user runs the tests of the aarch64 build).
+  std::vector<double> sink(static_cast<size_t>(threads));  // keeps the loops' results alive
+  int64_t iterations = 1 << 12;
+  double probe = 0;
+  while ((probe = seconds_of(l, iterations, threads, sink)) < 0.02 && iterations < (int64_t{1} << 40)) iterations *= 2;
+  iterations = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(iterations) * 0.1 / std::max(probe, 1e-9)));
+  double best = 0;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    const double seconds = seconds_of(l, iterations, threads, sink);
     best = std::max(best, l.flop_per_iteration * static_cast<double>(iterations) * threads / seconds / 1e9);
   }
   if (sink[0] == 12345.0) std::fputs("", stderr);  // an observable use of the results

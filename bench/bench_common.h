@@ -92,6 +92,13 @@ struct AttentionBenchOptions {
 };
 int run_attention_bench(const AttentionBenchOptions& options);
 
+struct QuantBenchOptions {
+  int64_t entries = 65536;  // 128-dim vectors per timed pass
+  double min_seconds = 0.5;
+  std::string json_path;
+};
+int run_quant_bench(const QuantBenchOptions& options);
+
 struct DecodeBenchOptions {
   std::string model = "deepseek-v3.2";
   std::vector<int64_t> contexts = {32768, 131072};  // indexer entries per request

@@ -387,6 +387,8 @@ std::vector<Grammar> grammars() {
        {{"--rows", {"1", "2", "300"}}, {"--heads", {"8", "64", "129"}}, {"--topk", {"16", "512"}},
         {"--latent", {"fp8", "bf16", "int4"}}, {"--impl", {"auto", "avx2", "portable", "reference", "bogus"}},
         {"--min-time", {"0.001"}}, {"--threads", {"1"}}, {"--json", kOutputs}}},
+      {{"bench", "quant"},
+       {{"--entries", {"64", "1000", "63"}}, {"--min-time", {"0.001"}}, {"--json", kOutputs}}},
       {{"bench", "decode"},
        {{"--model", {"deepseek-v3.2", "deepseek-v4-flash", "gpt"}}, {"--context", {"64", "1024"}},
         {"--batch", {"1", "2"}}, {"--layers", {"1", "100"}}, {"--steps", {"1", "2"}}, {"--sparsity", {"0.5"}},
@@ -414,7 +416,7 @@ std::vector<std::string> random_args(std::mt19937_64& rng, const Grammar& g) {
     }
   }
   // Cheap by construction: the sweeps of the benchmarks and generator need their small sizes.
-  const bool needs_context = (g.path[0] == "bench" && g.path[1] != "attention") || (g.path.size() > 1 && g.path[1] == "gen");
+  const bool needs_context = (g.path[0] == "bench" && g.path[1] != "attention" && g.path[1] != "quant") || (g.path.size() > 1 && g.path[1] == "gen");
   if (needs_context && std::find(args.begin(), args.end(), "--context") == args.end()) {
     args.insert(args.end(), {"--context", "512"});
   }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The integration tests, after ./scripts/test.sh (CI runs both: .ci/run). One function per
+# section, each self-contained, so sections from different branches merge as separate blocks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# aarch64: the whole C++ suite cross-compiled for 64-bit Arm (cmake/aarch64-linux-gnu.cmake: the
+# NEON kernels, and every portable path built by another compiler for another ISA) and run under
+# qemu-user through CTest. Every target is built; the fuzz target is off in this preset (it needs
+# clang + libFuzzer for the host). Correctness only: qemu timings mean nothing.
+# Measured on the 2-core dev VM: ~6 min to build, ~N min to test.
+aarch64() {
+  echo "=== spin tests: aarch64 (cross-compiled, run under qemu-user) ==="
+  local jobs start
+  jobs="$(nproc)"
+  start=$SECONDS
+  cmake --preset aarch64 >/dev/null
+  cmake --build --preset aarch64 -j"${jobs}"
+  echo "aarch64: built in $((SECONDS - start)) s"
+  start=$SECONDS
+  ctest --preset aarch64 -j"${jobs}"
+  echo "aarch64: tests ran in $((SECONDS - start)) s"
+}
+
+./scripts/install-deps.sh
+aarch64

@@ -141,10 +141,10 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
 
   return {{indexer_cmd, [indexer] { return run_if_it_fits(*indexer, "this indexer benchmark", bench::run_indexer_bench); }},
           {topk_cmd, [topk] { return run_if_it_fits(*topk, "this top-k benchmark", bench::run_topk_bench); }},
+          {quant_cmd, [quant] { return bench::run_quant_bench(*quant); }},
           {predictor_cmd,
            [predictor] { return run_if_it_fits(*predictor, "this predictor benchmark", bench::run_predictor_bench); }},
           {attention_cmd, [attention] { return bench::run_attention_bench(*attention); }},
-          {quant_cmd, [quant] { return bench::run_quant_bench(*quant); }},
           {decode_cmd, [decode] { return run_decode(*decode); }}};
 }
 

@@ -4,7 +4,8 @@
 //
 // FLOP per row: heads · selected · (576 + 512) · 2 (QK^T over the 576-dim key, P·V over the
 // 512-dim latent); bytes: selected · entry bytes (656 fp8, 1152 bf16), read once per row.
-// peak_fraction is against the machine peak measured in the same run on the same threads.
+// peak_fraction is against the machine peak measured in the same run on the same threads;
+// path_peak_fraction ("own") against the peak of the path's own instruction (bench_common.h).
 // Reproduce with: spin bench attention --json attention.json
 #include <fmt/format.h>
 #include <omp.h>
@@ -104,12 +105,14 @@ int run_attention_bench(const AttentionBenchOptions& options) {
   const LatentDtype dtype = options.latent == "bf16" ? LatentDtype::kBf16 : LatentDtype::kFp8;
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   const MachinePeak peak = measure_peak(threads);
+  const MachinePeak own = measure_path_peak(attention_impl_name(resolved), threads);
   fmt::print("spin bench attention — {} heads, top-k {}, latent {}, page {}, impl {}, {} threads\n", options.heads,
              options.topk, latent_dtype_name(dtype), kPageSize, attention_impl_name(resolved), threads);
-  fmt::print("cpu: {}\npeak: {:.1f} GFLOP/s ({}, measured now on {} threads)\n\n", cpu_model(), peak.gflops,
-             peak.instruction, threads);
-  fmt::print("{:>5} {:>6} {:>6} {:>11} {:>9} {:>8} {:>6}\n", "rows", "heads", "topk", "time_us", "GFLOP/s", "GB/s",
-             "peak");
+  fmt::print("cpu: {}\n", cpu_model());
+  std::fflush(stdout);
+  print_peaks(peak, own);
+  fmt::print("{:>5} {:>6} {:>6} {:>11} {:>9} {:>8} {:>6} {:>6}\n", "rows", "heads", "topk", "time_us", "GFLOP/s",
+             "GB/s", "peak", "own");
   nlohmann::json records = nlohmann::json::array();
   const LatentPageLayout layout{dtype, kPageSize};
   for (int32_t rows : options.rows) {
@@ -145,15 +148,17 @@ int run_attention_bench(const AttentionBenchOptions& options) {
     const double gflops = flop / (t.median_us * 1e3);
     const double gbps = static_cast<double>(options.topk) * rows * static_cast<double>(layout.entry_bytes()) /
                         (t.median_us * 1e3);
-    fmt::print("{:>5} {:>6} {:>6} {:>11.1f} {:>9.1f} {:>8.2f} {:>5.1f}%\n", rows, options.heads, options.topk,
-               t.median_us, gflops, gbps, 100 * gflops / peak.gflops);
+    fmt::print("{:>5} {:>6} {:>6} {:>11.1f} {:>9.1f} {:>8.2f} {:>5.1f}% {}\n", rows, options.heads, options.topk,
+               t.median_us, gflops, gbps, 100 * gflops / peak.gflops, own_peak_cell(gflops, own));
     std::fflush(stdout);
     nlohmann::json record = machine_json(threads);
     record.update({{"bench", "attention"}, {"impl", attention_impl_name(resolved)}, {"heads", options.heads},
                    {"topk", options.topk}, {"latent", latent_dtype_name(dtype)}, {"rows", rows},
                    {"time_us", t.median_us}, {"time_us_min", t.min_us}, {"runs", t.runs}, {"gflops", gflops},
                    {"gbps", gbps}, {"peak_gflops", peak.gflops}, {"peak_instruction", peak.instruction},
-                   {"peak_fraction", gflops / peak.gflops}});
+                   {"peak_fraction", gflops / peak.gflops}, {"path_peak_gflops", own.gflops},
+                   {"path_peak_instruction", own.instruction},
+                   {"path_peak_fraction", own.gflops > 0 ? gflops / own.gflops : 0.0}});
     records.push_back(record);
   }
   return finish_records(options.json_path, records);

@@ -3,7 +3,12 @@
 
 #include "spin/files.h"
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 #include <omp.h>
 #include <unistd.h>
 
@@ -36,6 +41,7 @@ Timing time_it(const std::function<void()>& fn, double min_seconds, int min_runs
 
 namespace {
 
+#if defined(__x86_64__)
 // 16 independent accumulators hide the dot-product latency; nothing touches memory.
 __attribute__((target("avx512f,avx512bf16"))) double bf16_dot_loop(int64_t iterations) {
   __m512 acc[16];
@@ -83,35 +89,70 @@ __attribute__((target("avx512f"))) double fma512_loop(int64_t iterations) {
   return out[0];
 }
 
+#endif  // __x86_64__
+
+#if defined(__aarch64__)
+__attribute__((noinline)) double neon_fma_loop(int64_t iterations) {
+  float32x4_t acc[16];
+  for (auto& a : acc) a = vdupq_n_f32(0.0f);
+  const float32x4_t x = vdupq_n_f32(1.0f), y = vdupq_n_f32(1e-7f);
+  for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] = vfmaq_f32(acc[j], x, y);
+  }
+  float32x4_t sum = acc[0];
+  for (int j = 1; j < 16; ++j) sum = vaddq_f32(sum, acc[j]);
+  return vgetq_lane_f32(sum, 0);
+}
+#endif  // __aarch64__
+
 struct PeakLoop {
   const char* instruction;
-  const char* cpu_feature;
-  double flop_per_iteration;  // vdpbf16ps zmm = 32 pairs × 2 products, summed: 64; fma zmm 32, ymm 16
+  const char* path;  // the kernel path (impl name) whose inner loop is this instruction
+  double flop_per_iteration;  // vdpbf16ps zmm = 32 pairs × 2 products, summed: 64; fma zmm 32, ymm 16, q 8
   double (*loop)(int64_t);
 };
 constexpr PeakLoop kPeakLoops[] = {
+#if defined(__x86_64__)
     {"avx512-bf16 vdpbf16ps (zmm)", "avx512bf16", 16 * 64.0, bf16_dot_loop},
     {"fp32 fma (zmm)", "avx512f", 16 * 32.0, fma512_loop},
-    {"fp32 fma (ymm)", "fma", 12 * 16.0, fma_loop},
+    {"fp32 fma (ymm)", "avx2", 12 * 16.0, fma_loop},
+#endif
+#if defined(__aarch64__)
+    {"fp32 fmla (neon q)", "neon", 16 * 8.0, neon_fma_loop},
+#endif
 };
 
-bool cpu_supports(const char* feature) {
-  const std::string f = feature;
+bool cpu_supports(const char* path) {
+  const std::string f = path;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
   if (f == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
   if (f == "avx512f") return __builtin_cpu_supports("avx512f");
-  return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+  if (f == "avx2") return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+#endif
+  return f == "neon";  // a loop is only compiled for its own ISA, and NEON is base aarch64
+}
+
+double seconds_of(const PeakLoop& l, int64_t iterations, int threads, std::vector<double>& sink) {
+  const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads)
+  sink[omp_get_thread_num()] = l.loop(iterations);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 double measure_loop(const PeakLoop& l, int threads) {
-  // ~0.1 s per attempt; the best of five rides out a busy neighbour (peaks are maxima).
-  const int64_t iterations = 20'000'000;
-  double best = 0;
+  // ~0.1 s per attempt; the best of five rides out a busy neighbour (peaks are maxima). The
+  // iteration count is sized by a doubling probe (≥ 20 ms) rather than fixed, so the same 0.5 s
+  // holds on a slow core or under an emulator (qemu-user runs the tests of the aarch64 build).
   std::vector<double> sink(static_cast<size_t>(threads));  // keeps the loops' results alive
+  int64_t iterations = 1 << 12;
+  double probe = 0;
+  while ((probe = seconds_of(l, iterations, threads, sink)) < 0.02 && iterations < (int64_t{1} << 40)) iterations *= 2;
+  iterations = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(iterations) * 0.1 / std::max(probe, 1e-9)));
+  double best = 0;
   for (int attempt = 0; attempt < 5; ++attempt) {
-    const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel num_threads(threads)
-    sink[omp_get_thread_num()] = l.loop(iterations);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double seconds = seconds_of(l, iterations, threads, sink);
     best = std::max(best, l.flop_per_iteration * static_cast<double>(iterations) * threads / seconds / 1e9);
   }
   if (sink[0] == 12345.0) std::fputs("", stderr);  // an observable use of the results
@@ -121,14 +162,39 @@ double measure_loop(const PeakLoop& l, int threads) {
 }  // namespace
 
 MachinePeak measure_peak(int threads) {
-  __builtin_cpu_init();
   MachinePeak peak{"none (no FMA or bf16 dot)", 0, threads};
   for (const PeakLoop& l : kPeakLoops) {
-    if (!cpu_supports(l.cpu_feature)) continue;
+    if (!cpu_supports(l.path)) continue;
     const double gflops = measure_loop(l, threads);
     if (gflops > peak.gflops) peak = {l.instruction, gflops, threads};
   }
   return peak;
+}
+
+MachinePeak measure_path_peak(const std::string& path, int threads) {
+  for (const PeakLoop& l : kPeakLoops) {
+    if (path == l.path && cpu_supports(l.path)) return {l.instruction, measure_loop(l, threads), threads};
+  }
+  return {"none (no instruction of its own)", 0, threads};
+}
+
+void print_peaks(const MachinePeak& machine, const MachinePeak& own) {
+  std::printf("peak: %.1f GFLOP/s (%s, measured now on %d threads)\n", machine.gflops, machine.instruction.c_str(),
+              machine.threads);
+  if (own.gflops > 0) {
+    std::printf("this path's peak: %.1f GFLOP/s (%s; column \"own\")\n", own.gflops, own.instruction.c_str());
+  }
+  std::printf("\n");
+}
+
+std::string own_peak_cell(double gflops, const MachinePeak& own) {
+  char cell[32];
+  if (own.gflops > 0) {
+    std::snprintf(cell, sizeof(cell), "%5.1f%%", 100 * gflops / own.gflops);
+  } else {
+    std::snprintf(cell, sizeof(cell), "%6s", "-");
+  }
+  return cell;
 }
 
 std::string cpu_model() {

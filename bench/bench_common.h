@@ -31,6 +31,15 @@ struct MachinePeak {
 // and fp32 FMA at its widest (zmm where AVX-512F is present, else ymm). On Sapphire Rapids the
 // zmm FMA peak can match or beat vdpbf16ps, so both are measured rather than assumed.
 MachinePeak measure_peak(int threads);
+// Peak of the one instruction kernel path `path` (an impl name: avx512bf16, avx512f, avx2, neon)
+// is built on, measured as measure_peak does: a forced path is stated against its own ISA as well
+// as against the machine (forced avx2 on an AVX-512 machine ≈ what an AVX2-only core of the same
+// clock would reach). gflops = 0 for paths without one (portable, reference).
+MachinePeak measure_path_peak(const std::string& path, int threads);
+// "peak: …" lines of a kernel bench's header: the machine peak, and the path's own when it has one.
+void print_peaks(const MachinePeak& machine, const MachinePeak& own);
+// The "own" column: percent of the path's own peak, or "-" when it has none.
+std::string own_peak_cell(double gflops, const MachinePeak& own);
 
 // Fields every record carries: commit, cpu model, threads.
 nlohmann::json machine_json(int threads);
@@ -82,6 +91,13 @@ struct AttentionBenchOptions {
   std::string json_path;
 };
 int run_attention_bench(const AttentionBenchOptions& options);
+
+struct QuantBenchOptions {
+  int64_t entries = 65536;  // 128-dim vectors per timed pass
+  double min_seconds = 0.5;
+  std::string json_path;
+};
+int run_quant_bench(const QuantBenchOptions& options);
 
 struct DecodeBenchOptions {
   std::string model = "deepseek-v3.2";

@@ -19,6 +19,13 @@
 
 namespace spin::bench {
 
+// A predictor call that fails ends the benchmark with the one error line every command prints.
+static int report_failure(const Status& s) {
+  fmt::print(stderr, "spin: error: {}\n", s.to_string());
+  return 1;
+}
+
+
 int run_predictor_bench(const PredictorBenchOptions& options) {
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   fmt::print("spin bench predictor — {} at sparsity {:.2f}, page 64, top-k 2048, rows 1; indexer on {} threads\n\n",
@@ -52,7 +59,7 @@ int run_predictor_bench(const PredictorBenchOptions& options) {
       in.step = step;
       in.num_entries = context;
       const auto t0 = std::chrono::steady_clock::now();
-      if (!predictor->select(0, in, &sel).ok()) return 1;
+      if (Status s = predictor->select(0, in, &sel); !s.ok()) return report_failure(s);
       const auto t1 = std::chrono::steady_clock::now();
       // What the engine would have after the masked indexer and top-k (not timed here).
       std::fill(masked.begin(), masked.end(), -std::numeric_limits<float>::infinity());
@@ -69,7 +76,8 @@ int run_predictor_bench(const PredictorBenchOptions& options) {
       rs.num_scored_blocks = static_cast<int64_t>(sel.blocks.size());
       rs.topk_positions = topk_out.data();
       const auto t2 = std::chrono::steady_clock::now();
-      if (!predictor->observe(0, 0, rs).ok() || !predictor->commit(0).ok()) return 1;
+      if (Status s = predictor->observe(0, 0, rs); !s.ok()) return report_failure(s);
+      if (Status s = predictor->commit(0); !s.ok()) return report_failure(s);
       const auto t3 = std::chrono::steady_clock::now();
       if (step >= 3) {
         select_us += std::chrono::duration<double, std::micro>(t1 - t0).count();

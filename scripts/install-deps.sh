@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# Installs the Debian packages spin builds against, only when one is missing.
+# Installs the Debian packages spin builds against, only when one is missing: the native build's,
+# and the aarch64 cross build's (scripts/test-integration.sh): Debian's cross compiler, qemu-user
+# to run its tests, and the arm64 builds of the two compiled libraries (multiarch; the header-only
+# ones are shared with the native build).
 set -euo pipefail
 pkgs=(g++ cmake ninja-build libgtest-dev libomp-dev libfmt-dev nlohmann-json3-dev libcli11-dev
       gnuplot-nox python3-numpy clang libclang-rt-14-dev
-      python3-venv python3-dev)
+      python3-venv python3-dev
+      g++-aarch64-linux-gnu qemu-user-static libfmt-dev:arm64 libgtest-dev:arm64 libgomp1:arm64)
+sudo_cmd=""
+[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  $sudo_cmd dpkg --add-architecture arm64  # the :arm64 packages below; apt-get update follows
+  need_update=1
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
-if ((${#missing[@]})); then
+if ((${#missing[@]})) || [ -n "${need_update:-}" ]; then
   echo "spin: installing missing packages: ${missing[*]}"
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  if ((${#missing[@]})); then
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
 fi

@@ -1,6 +1,7 @@
 // Paged indexer cache: byte layout, page allocation, request page tables, quantised writes.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -58,7 +59,7 @@ TEST(RequestPages, ReserveIsAllOrNothing) {
 }
 
 TEST(IndexerKeyCache, WritesLandAtTheDocumentedBytes) {
-  for (int32_t page_size : {1, 5, 61, 64, 69}) {
+  for (int32_t page_size : {1, 5, 16, 61, 64, 69, 128}) {
     auto cache = IndexerKeyCache::create(page_size, 20);
     ASSERT_TRUE(cache.ok());
     std::vector<int32_t> pages = {7, 3, 19, 0, 11, 5, 2, 8, 14, 1, 4, 6, 9, 10, 12, 13, 15, 16, 17, 18};
@@ -72,11 +73,11 @@ TEST(IndexerKeyCache, WritesLandAtTheDocumentedBytes) {
       const int64_t pos = 9 + i;
       const uint8_t* page = cache->data() + pages[pos / page_size] * layout.page_bytes();
       const int32_t o = static_cast<int32_t>(pos % page_size);
-      uint8_t expect_codes[128];
-      const float expect_scale = quantize_e4m3_block128(keys.data() + i * 128, expect_codes);
+      uint8_t expect_codes[128];  // the scalar reference: the write path's vectorised quantiser matches it bitwise
+      const float expect_scale = quantize_e4m3_block128_reference(keys.data() + i * 128, expect_codes);
       float scale;
       std::memcpy(&scale, page + layout.scale_offset(o), 4);
-      ASSERT_EQ(scale, expect_scale);
+      ASSERT_EQ(std::bit_cast<uint32_t>(scale), std::bit_cast<uint32_t>(expect_scale));
       ASSERT_EQ(std::memcmp(page + layout.value_offset(o), expect_codes, 128), 0);
       uint8_t back[128];
       float back_scale;
@@ -127,9 +128,48 @@ TEST(QuantizeQueries, FoldsScalesIntoWeights) {
   ASSERT_TRUE(quantize_queries(q.data(), w.data(), 2, 64, q8.data(), w8.data()).ok());
   for (int i = 0; i < 128; ++i) {
     uint8_t codes[128];
-    const float scale = quantize_e4m3_block128(q.data() + i * 128, codes);
+    const float scale = quantize_e4m3_block128_reference(q.data() + i * 128, codes);
     EXPECT_EQ(std::memcmp(codes, q8.data() + i * 128, 128), 0);
     EXPECT_FLOAT_EQ(w8[i], w[i] * scale / std::sqrt(128.0f) / 8.0f);
+  }
+}
+
+// The query quantiser on hostile rows — odd head counts, subnormal and all-equal heads, a head of
+// zeros, huge magnitudes — bitwise against the scalar reference, with and without the rotation.
+TEST(QuantizeQueries, MatchesTheScalarReferenceBitwise) {
+  CounterRng rng(stream_key(23));
+  for (int32_t heads : {1, 3, 64, 65}) {
+    for (bool hadamard : {false, true}) {
+      const int32_t rows = 3;
+      const int64_t n = int64_t{rows} * heads;
+      std::vector<float> q(n * 128), w(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const int kind = static_cast<int>(i % 5);
+        for (int d = 0; d < 128; ++d) {
+          const double g = rng.normal();
+          q[i * 128 + d] = kind == 0   ? static_cast<float>(g)
+                           : kind == 1 ? static_cast<float>(g * 1e-41)  // subnormal
+                           : kind == 2 ? 2.5f                           // all equal
+                           : kind == 3 ? 0.0f
+                                       : static_cast<float>(g * 1e37);
+        }
+        w[i] = static_cast<float>(rng.normal());
+      }
+      std::vector<uint8_t> q8(q.size());
+      std::vector<float> w8(w.size());
+      const KeyQuantOptions options{.hadamard = hadamard};
+      ASSERT_TRUE(quantize_queries(q.data(), w.data(), rows, heads, q8.data(), w8.data(), options).ok());
+      const float fold = 1.0f / std::sqrt(128.0f) / std::sqrt(static_cast<float>(heads));
+      for (int64_t i = 0; i < n; ++i) {
+        float v[128];
+        std::memcpy(v, q.data() + i * 128, sizeof(v));
+        if (hadamard) hadamard128(v);
+        uint8_t codes[128];
+        const float scale = quantize_e4m3_block128_reference(v, codes);
+        ASSERT_EQ(std::memcmp(codes, q8.data() + i * 128, 128), 0) << heads << " heads, head " << i;
+        ASSERT_EQ(std::bit_cast<uint32_t>(w8[i]), std::bit_cast<uint32_t>(w[i] * scale * fold)) << i;
+      }
+    }
   }
 }
 

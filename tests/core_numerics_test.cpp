@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -148,6 +149,70 @@ TEST(CounterRng, IsAPureFunctionOfKeyAndCounter) {
   std::vector<int> counts(7, 0);
   for (int i = 0; i < 70000; ++i) ++counts[a.below(7)];
   for (int n : counts) EXPECT_NEAR(n, 10000, 500);
+}
+
+// The vectorised block quantiser against its scalar reference, bitwise (codes and scale), on
+// blocks meant to break it: random bit patterns (quiet and signalling NaNs, ±inf, subnormals),
+// all-equal blocks, every rounding tie of every binade, ±0, values at and past ±448 · scale, and
+// a single huge or tiny element that pins the scale.
+struct QuantCase {
+  const char* name;
+  std::vector<float> block;
+};
+
+std::vector<QuantCase> hostile_blocks() {
+  std::vector<QuantCase> cases;
+  CounterRng rng(stream_key(91));
+  auto bits_block = [&](uint32_t mask) {
+    std::vector<float> b(128);
+    for (float& v : b) v = std::bit_cast<float>(static_cast<uint32_t>(rng.next_u64()) & mask);
+    return b;
+  };
+  for (int i = 0; i < 2000; ++i) cases.push_back({"random bits", bits_block(0xFFFFFFFFu)});
+  for (int i = 0; i < 500; ++i) cases.push_back({"subnormals", bits_block(0x807FFFFFu)});
+  for (int i = 0; i < 500; ++i) cases.push_back({"finite bits", bits_block(0xBF7FFFFFu)});
+  for (float v : {0.0f, -0.0f, 1.0f, -3.5f, 1e-30f, 448.0f, 3e38f, std::numeric_limits<float>::denorm_min()}) {
+    cases.push_back({"all equal", std::vector<float>(128, v)});
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  const float qnan = std::numeric_limits<float>::quiet_NaN(), snan = std::numeric_limits<float>::signaling_NaN();
+  for (float special : {inf, -inf, qnan, snan, -qnan}) {
+    for (int at : {0, 3, 64, 127}) {
+      std::vector<float> b(128);
+      for (int d = 0; d < 128; ++d) b[d] = static_cast<float>(rng.normal()) * 10.0f;
+      b[at] = special;
+      cases.push_back({"one special", b});
+    }
+  }
+  // Every midpoint between e4m3 neighbours of every binade (and just around it), scale pinned to 1
+  // by a 448 in lane 0.
+  for (int e = -10; e <= 8; ++e) {
+    std::vector<float> b(128);
+    b[0] = 448.0f;
+    for (int d = 1; d < 128; ++d) {
+      const float step = std::ldexp(1.0f, std::max(e - 3, -9));
+      const float mid = std::ldexp(1.0f, e) + step * (static_cast<float>(d % 8) + 0.5f);
+      b[d] = (d % 3 == 0 ? std::nextafter(mid, 0.0f) : d % 3 == 1 ? mid : std::nextafter(mid, inf)) * (d & 8 ? -1.0f : 1.0f);
+    }
+    cases.push_back({"ties", b});
+  }
+  for (float pin : {1e-38f, 1e-4f, 1e30f, 3.4e38f}) {
+    std::vector<float> b(128);
+    for (int d = 0; d < 128; ++d) b[d] = static_cast<float>(rng.normal());
+    b[17] = pin;
+    cases.push_back({"pinned scale", b});
+  }
+  return cases;
+}
+
+TEST(QuantizeBlock, VectorisedMatchesReferenceBitwise) {
+  for (const QuantCase& c : hostile_blocks()) {
+    uint8_t fast[128], ref[128];
+    const float fast_scale = quantize_e4m3_block128(c.block.data(), fast);
+    const float ref_scale = quantize_e4m3_block128_reference(c.block.data(), ref);
+    ASSERT_EQ(std::bit_cast<uint32_t>(fast_scale), std::bit_cast<uint32_t>(ref_scale)) << c.name;
+    ASSERT_EQ(std::memcmp(fast, ref, 128), 0) << c.name;
+  }
 }
 
 }  // namespace

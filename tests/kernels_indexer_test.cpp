@@ -285,5 +285,31 @@ TEST(IndexerValidation, RejectsBadArgumentsWithClearErrors) {
   expect_error(p, StatusCode::kInvalidArgument, "negative");
 }
 
+// Every path this CPU lacks (on x86 at least neon, on aarch64 every x86 path) is refused by name
+// before anything is written; the ones it has include its ISA's own (neon on every aarch64 CPU).
+TEST(IndexerDispatch, PathsThisCpuLacksAreRefusedByName) {
+  IndexerCase c;
+  c.name = "dispatch";
+  c.context_lens = {100};
+  testing::build_case(c, 5);
+  int refused = 0;
+  for (IndexerImpl impl : indexer_impls()) {
+    if (indexer_impl_supported(impl)) continue;
+    std::vector<float> out(static_cast<size_t>(c.max_entries) + 1, 7.0f);
+    const Status status = indexer_scores(c.params(out.data(), c.max_entries + 1), {impl, 1});
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << indexer_impl_name(impl);
+    EXPECT_NE(status.message().find(indexer_impl_name(impl)), std::string::npos) << status.message();
+    EXPECT_EQ(out[0], 7.0f) << indexer_impl_name(impl) << " wrote before refusing";
+    ++refused;
+  }
+  EXPECT_GE(refused, 1);
+#if defined(__aarch64__)
+  EXPECT_TRUE(indexer_impl_supported(IndexerImpl::kNeon));
+  EXPECT_EQ(indexer_best_impl(), IndexerImpl::kNeon);
+#else
+  EXPECT_FALSE(indexer_impl_supported(IndexerImpl::kNeon));
+#endif
+}
+
 }  // namespace
 }  // namespace spin

@@ -20,6 +20,15 @@
 
 namespace spin::testing {
 
+// How many times slower than native this run is expected to be: SPIN_TEST_SLOWDOWN (1..100,
+// default 1), set by the aarch64 test preset, whose tests run under qemu-user. Tests with wall-clock
+// limits stretch them by it, and tests that count work done in a time budget expect less of it.
+inline int test_slowdown() {
+  const char* v = std::getenv("SPIN_TEST_SLOWDOWN");
+  const int n = v != nullptr ? std::atoi(v) : 1;
+  return std::clamp(n, 1, 100);
+}
+
 // A fresh directory under the system temp dir, removed with everything in it on destruction.
 class TempDir {
  public:

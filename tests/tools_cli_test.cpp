@@ -6,7 +6,8 @@
 // The binary under test is SPIN_BINARY (set by CMake). Each run happens in a fresh working
 // directory holding a tiny valid trace, a link to it, a named pipe, a corrupt file and a
 // directory; after each run the test checks the exit status, stderr, the directory listing and
-// the trace's bytes.
+// the trace's bytes. A cross build (cmake/aarch64-linux-gnu.cmake) runs it through the emulator
+// CMake names in SPIN_EMULATOR (qemu-user), as a host without binfmt_misc cannot exec it directly.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -35,6 +36,19 @@ namespace {
 
 namespace fs = std::filesystem;
 using spin::testing::TempDir;
+
+// execv of SPIN_BINARY with argv = {SPIN_BINARY, args...}, through SPIN_EMULATOR where set;
+// returns only on failure.
+void exec_spin(const std::vector<const char*>& args) {
+  std::vector<char*> argv;
+#ifdef SPIN_EMULATOR
+  argv.push_back(const_cast<char*>(SPIN_EMULATOR));
+#endif
+  argv.push_back(const_cast<char*>(SPIN_BINARY));
+  for (const char* a : args) argv.push_back(const_cast<char*>(a));
+  argv.push_back(nullptr);
+  execv(argv[0], argv.data());
+}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -98,6 +112,7 @@ class Workspace {
 
   // Runs SPIN_BINARY with `args` in the workspace; killed (SIGKILL) after `limit`.
   RunResult run(const std::vector<std::string>& args, std::chrono::seconds limit = std::chrono::seconds(60)) {
+    limit *= spin::testing::test_slowdown();
     const std::string err_path = out_.file("stderr");
     const pid_t pid = fork();
     if (pid == 0) {
@@ -108,11 +123,9 @@ class Workspace {
       dup2(out, 1);
       dup2(err, 2);
       dup2(in, 0);
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(SPIN_BINARY));
-      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv(SPIN_BINARY, argv.data());
+      std::vector<const char*> argv;
+      for (const std::string& a : args) argv.push_back(a.c_str());
+      exec_spin(argv);
       _exit(127);
     }
     RunResult r;
@@ -364,12 +377,11 @@ TEST(Cli, InterruptedWriteLeavesNothing) {
     const int null = open("/dev/null", O_WRONLY);
     dup2(null, 1);
     dup2(null, 2);
-    execl(SPIN_BINARY, SPIN_BINARY, "trace", "gen", "--scenario", "doc-qa-94k", "--layers", "16", "--steps", "64",
-          "--out", "big.st", static_cast<char*>(nullptr));
+    exec_spin({"trace", "gen", "--scenario", "doc-qa-94k", "--layers", "16", "--steps", "64", "--out", "big.st"});
     _exit(127);
   }
   bool saw_temp = false;
-  for (int i = 0; i < 30000 && !saw_temp; ++i) {
+  for (int i = 0; i < 30000 * spin::testing::test_slowdown() && !saw_temp; ++i) {
     for (const auto& e : fs::directory_iterator(dir)) saw_temp |= e.path().filename().string().find("big.st.tmp-") == 0;
     if (!saw_temp) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -438,6 +450,8 @@ std::vector<Grammar> grammars() {
        {{"--rows", {"1", "2", "300"}}, {"--heads", {"8", "64", "129"}}, {"--topk", {"16", "512"}},
         {"--latent", {"fp8", "bf16", "int4"}}, {"--impl", {"auto", "avx2", "portable", "reference", "bogus"}},
         {"--min-time", {"0.001"}}, {"--threads", {"1"}}, {"--json", kOutputs}}},
+      {{"bench", "quant"},
+       {{"--entries", {"64", "1000", "63"}}, {"--min-time", {"0.001"}}, {"--json", kOutputs}}},
       {{"bench", "decode"},
        {{"--model", {"deepseek-v3.2", "deepseek-v4-flash", "gpt"}}, {"--context", {"64", "1024"}},
         {"--batch", {"1", "2"}}, {"--layers", {"1", "100"}}, {"--steps", {"1", "2"}}, {"--sparsity", {"0.5"}},
@@ -465,7 +479,7 @@ std::vector<std::string> random_args(std::mt19937_64& rng, const Grammar& g) {
     }
   }
   // Cheap by construction: the sweeps of the benchmarks and generator need their small sizes.
-  const bool needs_context = (g.path[0] == "bench" && g.path[1] != "attention") || (g.path.size() > 1 && g.path[1] == "gen");
+  const bool needs_context = (g.path[0] == "bench" && g.path[1] != "attention" && g.path[1] != "quant") || (g.path.size() > 1 && g.path[1] == "gen");
   if (needs_context && std::find(args.begin(), args.end(), "--context") == args.end()) {
     args.insert(args.end(), {"--context", "512"});
   }
@@ -517,7 +531,7 @@ TEST(Cli, RandomArgumentVectorsNeverCrashHangOrDestroy) {
     if (::testing::Test::HasFailure()) break;  // the first counterexample is the useful one
   }
   std::printf("[ cli fuzz ] %d argument vectors, %d refused, %d ran\n", runs, failures, runs - failures);
-  EXPECT_GE(runs, 50);
+  EXPECT_GE(runs, std::max(5, 50 / spin::testing::test_slowdown()));  // under qemu: fewer in the budget
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// `spin bench indexer|topk|predictor|decode`: flags and their checks; the benchmarks themselves
+// `spin bench indexer|topk|predictor|attention|quant|decode`: flags and their checks; the benchmarks themselves
 // live in bench/ (one file each, with their reproduction commands).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -129,6 +129,12 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
       ->check(positive_seconds());
   add_common(attention_cmd, attention->threads, attention->json_path);
 
+  auto quant = std::make_shared<bench::QuantBenchOptions>();
+  CLI::App* quant_cmd = bench->add_subcommand("quant", "key and query quantisers: vectorised vs scalar reference");
+  quant_cmd->add_option("--entries", quant->entries, "128-dim vectors per timed pass")->check(int_range(64, 1 << 24));
+  quant_cmd->add_option("--min-time", quant->min_seconds, "seconds of timed runs per point")->check(positive_seconds());
+  quant_cmd->add_option("--json", quant->json_path, "write one JSON record per point to FILE")->check(output_file());
+
   auto decode = std::make_shared<DecodeBenchOptions>();
   CLI::App* decode_cmd = bench->add_subcommand("decode", "batched decode steps: predictor vs all-keep, stage breakdown");
   decode_cmd->add_option("--model", decode->model, "model preset")->check(one_of(model_preset_names(), "model"));
@@ -159,6 +165,7 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
 
   return {{indexer_cmd, [indexer] { return run_if_it_fits(*indexer, "this indexer benchmark", bench::run_indexer_bench); }},
           {topk_cmd, [topk] { return run_if_it_fits(*topk, "this top-k benchmark", bench::run_topk_bench); }},
+          {quant_cmd, [quant] { return bench::run_quant_bench(*quant); }},
           {predictor_cmd,
            [predictor] { return run_if_it_fits(*predictor, "this predictor benchmark", bench::run_predictor_bench); }},
           {attention_cmd, [attention] { return bench::run_attention_bench(*attention); }},

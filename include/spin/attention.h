@@ -84,6 +84,7 @@ enum class AttentionImpl {
   kAvx512Bf16,   // AVX-512 BF16 (vdpbf16ps) QK^T, online softmax, fp32-FMA P·V
   kAvx512F,      // AVX-512F fp32 FMA throughout (AVX-512 without BF16); P·V always fp32
   kAvx2,         // AVX2 + FMA fp32 FMA throughout (Zen 2/3, Haswell and later); P·V always fp32
+  kNeon,         // Arm NEON fp32 FMA throughout (every aarch64 CPU); P·V always fp32
   kPortable,     // plain C++ fp32, auto-vectorised; any ISA
   kReference,    // scalar, double accumulation: the ground truth
 };

@@ -59,6 +59,7 @@ enum class IndexerImpl {
   kAvx512Bf16,   // AVX-512 BF16 dot products (vdpbf16ps), fp32 accumulation
   kAvx512F,      // AVX-512F fp32 FMA (Skylake-X, Cascade Lake: AVX-512 without BF16)
   kAvx2,         // AVX2 + FMA + F16C fp32 FMA (Zen 2/3, Haswell and later)
+  kNeon,         // Arm NEON fp32 FMA (every aarch64 CPU)
   kPortable,     // plain C++ fp32, auto-vectorised; any x86-64 / any ISA
   kReference,    // scalar, double accumulation: the ground truth
 };
@@ -82,7 +83,7 @@ bool indexer_impl_supported(IndexerImpl impl);
 const std::vector<IndexerImpl>& indexer_impls();
 
 // The implementation kAuto picks on this machine: the first supported of avx512bf16, avx512f,
-// avx2, portable — except on Intel cores with AVX-512F, where avx512f (measured faster there than
+// avx2, neon, portable — except on Intel cores with AVX-512F, where avx512f (measured faster there than
 // the bf16 kernel; see indexer.cpp).
 IndexerImpl indexer_best_impl();
 

@@ -34,6 +34,10 @@ float ue8m0_scale(float amax);
 void hadamard128(float* v);
 
 // Quantises one 128-d vector: out[d] = e4m3(clamp(x[d] / scale, ±448)), returns the scale.
+// Vectorised (4 lanes, baseline SIMD of x86-64 and aarch64); bitwise identical to the reference
+// for every input, non-finite ones included (std::fmax / std::fmin semantics: NaN → -448).
 float quantize_e4m3_block128(const float* x, uint8_t* out);
+// The scalar definition (e4m3_from_float per element): the ground truth of the one above.
+float quantize_e4m3_block128_reference(const float* x, uint8_t* out);
 
 }  // namespace spin

@@ -172,11 +172,15 @@ Status AtomicFile::create(const std::string& target) {
   static std::atomic<uint64_t> counter{0};
   for (int attempt = 0; attempt < 100; ++attempt) {
     std::string p = fmt::format("{}.tmp-{}-{}", resolved.value(), static_cast<long>(::getpid()), counter.fetch_add(1));
+    // Registered before it exists, so a signal between open() and here cannot leave it behind
+    // (under qemu-user that window is wide enough for the CLI test's SIGTERM to land in it).
+    const int slot = register_temp(p);
     // 0666 filtered by the umask: the same permissions a plain open() would give the file.
     const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0) release_temp(slot);
     if (fd >= 0) {
       fd_ = fd;
-      slot_ = register_temp(p);
+      slot_ = slot;
       path_ = std::move(p);
       target_ = std::move(resolved).value();
       return ok_status();

@@ -24,6 +24,7 @@ const char* attention_impl_name(AttentionImpl impl) {
     case AttentionImpl::kAvx512Bf16: return "avx512bf16";
     case AttentionImpl::kAvx512F: return "avx512f";
     case AttentionImpl::kAvx2: return "avx2";
+    case AttentionImpl::kNeon: return "neon";
     case AttentionImpl::kPortable: return "portable";
     case AttentionImpl::kReference: return "reference";
   }
@@ -130,13 +131,14 @@ bool attention_impl_supported(AttentionImpl impl) {
     case AttentionImpl::kAvx512Bf16: return detail::cpu_has_avx512bf16();
     case AttentionImpl::kAvx512F: return detail::cpu_has_avx512f();
     case AttentionImpl::kAvx2: return detail::cpu_has_avx2_fma();
+    case AttentionImpl::kNeon: return detail::cpu_has_neon();
     default: return true;
   }
 }
 
 const std::vector<AttentionImpl>& attention_impls() {
   static const std::vector<AttentionImpl> impls = {AttentionImpl::kAvx512Bf16, AttentionImpl::kAvx512F,
-                                                   AttentionImpl::kAvx2, AttentionImpl::kPortable,
+                                                   AttentionImpl::kAvx2, AttentionImpl::kNeon, AttentionImpl::kPortable,
                                                    AttentionImpl::kReference};
   return impls;
 }
@@ -164,11 +166,16 @@ Status sparse_attention(const SparseAttentionParams& params, const AttentionOpti
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   switch (impl) {
     case AttentionImpl::kReference: detail::attention_run_reference(params); break;
+#if SPIN_X86_KERNELS
     case AttentionImpl::kAvx512Bf16:
       detail::attention_run_avx512bf16(params, threads, options.heads_per_task, options.bf16_probabilities);
       break;
     case AttentionImpl::kAvx512F: detail::attention_run_avx512f(params, threads); break;
     case AttentionImpl::kAvx2: detail::attention_run_avx2(params, threads); break;
+#endif
+#if SPIN_NEON_KERNELS
+    case AttentionImpl::kNeon: detail::attention_run_neon(params, threads); break;
+#endif
     default: detail::attention_run_portable(params, threads); break;
   }
   return ok_status();

@@ -28,6 +28,7 @@
 // 2^-126 in magnitude therefore contributes nothing here (the reference keeps it).
 // GCC 12's own intrinsics headers trip -W(maybe-)uninitialized (known false positives: the
 // _mm512_undefined_* placeholders inside avx512fintrin.h); silence them for this file only.
+#if defined(__x86_64__)  // x86 only: the file is empty on other ISAs (see simd_neon.cpp)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
@@ -475,3 +476,4 @@ SPIN_TARGET_AVX512BF16 void attention_run_avx512bf16(const SparseAttentionParams
 }
 
 }  // namespace spin::detail
+#endif  // __x86_64__

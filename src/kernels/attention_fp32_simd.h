@@ -1,7 +1,7 @@
-// The fp32-FMA sparse MLA decode kernel for CPUs without a bf16 dot product (AVX2+FMA, AVX-512F),
-// written once against a small vector type `V` (as indexer_fp32_simd.h) and compiled per target by
-// simd_avx2.cpp and simd_avx512f.cpp, each inside its own namespace and
-// `#pragma GCC target`. Flash-decoding style, one task per row (all heads), tiles of
+// The fp32-FMA sparse MLA decode kernel for CPUs without a bf16 dot product (AVX2+FMA, AVX-512F,
+// Arm NEON), written once against a small vector type `V` (as indexer_fp32_simd.h) and compiled
+// per target by simd_avx2.cpp, simd_avx512f.cpp and simd_neon.cpp, each inside its own namespace
+// (and, on x86, `#pragma GCC target`). Flash-decoding style, one task per row (all heads), tiles of
 // kAttentionTileEntries selected entries:
 //  1. gather: each entry dequantised once per task to fp32 (decode_latent_entry: exact);
 //  2. QK^T: S[entry, head] = scale · Σ_d k[entry, d] · q[head, d], dims summed in order with one

@@ -46,5 +46,6 @@ void attention_run_avx512bf16(const SparseAttentionParams& params, int num_threa
 // The fp32-FMA kernel (attention_fp32_simd.h) for CPUs without a bf16 dot.
 void attention_run_avx512f(const SparseAttentionParams& params, int num_threads);
 void attention_run_avx2(const SparseAttentionParams& params, int num_threads);
+void attention_run_neon(const SparseAttentionParams& params, int num_threads);  // aarch64 only
 
 }  // namespace spin::detail

@@ -1,9 +1,17 @@
 // CPU feature checks (see cpu_features.h).
 #include "kernels/cpu_features.h"
 
+#if SPIN_X86_KERNELS
 #include <cpuid.h>
+#endif
+#if SPIN_NEON_KERNELS && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 
 namespace spin::detail {
+
+#if SPIN_X86_KERNELS
 
 bool cpu_has_avx512bf16() {
   __builtin_cpu_init();
@@ -30,6 +38,26 @@ bool cpu_has_avx2_fma() {
 bool cpu_is_intel() {
   __builtin_cpu_init();
   return __builtin_cpu_is("intel");
+}
+
+#else
+
+bool cpu_has_avx512bf16() { return false; }
+bool cpu_has_avx512f() { return false; }
+bool cpu_has_avx2_fma() { return false; }
+bool cpu_is_intel() { return false; }
+
+#endif
+
+bool cpu_has_neon() { return SPIN_NEON_KERNELS != 0; }
+
+// The kernel tells user space what the CPU has through the auxiliary vector (HWCAP2_BF16).
+bool cpu_has_neon_bf16() {
+#if SPIN_NEON_KERNELS && defined(__linux__) && defined(HWCAP2_BF16)
+  return (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
+#else
+  return false;
+#endif
 }
 
 }  // namespace spin::detail

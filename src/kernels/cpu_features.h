@@ -1,6 +1,20 @@
-// The one place spin asks the CPU what it can run (x86 feature bits via the compiler's cpuid
-// builtins); every kernel front end dispatches on these, and every forced path is checked here.
+// The one place spin asks the CPU what it can run (x86: feature bits via the compiler's cpuid
+// builtins; aarch64: NEON is part of the base ISA); every kernel front end dispatches on these,
+// and every forced path is checked here. A check for another ISA's feature answers false, so a
+// path forced on the wrong CPU is refused by name rather than run.
 #pragma once
+
+// Which kernel files have code on this build (each kernel file guards its own ISA).
+#if defined(__x86_64__)
+#define SPIN_X86_KERNELS 1
+#else
+#define SPIN_X86_KERNELS 0
+#endif
+#if defined(__aarch64__)
+#define SPIN_NEON_KERNELS 1
+#else
+#define SPIN_NEON_KERNELS 0
+#endif
 
 namespace spin::detail {
 
@@ -8,5 +22,7 @@ bool cpu_has_avx512bf16();  // vdpbf16ps + vpermi2b + AVX-512BW (Zen 4, Sapphire
 bool cpu_has_avx512f();     // AVX-512F (Skylake-X and later)
 bool cpu_has_avx2_fma();    // AVX2 + FMA + F16C (Haswell, Zen 1 and later)
 bool cpu_is_intel();
+bool cpu_has_neon();        // AdvSIMD with fp16 conversions: every aarch64 CPU
+bool cpu_has_neon_bf16();   // FEAT_BF16 (BFDOT): Neoverse V1/N2, Graviton 3, Apple M2; no kernel uses it yet
 
 }  // namespace spin::detail

@@ -19,6 +19,7 @@ const char* indexer_impl_name(IndexerImpl impl) {
     case IndexerImpl::kAvx512Bf16: return "avx512bf16";
     case IndexerImpl::kAvx512F: return "avx512f";
     case IndexerImpl::kAvx2: return "avx2";
+    case IndexerImpl::kNeon: return "neon";
     case IndexerImpl::kPortable: return "portable";
     case IndexerImpl::kReference: return "reference";
   }
@@ -160,13 +161,14 @@ bool indexer_impl_supported(IndexerImpl impl) {
     case IndexerImpl::kAvx512Bf16: return detail::cpu_has_avx512bf16();
     case IndexerImpl::kAvx512F: return detail::cpu_has_avx512f();
     case IndexerImpl::kAvx2: return detail::cpu_has_avx2_fma();
+    case IndexerImpl::kNeon: return detail::cpu_has_neon();
     default: return true;
   }
 }
 
 const std::vector<IndexerImpl>& indexer_impls() {
   static const std::vector<IndexerImpl> impls = {IndexerImpl::kAvx512Bf16, IndexerImpl::kAvx512F, IndexerImpl::kAvx2,
-                                                 IndexerImpl::kPortable, IndexerImpl::kReference};
+                                                 IndexerImpl::kNeon, IndexerImpl::kPortable, IndexerImpl::kReference};
   return impls;
 }
 
@@ -202,9 +204,14 @@ Status indexer_scores(const IndexerParams& params, const IndexerOptions& options
   detail::fill_logits_neg_inf(params, threads);
   const std::vector<detail::IndexerTile> tiles = detail::plan_indexer_tiles(params);
   switch (impl) {
+#if SPIN_X86_KERNELS
     case IndexerImpl::kAvx512Bf16: detail::indexer_run_avx512bf16(params, tiles, threads); break;
     case IndexerImpl::kAvx512F: detail::indexer_run_avx512f(params, tiles, threads); break;
     case IndexerImpl::kAvx2: detail::indexer_run_avx2(params, tiles, threads); break;
+#endif
+#if SPIN_NEON_KERNELS
+    case IndexerImpl::kNeon: detail::indexer_run_neon(params, tiles, threads); break;
+#endif
     default: detail::indexer_run_portable(params, tiles, threads); break;
   }
   return ok_status();

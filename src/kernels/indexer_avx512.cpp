@@ -16,6 +16,7 @@
 //    reduces over heads in a fixed order, so results are independent of the thread count.
 // GCC 12's own _mm512_reduce_add_ps / _mm512_undefined_* trip -Wmaybe-uninitialized (a known
 // false positive inside avx512fintrin.h); silence it for this file only.
+#if defined(__x86_64__)  // x86 only: the file is empty on other ISAs (see simd_neon.cpp)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #include <omp.h>
@@ -198,3 +199,4 @@ SPIN_TARGET_AVX512BF16 void indexer_run_avx512bf16(const IndexerParams& p, const
 }
 
 }  // namespace spin::detail
+#endif  // __x86_64__

@@ -1,8 +1,8 @@
 // The fp32-FMA indexer kernel for CPUs without a bf16 dot product (AVX2+FMA: Zen 2/3, Intel
-// client parts; AVX-512F without BF16: Skylake-X, Cascade Lake), written once against a small
-// vector type `V` and compiled per target by simd_avx2.cpp and simd_avx512f.cpp, each
-// inside its own namespace and `#pragma GCC target` (so the two instantiations never meet at link
-// time). `V` gives: kLanes, kHeadVectors (head vectors per micro-tile), zero, load, broadcast,
+// client parts; AVX-512F without BF16: Skylake-X, Cascade Lake; Arm NEON), written once against a
+// small vector type `V` and compiled per target by simd_avx2.cpp, simd_avx512f.cpp and
+// simd_neon.cpp, each inside its own namespace (and, on x86, `#pragma GCC target`), so the
+// instantiations never meet at link time. `V` gives: kLanes, kHeadVectors (head vectors per micro-tile), zero, load, broadcast,
 // fma, mul, max, reduce (fixed lane order) and e4m3x16 (16 codes → 16 floats).
 //
 // Math, per (row, head, entry): the dot over the 128 dims is summed in dimension order with one
@@ -11,7 +11,8 @@
 //
 // e4m3 → fp32 without a lookup: the 7 magnitude bits shifted left by 7, with the sign moved to bit
 // 15, are the fp16 bit pattern of the value times 2^-8 — for normal and subnormal codes alike, as
-// fp16 has one more exponent bit and its subnormals reach 2^-24 — and F16C converts fp16 exactly.
+// fp16 has one more exponent bit and its subnormals reach 2^-24 — and F16C (NEON: FCVTL) converts
+// fp16 exactly.
 // Keys and queries are both scaled by 2^-8, so dots are scaled by exactly 2^-16 (every product of
 // two e4m3 values is exact in fp32 and stays normal, so scaling commutes with every rounding); the
 // score multiplies 2^16 back before the key scale. NaN codes (0x7F, 0xFF) never reach a kernel

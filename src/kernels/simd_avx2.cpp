@@ -2,6 +2,7 @@
 // indexer (indexer_fp32_simd.h: 6 entries × 16 heads per tile, 12 accumulators) and sparse MLA
 // attention (attention_fp32_simd.h: QK^T 6 entries × 16 heads, P·V 4 heads × 16 dims) on 8-lane
 // ymm registers, compiled for this ISA only inside this file (`#pragma GCC target`) and namespace.
+#if defined(__x86_64__)  // x86 only: the file is empty on other ISAs (see simd_neon.cpp)
 #include <immintrin.h>
 #include <omp.h>
 
@@ -84,3 +85,4 @@ void attention_run_avx2(const SparseAttentionParams& params, int num_threads) {
 #else
 #pragma GCC pop_options
 #endif
+#endif  // __x86_64__

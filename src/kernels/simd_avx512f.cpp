@@ -5,6 +5,7 @@
 // registers, compiled for this ISA only inside this file (`#pragma GCC target`) and namespace.
 // GCC 12's own avx512fintrin.h trips -W(maybe-)uninitialized (known false positives inside
 // _mm512_max_ps / _mm512_reduce_add_ps); silence them for this file only.
+#if defined(__x86_64__)  // x86 only: the file is empty on other ISAs (see simd_neon.cpp)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
@@ -82,3 +83,4 @@ void attention_run_avx512f(const SparseAttentionParams& params, int num_threads)
 #else
 #pragma GCC pop_options
 #endif
+#endif  // __x86_64__

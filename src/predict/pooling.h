@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "spin/predict.h"
@@ -49,5 +50,26 @@ Status pool_row(const PredictorConfig& config, const RowScores& row, PooledRow* 
 // The same with only the values buffer kept between calls (the block map is rebuilt per call).
 Status pool_row(const PredictorConfig& config, const RowScores& row, PooledRow* out,
                 std::vector<float>* values_scratch);
+
+namespace detail {
+
+// One block's statistics over its scored (not -inf) entries: the pool pass's inner loop.
+struct BlockScan {
+  int64_t n = 0, greater = 0, equal = 0;
+  double sum = 0.0;
+  float max = -std::numeric_limits<float>::infinity();
+  bool non_finite = false;  // a NaN or +inf among them
+};
+
+// Entries are summed in kScanLanes interleaved fp32 lane sums (entry i to lane i mod 4, over the
+// largest multiple of 4), which are added in lane order in double, then the rest one by one in
+// double; the max is taken the same way. That order is part of the definition, so the vectorised
+// scan and its reference agree bitwise, on every ISA and for any thread count (a row is pooled by
+// one thread). Max, counts and hits are exact in any order; only the mean's sum depends on it.
+inline constexpr int kScanLanes = 4;
+BlockScan scan_block(const float* scores, int64_t len, float kth);            // generic vectors
+BlockScan scan_block_reference(const float* scores, int64_t len, float kth);  // plain scalar code
+
+}  // namespace detail
 
 }  // namespace spin

@@ -25,7 +25,9 @@ int run_eval_command(EvalArgs& a) {
     if (Status st = a.options.base_config.parse(s); !st.ok()) return usage_error("--set " + s + ": " + st.message());
   }
   if (Status st = a.options.base_config.validate(); !st.ok()) return usage_error("--set: " + st.message());
-  for (const std::string& t : a.options.traces) {  // every trace checked before any work starts
+  std::vector<std::string> all = a.options.traces;
+  all.insert(all.end(), a.options.real_traces.begin(), a.options.real_traces.end());
+  for (const std::string& t : all) {  // every trace checked before any work starts
     auto reader = TraceReader::open(t);
     if (!reader.ok()) return fail(reader.status());
     if (Status s = check_fits_in_memory(replay_memory_bytes(reader.value(), false), "evaluating " + t); !s.ok()) {
@@ -88,6 +90,8 @@ std::vector<Command> add_eval_commands(CLI::App& app) {
       ->check(one_of(scenario_names(), "scenario"));
   eval_cmd->add_option("--trace", eval->options.traces,
                        "recorded trace files (key or score traces) to evaluate as well (alone, without --scenario)");
+  eval_cmd->add_option("--real", eval->options.real_traces,
+                       "real-model traces (./scripts/record-real-traces.sh) for the report's real-model section");
   eval_cmd->add_flag("--quick", eval->options.quick, "shorter runs and fewer points (seconds, not minutes)");
   eval_cmd->add_option("--out", eval->options.out_dir, "output directory (report.md, results.json, plots)")
       ->check(output_dir());

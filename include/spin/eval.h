@@ -11,7 +11,9 @@
 //                 step-reuse, hisa, indexcache-2/4, prev-iter, random and the oracle at the same
 //                 budget — mean recall, p99 miss, realised sparsity, gap to the oracle;
 //   mtp           MTP scenarios: prefix vs row0 vs all-rows replay, mean recall and p99 miss;
-//   pooling       spin with max / mean / topk-hits / lse pooling.
+//   pooling       spin with max / mean / topk-hits / lse pooling;
+//   real_model    real-model traces (EvalOptions::real_traces): per-layer statistics, sweeps at two
+//                 top-k, MTP modes, and the synthetic generator at the same shape for comparison.
 // Prefills (step 0 and every ctx_len jump, spin/replay.h) are observed in full by every predictor
 // and not counted. Deterministic: the same options give an identical results.json apart from its "timing" keys.
 #pragma once
@@ -32,6 +34,12 @@ struct EvalOptions {
   // one request; on a score trace the predictors that need keys (hisa) are skipped, and the
   // report says so.
   std::vector<std::string> traces;
+  // Real-model traces (recorded by ./scripts/record-real-traces.sh: a pretrained LM's attention,
+  // not a DSA indexer): the "real model" section — per-layer all-keep statistics, the closed-loop
+  // sweep (0–70 %) of every score-only predictor with the oracle at the trace's top-k and at the
+  // other of {top-k scaled to the context, DSA's 2048}, MTP update modes on MTP traces, and the
+  // synthetic generator at the same shape beside them (the default scenarios still run).
+  std::vector<std::string> real_traces;
   bool quick = false;                  // shorter runs, fewer points: ≤ 2 minutes
   std::string out_dir = "spin-report";
   uint64_t seed = 1;

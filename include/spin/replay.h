@@ -40,6 +40,9 @@ class ScoredTrace;  // opaque: caches, all-keep scores and top-k of one trace
 
 struct ScoreOptions {
   int threads = 0;
+  // The top-k of the ground truth (and so of every replay on it); 0 = the trace's. A real model's
+  // trace is read at its own top-k and at one scaled to its context (2048 of 8K is a quarter).
+  int32_t topk = 0;
   std::function<void(int64_t done, int64_t total)> progress;  // called after each (layer, step)
 };
 Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const ScoreOptions& options = {});
@@ -58,9 +61,11 @@ struct TraceFacts {
   int64_t exact_by_construction = 0;   // rows whose context holds ≤ topk entries
   double topk_block_share = 0;         // mean share of visible blocks holding ≥ 1 top-k entry
   double prev_step_topk_recall = 0;    // mean |TopK_{t-1} ∩ TopK_t| / k (row 0, steps ≥ 1)
+  double prev_step_block_pearson = 0;  // mean Pearson of consecutive steps' max-pooled block scores (row 0)
   double mean_visible_entries = 0;
 };
-TraceFacts trace_facts(const ScoredTrace& scored, int32_t block_entries);
+// Over every layer, or only `layer` (≥ 0): real models' layers differ a lot (issue 12).
+TraceFacts trace_facts(const ScoredTrace& scored, int32_t block_entries, int32_t layer = -1);
 
 struct ReplayOptions {
   std::string predictor = "spin";

@@ -28,7 +28,8 @@
 //              to a segment never attended before with probability needle_prob (needles);
 //              layer l repeats layer l-1's jump with probability layer_correlation;
 //     ε        per-step noise shared by all heads (what makes top-k churn between steps); each
-//              MTP row draws its own (a drafted token is a different token).
+//              MTP row draws its own (a drafted token is a different token); its scale varies
+//              per layer by layer_volatility (real layers churn at different rates).
 //   decoding appends one entry per accepted token, drawn from the current focus of layer 0;
 //   agentic scenarios append tool_tokens tokens of a fresh segment every burst_steps steps.
 // Head weights are 1 + 0.3·N(0,1) per (layer, head); queries are quantised with
@@ -79,6 +80,10 @@ struct WorkloadParams {
   double sink_query = 1.0;
   double query_noise = 6.0;
   double head_noise = 0.3;
+  // Layers churn at different rates: layer l's query_noise is scaled by exp(layer_volatility · z_l)
+  // (z_l ~ N(0,1), centred over the layers). 1.0 widens the per-layer spread of prev-iter top-k
+  // recall from ±0.005 to ±0.04 at an unchanged mean (SmolLM2: 0.45–0.80); 0 = every layer alike.
+  double layer_volatility = 1.0;
   // Agentic traffic: a tool output of tool_tokens every burst_steps decode steps (0 = never).
   int32_t burst_steps = 0;
   int64_t tool_tokens = 0;

@@ -350,11 +350,164 @@ Result<ScenarioRun> run_trace_file(const EvalOptions& o, const std::string& path
   return run;
 }
 
+// ---- Real-model traces: compute ------------------------------------------------------------
+
+const std::vector<double>& real_sparsities(bool quick) {
+  static const std::vector<double> full = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7};
+  static const std::vector<double> short_list = {0.0, 0.3, 0.5, 0.7};
+  return quick ? short_list : full;
+}
+
+// The top-k a real trace is read at: its own, and the others of {2048 scaled to the context as
+// 2048 of 64K (a power of two in [64, 2048]), DSA's 2048} that the context holds 4× over.
+std::vector<int32_t> real_topks(int32_t trace_topk, int64_t entries) {
+  const double scaled = 2048.0 * static_cast<double>(entries) / 65536.0;
+  int32_t pow2 = 64;
+  while (pow2 < 2048 && 2.0 * pow2 <= scaled) pow2 *= 2;
+  std::vector<int32_t> ks = {trace_topk};
+  for (int32_t k : {pow2, 2048}) {
+    if (int64_t{4} * k <= entries && std::find(ks.begin(), ks.end(), k) == ks.end()) ks.push_back(k);
+  }
+  return ks;
+}
+
+// Every score-only predictor with the oracle, closed loop; MTP traces add the update modes.
+std::vector<Job> real_jobs(bool mtp, const EvalOptions& o) {
+  std::vector<Job> jobs;
+  auto with = [&](double sparsity) {
+    PredictorConfig c = o.base_config;
+    c.target_sparsity = sparsity;
+    return c;
+  };
+  for (double sp : real_sparsities(o.quick)) {
+    jobs.push_back({Section::kSweep, "spin", "spin", with(sp), false});
+    PredictorConfig no_explore = with(sp);
+    no_explore.explore_ratio = 0.0;
+    jobs.push_back({Section::kSweep, "spin (no explore)", "spin", no_explore, false});
+    for (const char* p : {"step-reuse", "prev-iter", "indexcache-2", "random", "oracle"}) {
+      jobs.push_back({Section::kSweep, p, p, with(sp), false});
+    }
+  }
+  if (mtp) {
+    for (MtpUpdate mode : {MtpUpdate::kPrefix, MtpUpdate::kRow0, MtpUpdate::kAllRows}) {
+      for (double sp : {0.3, kMtpSparsity}) {
+        PredictorConfig c = with(sp);
+        c.mtp_update = mode;
+        jobs.push_back({Section::kMtp, mtp_update_name(mode), "spin", c, false});
+      }
+    }
+  }
+  return jobs;
+}
+
+// One real trace at one top-k, and the synthetic generator at the same shape.
+struct RealRun {
+  std::string path, label, model, source;
+  int32_t topk = 0;
+  ScenarioRun run;
+  std::vector<TraceFacts> layers;            // per layer, all-keep
+  std::vector<TraceFacts> synthetic_layers;  // doc-qa-10k generated at the trace's shape
+};
+
+std::string file_stem(const std::string& path) {
+  std::string name = path.substr(path.find_last_of('/') + 1);
+  return name.substr(0, name.find('.'));
+}
+
+std::vector<TraceFacts> facts_per_layer(const ScoredTrace& scored, int32_t layers, int32_t block_entries) {
+  std::vector<TraceFacts> out;
+  for (int32_t l = 0; l < layers; ++l) out.push_back(trace_facts(scored, block_entries, l));
+  return out;
+}
+
+// The generator's doc-qa-10k scenario at the real trace's context, steps and top-k (8 layers).
+Result<std::vector<TraceFacts>> synthetic_twin(const EvalOptions& o, const TraceReader& r, int32_t topk,
+                                               int threads) {
+  auto params = scenario_params("doc-qa-10k");
+  if (!params.ok()) return params.status();
+  WorkloadParams p = params.value();
+  p.prompt_tokens = r.ctx_len().front() - r.meta().next_n;
+  p.steps = static_cast<int32_t>(std::min<int64_t>(r.steps(), o.quick ? 16 : 64));
+  p.layers = o.quick ? 2 : 8;
+  p.page_size = r.meta().page_size;
+  p.topk = topk;
+  p.seed = o.seed;
+  auto trace = generate_workload(p);
+  if (!trace.ok()) return trace.status();
+  ScoreOptions so;
+  so.threads = threads;
+  auto scored = score_trace(trace.value(), so);
+  if (!scored.ok()) return scored.status();
+  return facts_per_layer(*scored.value(), p.layers, p.page_size * o.base_config.block_pages);
+}
+
+Result<std::vector<RealRun>> run_real_trace(const EvalOptions& o, const std::string& path, int threads,
+                                            const Progress& report) {
+  auto reader = TraceReader::open(path);
+  if (!reader.ok()) return reader.status();
+  const TraceMeta& m = reader->meta();
+  const bool scores = reader->kind() == TraceKind::kScores;
+  const int64_t entries = reader->visible_entries(reader->steps() - 1, m.next_n - 1);
+  const std::vector<int32_t> ks = real_topks(m.topk, entries);
+  const auto source = m.extra.find("source");
+  Trace trace;
+  ScoreTrace score_trace_data;
+  if (scores) {
+    score_trace_data = reader->to_score_trace();
+  } else {
+    trace = reader->to_trace();
+  }
+  std::vector<RealRun> runs;
+  for (size_t ki = 0; ki < ks.size(); ++ki) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double f0 = static_cast<double>(ki) / static_cast<double>(ks.size()), f1 = 1.0 / static_cast<double>(ks.size());
+    auto stage = [&](const std::string& what, double f) { report(fmt::format("top-k {}: {}", ks[ki], what), f0 + f1 * f); };
+    RealRun rr;
+    rr.path = path;
+    rr.topk = ks[ki];
+    rr.label = fmt::format("{}@k{}", file_stem(path), ks[ki]);
+    rr.model = m.model;
+    rr.source = source != m.extra.end() ? source->second : "recorded trace";
+    ScenarioRun& run = rr.run;
+    run.name = rr.label;
+    run.description = fmt::format("real-model trace {}: model {}, kind={}, top-k {}", path, m.model,
+                                  trace_kind_name(m.kind), ks[ki]);
+    run.params.scenario = rr.label;
+    run.params.steps = static_cast<int32_t>(reader->steps());
+    run.params.layers = m.num_layers;
+    run.params.next_n = m.next_n;
+    run.params.page_size = m.page_size;
+    run.params.topk = ks[ki];
+    run.params.prompt_tokens = reader->ctx_len().front();
+    run.jobs = real_jobs(m.next_n > 1, o);
+    run.out.resize(run.jobs.size());
+    for (JobResult& r : run.out) r.quality = QualityStats(ks[ki]);
+    ScoreOptions so;
+    so.threads = threads;
+    so.topk = ks[ki];
+    so.progress = [&](int64_t done, int64_t total) {
+      stage("scoring (all-keep)", 0.2 * static_cast<double>(done) / static_cast<double>(total));
+    };
+    auto scored = scores ? score_trace(score_trace_data, so) : score_trace(trace, so);
+    if (!scored.ok()) return Status(scored.status().code(), path + ": " + scored.status().message());
+    const int32_t block_entries = m.page_size * o.base_config.block_pages;
+    rr.layers = facts_per_layer(*scored.value(), m.num_layers, block_entries);
+    run.generate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    SPIN_RETURN_IF_ERROR(run_jobs(o, scores ? nullptr : &trace, *scored.value(), 1, threads, stage, &run));
+    auto twin = synthetic_twin(o, reader.value(), ks[ki], threads);
+    if (!twin.ok()) return twin.status();
+    rr.synthetic_layers = std::move(twin).value();
+    run.replay_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - run.generate_s;
+    runs.push_back(std::move(rr));
+  }
+  return runs;
+}
+
 // ---- Results: results.json's sections -----------------------------------------------------
 
 struct Results {
   json calibration = json::array(), predictors = json::array(), sweep = json::array(), mtp = json::array(),
-       pooling = json::array(), timing = json::object(), scenarios = json::object();
+       pooling = json::array(), timing = json::object(), scenarios = json::object(), real_model = json::array();
 };
 
 void add_results(const ScenarioRun& run, int requests, const std::map<std::string, CalibrationTarget>& targets,
@@ -416,6 +569,48 @@ void add_results(const ScenarioRun& run, int requests, const std::map<std::strin
   }
 }
 
+// Per-layer statistics and their mean / min / max over the layers.
+json layer_facts_json(const std::vector<TraceFacts>& layers) {
+  json rows = json::array();
+  struct Range {
+    double sum = 0, lo = INFINITY, hi = -INFINITY;
+    int n = 0;
+    void add(double v) {
+      if (!std::isfinite(v)) return;
+      sum += v, lo = std::min(lo, v), hi = std::max(hi, v), ++n;
+    }
+    json to_json() const { return {{"mean", n ? num(sum / n) : json(nullptr)}, {"min", num(lo)}, {"max", num(hi)}}; }
+  } recall, pearson, share;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const TraceFacts& f = layers[l];
+    rows.push_back({{"layer", l}, {"prev_step_topk_recall", num(f.prev_step_topk_recall)},
+                    {"prev_step_block_pearson", num(f.prev_step_block_pearson)},
+                    {"topk_block_share", num(f.topk_block_share)}});
+    recall.add(f.prev_step_topk_recall);
+    pearson.add(f.prev_step_block_pearson);
+    share.add(f.topk_block_share);
+  }
+  return {{"layers", rows},
+          {"summary",
+           {{"prev_step_topk_recall", recall.to_json()}, {"prev_step_block_pearson", pearson.to_json()},
+            {"topk_block_share", share.to_json()}}}};
+}
+
+void add_real_results(const RealRun& rr, Results* res) {
+  Results part;
+  add_results(rr.run, 1, {}, &part);
+  res->timing[rr.label] = part.timing[rr.label];
+  res->real_model.push_back({{"trace", rr.path},
+                             {"label", rr.label},
+                             {"model", rr.model},
+                             {"source", rr.source},
+                             {"topk", rr.topk},
+                             {"all_keep", layer_facts_json(rr.layers)},
+                             {"synthetic_doc_qa_10k_same_shape", layer_facts_json(rr.synthetic_layers)},
+                             {"sweep", part.sweep},
+                             {"mtp", part.mtp}});
+}
+
 // ---- Renderers: report.md's sections --------------------------------------------------------
 
 double number_or_nan(const json& x) { return x.is_number() ? x.get<double>() : NAN; }
@@ -445,8 +640,16 @@ std::string render_predictors(const json& predictors) {
   return md;
 }
 
+std::string render_sweep_tables(const json& sweep, const std::vector<double>& sparsities);
+
 std::string render_sweep(const json& sweep, bool quick) {
-  std::string md = "\n## Sparsity sweep (closed loop): mean recall / p99 miss, realised sparsity in brackets\n\n";
+  return "\n## Sparsity sweep (closed loop): mean recall / p99 miss, realised sparsity in brackets\n\n" +
+         render_sweep_tables(sweep, sweep_sparsities(quick));
+}
+
+// One table per scenario: a row per predictor, a column per target sparsity.
+std::string render_sweep_tables(const json& sweep, const std::vector<double>& sparsities) {
+  std::string md;
   std::map<std::string, std::map<std::string, std::map<double, const json*>>> grid;
   std::vector<std::string> order;
   for (const json& r : sweep) {
@@ -457,7 +660,7 @@ std::string render_sweep(const json& sweep, bool quick) {
   for (const auto& [scenario, by_label] : grid) {
     md += "### " + scenario + "\n\n| predictor |";
     std::string rule = "|---|";
-    for (double s : sweep_sparsities(quick)) {
+    for (double s : sparsities) {
       md += fmt::format(" {:.0f}% |", 100 * s);
       rule += "---:|";
     }
@@ -465,7 +668,7 @@ std::string render_sweep(const json& sweep, bool quick) {
     for (const std::string& label : order) {
       if (!by_label.count(label)) continue;
       md += "| " + label + " |";
-      for (double s : sweep_sparsities(quick)) {
+      for (double s : sparsities) {
         const json* r = by_label.at(label).count(s) ? by_label.at(label).at(s) : nullptr;
         if (r == nullptr) {
           md += " – |";
@@ -507,6 +710,44 @@ std::string render_pooling(const json& pooling) {
   return md;
 }
 
+std::string range_cell(const json& r) {
+  return fmt::format("{} ({}–{})", number_cell(r["mean"]), number_cell(r["min"]), number_cell(r["max"]));
+}
+
+// The real-model section: what the traces are, per-layer statistics, real vs synthetic, sweeps.
+std::string render_real(const json& real, bool quick) {
+  if (real.empty()) return "";
+  std::string md = "\n## Real model\n\n";
+  md += "These traces are the **attention scores of a small pretrained language model** recorded over a real text "
+        "(`./scripts/record-real-traces.sh`, recorder/README.md), **not a DSA indexer**: the closest real signal "
+        "available here (DSA trains its indexer to match the head-summed attention). Each is read at its own top-k "
+        "and at a second one (scaled to the context as 2048 of 64K, or DSA's 2048).\n\n";
+  for (const json& r : real) {
+    const json& a = r["all_keep"]["summary"];
+    const json& syn = r["synthetic_doc_qa_10k_same_shape"]["summary"];
+    md += fmt::format("### {} — {} ({}), top-k {}\n\n", r["label"].get<std::string>(), r["model"].get<std::string>(),
+                      r["source"].get<std::string>(), r["topk"].get<int>());
+    md += "All-keep statistics, mean (min–max over layers), beside the generator's doc-qa-10k at the same context, "
+          "steps and top-k:\n\n| statistic | real | synthetic |\n|---|---:|---:|\n";
+    for (const auto& [key, name] : std::vector<std::pair<std::string, std::string>>{
+             {"prev_step_topk_recall", "prev-iter top-k recall"},
+             {"prev_step_block_pearson", "Pearson of consecutive block scores (max-pooled)"},
+             {"topk_block_share", "blocks holding ≥ 1 top-k entry"}}) {
+      md += fmt::format("| {} | {} | {} |\n", name, range_cell(a[key]), range_cell(syn[key]));
+    }
+    md += "\n<details><summary>per layer</summary>\n\n| layer | prev-iter top-k recall | block Pearson | blocks with ≥ 1 "
+          "top-k |\n|---:|---:|---:|---:|\n";
+    for (const json& l : r["all_keep"]["layers"]) {
+      md += fmt::format("| {} | {} | {} | {} |\n", l["layer"].get<int>(), number_cell(l["prev_step_topk_recall"]),
+                        number_cell(l["prev_step_block_pearson"]), number_cell(l["topk_block_share"]));
+    }
+    md += "\n</details>\n\nClosed loop, mean recall / p99 miss (realised sparsity):\n\n";
+    md += render_sweep_tables(r["sweep"], real_sparsities(quick));
+    if (!r["mtp"].empty()) md += render_mtp(r["mtp"]) + "\n";
+  }
+  return md;
+}
+
 std::string render_report(const EvalOptions& o, int requests, const Results& res) {
   std::string md = "# spin eval report\n\n";
   md += fmt::format("Seed {}, {} request(s) per scenario{}. Predictor config (sweeps vary target_sparsity): `{}`\n\n", o.seed, requests,
@@ -531,6 +772,7 @@ std::string render_report(const EvalOptions& o, int requests, const Results& res
   md += render_sweep(res.sweep, o.quick);
   md += render_mtp(res.mtp);
   md += render_pooling(res.pooling);
+  md += render_real(res.real_model, o.quick);
   return md;
 }
 
@@ -540,7 +782,7 @@ std::string render_report(const EvalOptions& o, int requests, const Results& res
 Result<EvalSummary> run_eval(const EvalOptions& o) {
   SPIN_RETURN_IF_ERROR(o.base_config.validate());
   std::vector<std::string> scenarios = o.scenarios;
-  if (scenarios.empty() && o.traces.empty()) {
+  if (scenarios.empty() && o.traces.empty()) {  // real traces sit beside the scenarios
     scenarios = o.quick ? std::vector<std::string>{"doc-qa-10k", "doc-qa-94k", "needle-shift", "agentic",
                                                    "doc-qa-10k-mtp"}
                         : scenario_names();
@@ -575,6 +817,15 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
     if (!run.ok()) return run.status();
     add_results(run.value(), 1, targets, &res);
   }
+  for (size_t ri = 0; ri < o.real_traces.size(); ++ri) {
+    const std::string& path = o.real_traces[ri];
+    auto report = [&](const std::string& stage, double f) {
+      if (o.progress) o.progress(fmt::format("[real {}/{}] {}: {}", ri + 1, o.real_traces.size(), path, stage), f);
+    };
+    auto runs = run_real_trace(o, path, threads, report);
+    if (!runs.ok()) return runs.status();
+    for (const RealRun& rr : runs.value()) add_real_results(rr, &res);
+  }
   json results = {{"seed", o.seed}, {"quick", o.quick}, {"config", o.base_config.to_string()}};
   if (!res.scenarios.empty()) results["scenarios"] = res.scenarios;
   results["calibration"] = res.calibration;
@@ -582,6 +833,7 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
   results["sweep"] = res.sweep;
   results["mtp"] = res.mtp;
   results["pooling"] = res.pooling;
+  if (!res.real_model.empty()) results["real_model"] = res.real_model;
   res.timing["total_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   results["timing"] = res.timing;
 

@@ -58,14 +58,25 @@ class ScoredTrace {
   }
 };
 
+namespace {
+Status check_topk_override(const ScoreOptions& options) {
+  if (options.topk < 0 || options.topk > kTraceMaxTopk) {
+    return invalid_argument("score options: topk {} is outside [0, {}] (0 = the trace's)", options.topk, kTraceMaxTopk);
+  }
+  return ok_status();
+}
+}  // namespace
+
 Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const ScoreOptions& options) {
   SPIN_RETURN_IF_ERROR(validate_trace(trace));
   auto st = std::make_shared<ScoredTrace>();
   const TraceMeta& m = trace.meta;
+  SPIN_RETURN_IF_ERROR(check_topk_override(options));
+  const int32_t k = options.topk > 0 ? options.topk : m.topk;  // the truth's top-k
   st->layers = m.num_layers;
   st->next_n = m.next_n;
   st->num_heads = m.num_heads;
-  st->topk = m.topk;
+  st->topk = k;
   st->page_size = m.page_size;
   st->compress_ratio = m.compress_ratio;
   st->steps = trace.steps();
@@ -117,14 +128,14 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const
       for (int32_t j = 0; j < m.next_n; ++j) {
         visible_entries[j] = spin::visible_entries(st->ctx_len[s], m.next_n, j, m.compress_ratio);
       }
-      topk_out.resize(static_cast<size_t>(m.next_n) * m.topk);
-      TopkParams tp{logits.data(), cols, m.next_n, cols, visible_entries.data(), m.topk, topk_out.data(), m.topk};
+      topk_out.resize(static_cast<size_t>(m.next_n) * k);
+      TopkParams tp{logits.data(), cols, m.next_n, cols, visible_entries.data(), k, topk_out.data(), k};
       SPIN_RETURN_IF_ERROR(at_row(topk(tp, {TopkImpl::kAuto, threads}), l, s));
       for (int32_t j = 0; j < m.next_n; ++j) {
         const size_t i = st->index(l, s, j);
         st->visible_entries[i] = visible_entries[j];
         st->scores[i].assign(logits.begin() + j * cols, logits.begin() + j * cols + visible_entries[j]);
-        st->truth[i].assign(topk_out.begin() + j * m.topk, topk_out.begin() + (j + 1) * m.topk);
+        st->truth[i].assign(topk_out.begin() + j * k, topk_out.begin() + (j + 1) * k);
       }
       if (options.progress) options.progress(++done, total);
     }
@@ -136,10 +147,12 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const ScoreTrace& trace, 
   SPIN_RETURN_IF_ERROR(validate_score_trace(trace));
   auto st = std::make_shared<ScoredTrace>();
   const TraceMeta& m = trace.meta;
+  SPIN_RETURN_IF_ERROR(check_topk_override(options));
+  const int32_t k = options.topk > 0 ? options.topk : m.topk;  // the truth's top-k
   st->layers = m.num_layers;
   st->next_n = m.next_n;
   st->num_heads = m.num_heads;
-  st->topk = m.topk;
+  st->topk = k;
   st->page_size = m.page_size;
   st->compress_ratio = m.compress_ratio;
   st->steps = trace.steps();
@@ -166,14 +179,14 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const ScoreTrace& trace, 
         const float* row = trace.row(l, s, j);
         std::copy(row, row + visible[j], logits.begin() + j * cols);
       }
-      topk_out.resize(static_cast<size_t>(m.next_n) * m.topk);
-      TopkParams tp{logits.data(), cols, m.next_n, cols, visible.data(), m.topk, topk_out.data(), m.topk};
+      topk_out.resize(static_cast<size_t>(m.next_n) * k);
+      TopkParams tp{logits.data(), cols, m.next_n, cols, visible.data(), k, topk_out.data(), k};
       SPIN_RETURN_IF_ERROR(at_row(topk(tp, {TopkImpl::kAuto, threads}), l, s));
       for (int32_t j = 0; j < m.next_n; ++j) {
         const size_t i = st->index(l, s, j);
         st->visible_entries[i] = visible[j];
         st->scores[i].assign(logits.begin() + j * cols, logits.begin() + j * cols + visible[j]);
-        st->truth[i].assign(topk_out.begin() + j * m.topk, topk_out.begin() + (j + 1) * m.topk);
+        st->truth[i].assign(topk_out.begin() + j * k, topk_out.begin() + (j + 1) * k);
       }
       if (options.progress) options.progress(++done, total);
     }
@@ -212,13 +225,43 @@ bool replayed_as_prefill(const ScoredTrace& st, int64_t s, const ReplayOptions& 
   return options.prefill_jumps && s < st.steps && st.ctx_len[s] - st.ctx_len[s - 1] > st.next_n;
 }
 
-TraceFacts trace_facts(const ScoredTrace& st, int32_t block_entries) {
+namespace {
+
+// Max-pooled block scores of one row over its first `n_blocks` blocks (-inf where nothing is finite).
+void max_pool_blocks(const std::vector<float>& scores, int64_t n_blocks, int32_t block_entries, std::vector<double>* out) {
+  out->assign(static_cast<size_t>(n_blocks), -std::numeric_limits<double>::infinity());
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(scores.size()), n_blocks * block_entries);
+  for (int64_t e = 0; e < n; ++e) (*out)[e / block_entries] = std::max<double>((*out)[e / block_entries], scores[e]);
+}
+
+// Pearson correlation over the blocks where both rows are finite (NaN with fewer than 3).
+double finite_pearson(const std::vector<double>& a, const std::vector<double>& b) {
+  double sa = 0, sb = 0, saa = 0, sbb = 0, sab = 0;
+  int64_t n = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) continue;
+    sa += a[i], sb += b[i], saa += a[i] * a[i], sbb += b[i] * b[i], sab += a[i] * b[i];
+    ++n;
+  }
+  if (n < 3) return NAN;
+  const double m = static_cast<double>(n);
+  const double cov = sab - sa * sb / m, va = saa - sa * sa / m, vb = sbb - sb * sb / m;
+  return va > 0 && vb > 0 ? cov / std::sqrt(va * vb) : NAN;
+}
+
+}  // namespace
+
+TraceFacts trace_facts(const ScoredTrace& st, int32_t block_entries, int32_t layer) {
   TraceFacts facts;
   double share_sum = 0;
   double recall_sum = 0;
   int64_t recall_n = 0;
   int64_t visible_sum = 0;
+  double pearson_sum = 0;
+  int64_t pearson_n = 0;
+  std::vector<double> pooled_prev, pooled;
   for (int32_t l = 0; l < st.layers; ++l) {
+    if (layer >= 0 && l != layer) continue;
     for (int64_t s = 0; s < st.steps; ++s) {
       for (int32_t j = 0; j < st.next_n; ++j) {
         const size_t i = st.index(l, s, j);
@@ -239,8 +282,18 @@ TraceFacts trace_facts(const ScoredTrace& st, int32_t block_entries) {
         }
         share_sum += static_cast<double>(hits) / static_cast<double>(n_blocks);
         if (j == 0 && s > 0) {
-          recall_sum += recall(st.truth[st.index(l, s - 1, 0)], st.truth[i]);
+          const size_t prev = st.index(l, s - 1, 0);
+          recall_sum += recall(st.truth[prev], st.truth[i]);
           ++recall_n;
+          // How stable block scores are between steps, over the blocks both steps see.
+          const int64_t common = (st.visible_entries[prev] + block_entries - 1) / block_entries;
+          max_pool_blocks(st.scores[prev], common, block_entries, &pooled_prev);
+          max_pool_blocks(st.scores[i], common, block_entries, &pooled);
+          const double r = finite_pearson(pooled_prev, pooled);
+          if (std::isfinite(r)) {
+            pearson_sum += r;
+            ++pearson_n;
+          }
         }
       }
     }
@@ -248,6 +301,7 @@ TraceFacts trace_facts(const ScoredTrace& st, int32_t block_entries) {
   const int64_t measured = facts.samples - facts.exact_by_construction;
   facts.topk_block_share = measured > 0 ? share_sum / static_cast<double>(measured) : 0.0;
   facts.prev_step_topk_recall = recall_n > 0 ? recall_sum / static_cast<double>(recall_n) : 0.0;
+  facts.prev_step_block_pearson = pearson_n > 0 ? pearson_sum / static_cast<double>(pearson_n) : NAN;
   facts.mean_visible_entries =
       facts.samples > 0 ? static_cast<double>(visible_sum) / static_cast<double>(facts.samples) : 0.0;
   return facts;

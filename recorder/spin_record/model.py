@@ -146,10 +146,12 @@ class Model:
         """Per-position negative log-likelihood of `targets` given final-normed states hf."""
         out = np.empty(len(targets), np.float64)
         for c0 in range(0, len(targets), chunk):
-            lg = self.logits(hf[c0:c0 + chunk]).astype(np.float64)
+            lg = self.logits(hf[c0:c0 + chunk])                      # float32 [C, vocab]
             m = lg.max(axis=1, keepdims=True)
-            lse = (m[:, 0] + np.log(np.exp(lg - m).sum(axis=1)))
-            out[c0:c0 + chunk] = lse - lg[np.arange(len(lg)), targets[c0:c0 + chunk]]
+            tgt = lg[np.arange(len(lg)), targets[c0:c0 + chunk]] - m[:, 0]
+            lg -= m
+            np.exp(lg, out=lg)
+            out[c0:c0 + chunk] = np.log(lg.sum(axis=1, dtype=np.float64)) - tgt
         return out
 
     # -- full causal forward -------------------------------------------------------------------

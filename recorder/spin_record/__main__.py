@@ -108,13 +108,14 @@ def cmd_quality(a):
     rec_args.force = False
     cdir = cmd_record(rec_args)
     args = dict(context=a.context, steps=a.steps, next_n=sorted(a.next_n), decode=a.decode,
-                quick=a.quick)
+                quick=a.quick, predictors=a.predictors)
     key = content_key("quality", args)
     qdir = assets.cache_dir() / f"quality-{key}"
     done = qdir / "quality.json"
     if not done.exists():
         m, tok = load_model()
-        res = quality.run(m, tok, assets.read_text(), cdir, a.context, a.decode, a.quick, log)
+        res = quality.run(m, tok, assets.read_text(), cdir, a.context, a.decode, a.quick, log,
+                          predictors=a.predictors)
         qdir.mkdir(parents=True, exist_ok=True)
         tmp = done.with_name(f"quality.json.tmp-{os.getpid()}")
         tmp.write_text(json.dumps(res, indent=1))
@@ -141,7 +142,9 @@ def main(argv=None):
             s.add_argument("--force", action="store_true")
         else:
             s.add_argument("--decode", type=int, default=128, help="teacher-forced loss steps")
-            s.add_argument("--quick", action="store_true")
+            s.add_argument("--quick", action="store_true", help="one sparsity, three needles")
+            s.add_argument("--predictors", nargs="*", default=[],
+                           help="C++ predictors through spin_dsa (e.g. spin step-reuse)")
     a = p.parse_args(argv)
     if a.cmd == "quality":
         a.decode_for_quality = a.decode

@@ -24,12 +24,26 @@ NEEDLE_AT = (4096, 5120, 6144, 7040, 7680)
 COLOURS = ("red", "blue", "green", "yellow", "white", "black", "orange", "brown", "pink", "grey")
 
 
-def make_configs(topk, quick):
+def make_configs(topk, quick, extra=(), request_id=0):
     cfg = [dsa.Config("full"), dsa.Config("dense-topk", selectors.Dense(0.0, topk), 0.0)]
     for s in ((0.5,) if quick else SPARSITIES):
-        for p in PREDICTORS:
-            cfg.append(dsa.Config(f"{p}@{s:.1f}", selectors.make_selector(p, s, topk, seed=1), s))
+        for p in PREDICTORS + tuple(extra):
+            sel = (selectors.make_selector(p, s, topk, seed=1) if p in selectors.PYTHON_SELECTORS
+                   else selectors.SpinDsaSelector(p, s, topk, seed=1, request_id=request_id))
+            cfg.append(dsa.Config(f"{p}@{s:.1f}", sel, s))
     return cfg
+
+
+def available_extra(names, log):
+    """The spin_dsa predictors asked for, if the bindings import (else none, said once)."""
+    if not names:
+        return ()
+    try:
+        import spin_dsa  # noqa: F401
+    except ImportError as e:
+        log(f"  spin_dsa not installed ({e}): {', '.join(names)} skipped (recorder/README.md)")
+        return ()
+    return tuple(names)
 
 
 def _warm(probs, row):
@@ -49,7 +63,7 @@ def loss_vs_context(model, tokens, base_nll, context, log, span=256, contexts=(1
     return out
 
 
-def run(model, tok, text, cdir, context, n_dec, quick, log):
+def run(model, tok, text, cdir, context, n_dec, quick, log, predictors=()):
     t_start = time.time()
     k, v = np.load(cdir / "k.npy"), np.load(cdir / "v.npy")
     nll, rows, probs = np.load(cdir / "nll.npy"), np.load(cdir / "rows.npy"), np.load(cdir / "probs.npy")
@@ -57,12 +71,14 @@ def run(model, tok, text, cdir, context, n_dec, quick, log):
     ids = np.array(tok.encode(text).ids, np.int64)
     tokens = ids[:context]
     topk = scaled_topk(context)
-    res = dict(context=context, topk=topk, block=64, decode_steps=n_dec, quick=quick)
+    extra = available_extra(predictors, log)
+    res = dict(context=context, topk=topk, block=64, decode_steps=n_dec, quick=quick,
+               spin_dsa_predictors=list(extra))
 
     # A. teacher-forced loss through the pipeline
     P = context - n_dec - 1
     prefix = dsa.Prefix(k[:, :P], v[:, :P])
-    cfgs = make_configs(topk, quick)
+    cfgs = make_configs(topk, quick, extra)
     t0 = time.time()
     hfs, stats = dsa.decode(model, prefix, tokens[P:P + n_dec], cfgs, topk,
                             warm=_warm(probs, row_index[P - 1]))
@@ -110,9 +126,9 @@ def run(model, tok, text, cdir, context, n_dec, quick, log):
     hprefix = dsa.Prefix(hk, hv)
     log(f"  C: haystack of {len(hay)} tokens, needles at {list(at)}, prefill {res['haystack_prefill_s']} s")
     inputs, answers, names, qcfg = [], [], [], []
-    for c, a_ in zip(cols, ans):
+    for qi, (c, a_) in enumerate(zip(cols, ans)):
         seq = q_tail(c) + a_
-        for cf in make_configs(topk, quick):
+        for cf in make_configs(topk, quick, extra, request_id=qi):
             inputs.append(seq[:-1])
             answers.append(a_)
             names.append(cf.name)

@@ -116,20 +116,42 @@ class Random(_Base):
 
 
 class SpinDsaSelector(_Base):
-    """Adapter point for the C++ predictors (spin, step-reuse, ...) through `spin_dsa`.
+    """The C++ predictors (spin, step-reuse, ema-slot, ...) through the `spin_dsa` bindings
+    (python/ on branch `serving`: `make_predictor(name, config, num_layers, request_id)`,
+    `select(layer, step, num_entries)`, `observe(layer, row, scores, topk, scored_blocks)`,
+    `commit(accepted)`). SPIN is not reimplemented in Python: without the bindings this raises
+    ImportError with one line. Forced blocks are aligned with the Python baselines (1 sink,
+    1 newest); every other field keeps the library's default."""
 
-    Wraps `spin_dsa.make_predictor(name, ...)` with select/observe/commit; raises ImportError
-    with one clear line when the bindings are not installed (see recorder/README.md)."""
-
-    def __init__(self, name, sparsity, topk, block=64, num_layers=30, seed=0, **kw):
+    def __init__(self, name, sparsity, topk, block=64, num_layers=30, seed=0, request_id=0):
         super().__init__(sparsity, topk, block, seed=seed)
         try:
-            import spin_dsa  # noqa: F401  (branch `serving`)
+            import spin_dsa
         except ImportError as e:
             raise ImportError(f"predictor {name!r} needs the spin_dsa bindings "
-                              f"(python/ on branch serving), not installed: {e}") from None
-        raise NotImplementedError("spin_dsa adapter: wire make_predictor/select/observe/commit "
-                                  "here once the bindings' signatures are final")
+                              f"(pip install . from a checkout with python/), not installed: {e}") from None
+        cfg = dict(target_sparsity=float(sparsity), topk=int(topk), page_size=int(block),
+                   sink_blocks=1, local_blocks=1, seed=int(seed))
+        self.p = spin_dsa.make_predictor(name, cfg, num_layers=num_layers, request_id=request_id)
+        self.selected = set()
+
+    def select(self, layer, ctx_len):
+        self.selected.add(layer)
+        return np.asarray(self.p.select(layer, self.step, int(ctx_len)), np.int64)
+
+    def observe(self, layer, scores, topk):
+        sc = np.ascontiguousarray(scores, np.float32)
+        tk = np.asarray(topk, np.int32)
+        if layer in self.selected:
+            self.p.observe(layer, 0, sc, topk=tk)
+        else:  # warm start (the prefill's last row): everything was scored
+            nb = -(-len(sc) // self.block)
+            self.p.observe(layer, 0, sc, topk=tk, scored_blocks=np.arange(nb, dtype=np.int32))
+
+    def commit(self):
+        self.p.commit(0)
+        self.selected.clear()
+        self.step += 1
 
 
 PYTHON_SELECTORS = {"dense": Dense, "oracle": Oracle, "prev-iter": PrevIter, "random": Random}

@@ -100,7 +100,7 @@ class Config:
         self.name, self.selector, self.sparsity = name, selector, sparsity
 
 
-def decode(model, prefix, inputs, configs, topk, block=64, warm=None):
+def decode(model, prefix, inputs, configs, topk, block=64, warm=None, log=None):
     """Teacher-forced closed-loop decode of len(configs) sequences over the same `inputs`.
 
     inputs: token ids fed at positions prefix.P, prefix.P+1, ... ([T], or [B, T] one row per
@@ -171,5 +171,7 @@ def decode(model, prefix, inputs, configs, topk, block=64, warm=None):
             if c.selector is not None:
                 c.selector.commit()
         hfs[t] = model.final(x)
+        if log is not None and (t + 1) % 16 == 0:
+            log(f"    decode step {t + 1}/{T} ({B} sequences)")
     summary = [{k: (float(np.mean(v)) if v else None) for k, v in st.items()} for st in stats]
     return hfs, summary

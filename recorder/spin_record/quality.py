@@ -81,7 +81,7 @@ def run(model, tok, text, cdir, context, n_dec, quick, log, predictors=()):
     cfgs = make_configs(topk, quick, extra)
     t0 = time.time()
     hfs, stats = dsa.decode(model, prefix, tokens[P:P + n_dec], cfgs, topk,
-                            warm=_warm(probs, row_index[P - 1]))
+                            warm=_warm(probs, row_index[P - 1]), log=log)
     targets = tokens[P + 1:P + n_dec + 1]
     loss = {}
     for b, c in enumerate(cfgs):
@@ -135,7 +135,7 @@ def run(model, tok, text, cdir, context, n_dec, quick, log, predictors=()):
             qcfg.append(cf)
     inputs = np.array(inputs, np.int64)
     t0 = time.time()
-    hfs, qstats = dsa.decode(model, hprefix, inputs, qcfg, topk, warm=warm)
+    hfs, qstats = dsa.decode(model, hprefix, inputs, qcfg, topk, warm=warm, log=log)
     res["retrieval_decode_s"] = round(time.time() - t0, 1)
     retr = {}
     for b, name in enumerate(names):
@@ -174,6 +174,10 @@ def format_report(res):
         bs = "—" if r["block_sparsity"] is None else f"{r['block_sparsity']:.2f}"
         L.append(f"| {name} | {r['loss']:.4f} | {r['loss'] - full:+.4f} | {rec} | {bs} | "
                  f"{q.get('exact', 0)}/{q.get('queries', 0)} | {q.get('tokens_ok', 0)}/{q.get('tokens', 0)} |")
+    L.append("")
+    sp = res.get("spin_dsa_predictors") or []
+    L.append("C++ predictors through spin_dsa: " + (", ".join(sp) if sp else
+             "none (bindings not installed; the adapter is selectors.SpinDsaSelector)") + ".")
     L.append("")
     L.append(f"Full attention decoded step by step: {full:.4f}; the same tokens from the causal "
              f"prefill: {res['loss_full_from_prefill']:.4f} (a check of the decode path).")

@@ -21,9 +21,16 @@ from . import assets
 SRC = Path(__file__).resolve().parent
 
 
+RECORD_SOURCES = ("assets.py", "model.py", "record.py", "tokenizer.py")
+
+
 def content_key(kind, args):
+    """A recording depends on the model, tokenizer and recorder sources only; quality on all."""
     h = hashlib.sha256()
-    for p in sorted(SRC.glob("*.py")):
+    srcs = sorted(SRC.glob("*.py"))
+    if kind == "record":
+        srcs = [p for p in srcs if p.name in RECORD_SOURCES]
+    for p in srcs:
         h.update(p.name.encode() + p.read_bytes())
     h.update(assets.MODEL_WHEEL_SHA256.encode() + assets.ALICE_SHA256.encode())
     h.update(json.dumps([kind, args], sort_keys=True).encode())

@@ -137,12 +137,13 @@ def run(model, tok, text, cdir, context, n_dec, quick, log, predictors=()):
     t0 = time.time()
     hfs, qstats = dsa.decode(model, hprefix, inputs, qcfg, topk, warm=warm, log=log)
     res["retrieval_decode_s"] = round(time.time() - t0, 1)
-    retr = {}
+    retr, per_query = {}, {}
     for b, name in enumerate(names):
         lg = model.logits(hfs[q_len - 1:, b])
         pred = lg.argmax(axis=1)
         ok = pred == np.array(answers[b])
         r = retr.setdefault(name, dict(exact=0, tokens_ok=0, tokens=0, queries=0, recall=[]))
+        per_query.setdefault(name, []).append(bool(ok.all()))
         r["exact"] += int(ok.all())
         r["tokens_ok"] += int(ok.sum())
         r["tokens"] += len(ok)
@@ -152,10 +153,48 @@ def run(model, tok, text, cdir, context, n_dec, quick, log, predictors=()):
     for r in retr.values():
         r["recall"] = float(np.mean(r["recall"])) if r["recall"] else None
     res["retrieval"] = retr
+    res["retrieval_per_query"] = {n: [bool(x) for x in v] for n, v in per_query.items()}
     res["needles"] = dict(at=list(at), colours=cols, codes=codes, context=len(hay) + q_len + a_len)
+    if not quick:
+        res["passkey"] = passkey(model, enc, tokens, k, v, context, topk, extra, log)
     res["total_s"] = round(time.time() - t_start, 1)
     log(f"  C: {len(names)} sequences decoded in {res['retrieval_decode_s']} s")
     return res
+
+
+PASSKEY_AT = (4096, 5632, 7168)
+
+
+def passkey(model, enc, tokens, k, v, context, topk, extra, log):
+    """D. Single-needle passkey in real text: one needle per haystack at each offset."""
+    rng = np.random.default_rng(7)
+    out = {}
+    t0 = time.time()
+    for i, at in enumerate(PASSKEY_AT):
+        code = "".join(str(d) for d in rng.integers(0, 10, 5))
+        needle = enc(f" The pass key is {code}. Remember it. {code} is the pass key.")
+        q = enc("\n\nWhat is the pass key? The pass key is")
+        a = enc(" " + code)
+        n_text = context - len(needle) - len(q) - len(a)
+        hay = np.array(tokens[:at].tolist() + needle + tokens[at:n_text].tolist(), np.int64)
+        o = model.prefill(hay[at:], past=(k[:, :at], v[:, :at]), keep_cache=True,
+                          record_rows=[len(hay) - at - 1], final_rows=[len(hay) - at - 1])
+        warm = np.log(np.maximum(o["probs"][:, 0, :len(hay)], 0)).astype(np.float32)
+        cfgs = make_configs(topk, False, extra, request_id=100 + i)
+        seq = q + a
+        hfs, _ = dsa.decode(model, dsa.Prefix(o["k"], o["v"]), seq[:-1], cfgs, topk, warm=warm)
+        for b, c in enumerate(cfgs):
+            pred = model.logits(hfs[len(q) - 1:, b]).argmax(axis=1)
+            ok = pred == np.array(a)
+            r = out.setdefault(c.name, dict(exact=0, tokens_ok=0, tokens=0, queries=0, per_depth=[]))
+            r["exact"] += int(ok.all())
+            r["tokens_ok"] += int(ok.sum())
+            r["tokens"] += len(ok)
+            r["queries"] += 1
+            r["per_depth"].append(bool(ok.all()))
+        log(f"  D: passkey at {at}: full {'ok' if out['full']['per_depth'][-1] else 'wrong'} "
+            f"({time.time() - t0:.0f} s)")
+    return out
 
 
 def format_report(res):
@@ -165,15 +204,25 @@ def format_report(res):
          f"teacher-forced loss over the last {res['decode_steps']} tokens of the 8K window; "
          f"retrieval: {len(res['needles']['at'])} needles at token offsets {res['needles']['at']} "
          f"of a {res['needles']['context']}-token context, each asked once.", "",
-         "| config | loss (nats) | Δ vs full | top-k recall | block sparsity | retrieval exact | answer tokens |",
-         "|---|---:|---:|---:|---:|---:|---:|"]
+         "| config | loss (nats) | Δ vs full | top-k recall | block sparsity | multi-key exact | multi-key answer tokens | passkey exact |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|"]
     full = res["loss"]["full"]["loss"]
     for name, r in res["loss"].items():
         q = res["retrieval"].get(name, {})
         rec = "—" if r["recall"] is None else f"{r['recall']:.3f}"
         bs = "—" if r["block_sparsity"] is None else f"{r['block_sparsity']:.2f}"
         L.append(f"| {name} | {r['loss']:.4f} | {r['loss'] - full:+.4f} | {rec} | {bs} | "
-                 f"{q.get('exact', 0)}/{q.get('queries', 0)} | {q.get('tokens_ok', 0)}/{q.get('tokens', 0)} |")
+                 f"{q.get('exact', 0)}/{q.get('queries', 0)} | {q.get('tokens_ok', 0)}/{q.get('tokens', 0)} | "
+                 + (f"{res['passkey'][name]['exact']}/{res['passkey'][name]['queries']}" if "passkey" in res else "—")
+                 + " |")
+    L.append("")
+    pq = res.get("retrieval_per_query", {}).get("full")
+    if pq:
+        L.append("Multi-key, full attention, per needle offset: " + ", ".join(
+            f"{a}: {'ok' if ok else 'wrong'}" for a, ok in zip(res["needles"]["at"], pq)) + ".")
+    if "passkey" in res:
+        L.append(f"Passkey (one needle per haystack at {list(PASSKEY_AT)}), full attention: " + ", ".join(
+            "ok" if ok else "wrong" for ok in res["passkey"]["full"]["per_depth"]) + ".")
     L.append("")
     sp = res.get("spin_dsa_predictors") or []
     L.append("C++ predictors through spin_dsa: " + (", ".join(sp) if sp else

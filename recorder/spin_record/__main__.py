@@ -1,0 +1,167 @@
+"""python -m spin_record {record,quality} — real-model score traces and DSA-emulated task quality.
+
+  record   [--out build/real-traces] [--context 8192] [--steps 32] [--next-n 1 2] [--force]
+  quality  [--out build/real-traces] [--decode 128] [--quick]
+
+Results are cached by content: the key hashes the recorder's own sources, the model and text
+hashes and the arguments; a second run with the same key copies the cached files and returns.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from . import assets
+
+SRC = Path(__file__).resolve().parent
+
+
+RECORD_SOURCES = ("assets.py", "model.py", "record.py", "tokenizer.py")
+
+
+def content_key(kind, args):
+    """A recording depends on the model, tokenizer and recorder sources only; quality on all."""
+    h = hashlib.sha256()
+    srcs = sorted(SRC.glob("*.py"))
+    if kind == "record":
+        srcs = [p for p in srcs if p.name in RECORD_SOURCES]
+    for p in srcs:
+        h.update(p.name.encode() + p.read_bytes())
+    h.update(assets.MODEL_WHEEL_SHA256.encode() + assets.ALICE_SHA256.encode())
+    h.update(json.dumps([kind, args], sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def log(msg):
+    print(f"[spin_record {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def load_model():
+    from . import model, tokenizer
+
+    g = assets.model_path()
+    t0 = time.time()
+    m, tok = model.load(g), tokenizer.from_gguf(g)
+    log(f"model {assets.MODEL_NAME} loaded ({time.time() - t0:.1f} s)")
+    return m, tok
+
+
+def cmd_record(a):
+    from . import record
+
+    args = dict(context=a.context, steps=a.steps, next_n=sorted(a.next_n))
+    key = content_key("record", args)
+    cdir = assets.cache_dir() / f"record-{key}"
+    done = cdir / "summary.json"
+    if not done.exists() or a.force:
+        tmp = assets.cache_dir() / f"record-{key}.tmp-{os.getpid()}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        m, tok = load_model()
+        text = assets.read_text()
+        t0 = time.time()
+        extra = [a.context - a.decode_for_quality - 2]  # warm row of the quality decode
+        s = record.record(m, tok, text, str(tmp), a.context, a.steps, sorted(a.next_n),
+                          extra_rows=extra, keep_cache_to=str(tmp), log=log)
+        s["record_wall_s"] = round(time.time() - t0, 1)
+        with open(tmp / "summary.json", "w") as f:
+            json.dump(s, f, indent=1)
+        if cdir.exists():
+            shutil.rmtree(cdir)
+        os.replace(tmp, cdir)
+        log(f"recorded in {s['record_wall_s']} s (cache {cdir})")
+    else:
+        log(f"cached: {cdir}")
+    os.makedirs(a.out, exist_ok=True)
+    summary = json.loads(done.read_text())
+    for f in cdir.glob("*.safetensors"):
+        dst = Path(a.out) / f.name
+        if dst.exists():
+            dst.unlink()
+        try:
+            os.link(f, dst)
+        except OSError:
+            shutil.copyfile(f, dst)
+    shutil.copyfile(done, Path(a.out) / "record-summary.json")
+    print_record_summary(summary)
+    return cdir
+
+
+def print_record_summary(s):
+    print(f"model {s['model']}  context {s['context']}  steps {s['steps']}  topk {s['topk']}")
+    print(f"perplexity over the {s['context']} tokens: {s['ppl']:.2f}   "
+          f"(forward {s['forward_and_lm_head_s']} s, record {s.get('record_wall_s')} s)")
+    print("mean loss by position: " + "  ".join(f"{k}: {v:.3f}"
+                                                for k, v in s["loss_by_position"].items()))
+    for name, t in s["traces"].items():
+        m = t["mean"]
+        print(f"{t['file']}: next_n {t['next_n']}, {t['steps']} steps, ctx_len "
+              f"{t['ctx_len'][0]}..{t['ctx_len'][1]}" +
+              (f", accepted mean {t['accepted_mean']:.2f} hist {t['accepted_hist']}"
+               if "accepted_mean" in t else ""))
+        print(f"  all-keep, mean of layers: prev-iter top-k recall {m['prev_iter_topk_recall']:.3f}"
+              f"  pearson(block max) {m['pearson_block_max']:.3f}  pearson(entries) "
+              f"{m['pearson_entries']:.3f}  blocks with >=1 top-k {m['topk_block_share']:.3f}")
+
+
+def cmd_quality(a):
+    from . import quality
+
+    rec_args = argparse.Namespace(**vars(a))
+    rec_args.force = False
+    cdir = cmd_record(rec_args)
+    args = dict(context=a.context, steps=a.steps, next_n=sorted(a.next_n), decode=a.decode,
+                quick=a.quick, predictors=a.predictors)
+    key = content_key("quality", args)
+    qdir = assets.cache_dir() / f"quality-{key}"
+    done = qdir / "quality.json"
+    if not done.exists():
+        m, tok = load_model()
+        res = quality.run(m, tok, assets.read_text(), cdir, a.context, a.decode, a.quick, log,
+                          predictors=a.predictors)
+        qdir.mkdir(parents=True, exist_ok=True)
+        tmp = done.with_name(f"quality.json.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(res, indent=1))
+        os.replace(tmp, done)
+    res = json.loads(done.read_text())
+    shutil.copyfile(done, Path(a.out) / "quality.json")
+    from .quality import format_report
+    report = format_report(res)
+    (Path(a.out) / "quality.md").write_text(report)
+    print(report)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m spin_record", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("record", "quality"):
+        s = sub.add_parser(name)
+        s.add_argument("--out", default=str(assets.repo_root() / "build" / "real-traces"))
+        s.add_argument("--context", type=int, default=8192)
+        s.add_argument("--steps", type=int, default=32, help="decode steps after step 0")
+        s.add_argument("--next-n", type=int, nargs="+", default=[1, 2])
+        s.add_argument("--decode-for-quality", type=int, default=128, help=argparse.SUPPRESS)
+        if name == "record":
+            s.add_argument("--force", action="store_true")
+        else:
+            s.add_argument("--decode", type=int, default=128, help="teacher-forced loss steps")
+            s.add_argument("--quick", action="store_true", help="one sparsity, three needles")
+            s.add_argument("--predictors", nargs="*", default=[],
+                           help="C++ predictors through spin_dsa (e.g. spin step-reuse)")
+    a = p.parse_args(argv)
+    if a.cmd == "quality":
+        a.decode_for_quality = a.decode
+    try:
+        {"record": cmd_record, "quality": cmd_quality}[a.cmd](a)
+    except (RuntimeError, ValueError) as e:
+        print(f"spin_record: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Block selectors for the DSA emulation: a small interface and the Python baselines.
+
+Interface (one selector object per decoded sequence, state per layer):
+    select(layer, ctx_len) -> sorted int array of logical block ids to score this step
+    observe(layer, scores, topk)   scores: float32 [ctx_len], -inf where not scored;
+                                   topk: int array of the entry positions top-k kept
+    commit()                       end of a decode step (all layers done)
+`needs_truth = True` selectors (oracle) get `peek(layer, full_scores)` before `select`.
+
+Budget and forced blocks follow DESIGN.md §2/§4: B = ceil((1 - sparsity) * n_blocks), never
+below what top-k needs (ceil(topk / block) blocks) plus the forced ones; forced = the first
+`sink_blocks` blocks and the newest `local_blocks` (the newest holds never-scored entries).
+
+SPIN itself is not reimplemented here: `SpinDsaSelector` is the adapter point for the C++
+predictors through the `spin_dsa` Python bindings (branch `serving`); see recorder/README.md.
+"""
+
+import math
+
+import numpy as np
+
+
+def budget_blocks(sparsity, n_blocks, topk, block, forced):
+    need = min(n_blocks, math.ceil(topk / block) + forced)
+    return min(n_blocks, max(need, math.ceil((1.0 - sparsity) * n_blocks - 1e-9)))
+
+
+class _Base:
+    needs_truth = False
+
+    def __init__(self, sparsity, topk, block=64, sink_blocks=1, local_blocks=1, seed=0):
+        self.sparsity, self.topk, self.block = sparsity, topk, block
+        self.sink, self.local, self.seed = sink_blocks, local_blocks, seed
+        self.step = 0
+
+    def _frame(self, ctx_len):
+        nb = -(-ctx_len // self.block)
+        forced = sorted(set(range(min(self.sink, nb))) | set(range(max(0, nb - self.local), nb)))
+        B = budget_blocks(self.sparsity, nb, self.topk, self.block, len(forced))
+        return nb, forced, B
+
+    def _fill(self, nb, forced, B, ranked):
+        """forced first, then `ranked` (best first) until B, then recency."""
+        chosen = list(forced)
+        seen = set(chosen)
+        for b in list(ranked) + list(range(nb - 1, -1, -1)):
+            if len(chosen) >= B:
+                break
+            b = int(b)
+            if 0 <= b < nb and b not in seen:
+                seen.add(b)
+                chosen.append(b)
+        return np.array(sorted(chosen), np.int64)
+
+    def observe(self, layer, scores, topk):
+        pass
+
+    def commit(self):
+        self.step += 1
+
+
+class Dense(_Base):
+    """Every block scored (dense top-k: DSA without skipping)."""
+
+    def select(self, layer, ctx_len):
+        return np.arange(-(-ctx_len // self.block), dtype=np.int64)
+
+
+class Oracle(_Base):
+    """Blocks ranked by how many of this step's true top-k entries they hold (the best recall a
+    selection of that budget can reach); reads the all-keep scores, which no real system has."""
+
+    needs_truth = True
+
+    def peek(self, layer, full_scores):
+        self._truth = full_scores
+
+    def select(self, layer, ctx_len):
+        nb, forced, B = self._frame(ctx_len)
+        s = self._truth[:ctx_len]
+        k = min(self.topk, ctx_len)
+        top = np.argpartition(-s, k - 1)[:k]
+        hits = np.bincount(top // self.block, minlength=nb)
+        order = np.lexsort((np.arange(nb), -hits))  # most hits first, lower block on ties
+        return self._fill(nb, forced, B, [b for b in order if hits[b] > 0])
+
+
+class PrevIter(_Base):
+    """Blocks holding the previous step's top-k (most hits first), plus sink and newest, filled
+    to budget by recency."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.prev = {}
+
+    def observe(self, layer, scores, topk):
+        self.prev[layer] = np.asarray(topk)
+
+    def select(self, layer, ctx_len):
+        nb, forced, B = self._frame(ctx_len)
+        top = self.prev.get(layer)
+        if top is None:
+            return np.arange(nb, dtype=np.int64)  # nothing observed yet: score everything
+        hits = np.bincount(top // self.block, minlength=nb)[:nb]
+        order = np.lexsort((-np.arange(nb), -hits))  # most hits, then newer
+        return self._fill(nb, forced, B, [b for b in order if hits[b] > 0])
+
+
+class Random(_Base):
+    """Sink and newest, the rest drawn uniformly; keyed on (seed, layer, step), deterministic."""
+
+    def select(self, layer, ctx_len):
+        nb, forced, B = self._frame(ctx_len)
+        rng = np.random.default_rng([self.seed, layer, self.step])
+        return self._fill(nb, forced, B, rng.permutation(nb))
+
+
+class SpinDsaSelector(_Base):
+    """The C++ predictors (spin, step-reuse, ema-slot, ...) through the `spin_dsa` bindings
+    (python/ on branch `serving`: `make_predictor(name, config, num_layers, request_id)`,
+    `select(layer, step, num_entries)`, `observe(layer, row, scores, topk, scored_blocks)`,
+    `commit(accepted)`). SPIN is not reimplemented in Python: without the bindings this raises
+    ImportError with one line. Forced blocks are aligned with the Python baselines (1 sink,
+    1 newest); every other field keeps the library's default."""
+
+    def __init__(self, name, sparsity, topk, block=64, num_layers=30, seed=0, request_id=0):
+        super().__init__(sparsity, topk, block, seed=seed)
+        try:
+            import spin_dsa
+        except ImportError as e:
+            raise ImportError(f"predictor {name!r} needs the spin_dsa bindings "
+                              f"(pip install . from a checkout with python/), not installed: {e}") from None
+        cfg = dict(target_sparsity=float(sparsity), topk=int(topk), page_size=int(block),
+                   sink_blocks=1, local_blocks=1, seed=int(seed))
+        self.p = spin_dsa.make_predictor(name, cfg, num_layers=num_layers, request_id=request_id)
+        self.selected = set()
+
+    def select(self, layer, ctx_len):
+        self.selected.add(layer)
+        return np.asarray(self.p.select(layer, self.step, int(ctx_len)), np.int64)
+
+    def observe(self, layer, scores, topk):
+        sc = np.ascontiguousarray(scores, np.float32)
+        tk = np.full(self.topk, -1, np.int32)  # the bindings take exactly topk, -1 padded
+        t = np.asarray(topk, np.int32).ravel()[:self.topk]
+        tk[:len(t)] = t
+        if layer in self.selected:
+            self.p.observe(layer, 0, sc, topk=tk)
+        else:  # warm start (the prefill's last row): everything was scored
+            self.p.select(layer, self.step, len(sc))  # the bindings observe after a select
+            nb = -(-len(sc) // self.block)
+            self.p.observe(layer, 0, sc, topk=tk, scored_blocks=np.arange(nb, dtype=np.int32))
+
+    def commit(self):
+        self.p.commit(0)
+        self.selected.clear()
+        self.step += 1
+
+
+PYTHON_SELECTORS = {"dense": Dense, "oracle": Oracle, "prev-iter": PrevIter, "random": Random}
+
+
+def make_selector(name, sparsity, topk, block=64, seed=0, num_layers=30):
+    if name in PYTHON_SELECTORS:
+        return PYTHON_SELECTORS[name](sparsity, topk, block, seed=seed)
+    return SpinDsaSelector(name, sparsity, topk, block, num_layers=num_layers, seed=seed)

@@ -58,7 +58,7 @@ const std::vector<Knob>& knobs() {
   static const std::vector<Knob> k = {
       {&WorkloadParams::query_noise, "query_noise", 0.0, 16.0, 2.0},
       {&WorkloadParams::head_spread, "head_spread", 0.0, 24.0, 2.0},
-      {&WorkloadParams::salience_sigma, "salience_sigma", 0.05, 2.0, 0.3},
+      {&WorkloadParams::salience_sigma, "salience_sigma", 0.05, 4.0, 0.3},
   };
   return k;
 }

@@ -29,7 +29,7 @@ constexpr int kRopePairs = 32;  // dims [0, 32) and [32, 64) form the NeoX half-
 // Stream tags: one counter-based stream per decision, so adding a draw never shifts another.
 enum : uint64_t {
   kTagTopic = 1, kTagSegment, kTagSalience, kTagKeyNoise, kTagFocus, kTagHead, kTagQueryNoise,
-  kTagWeights, kTagAccept, kTagGlobal, kTagLayerVolatility,
+  kTagWeights, kTagAccept, kTagGlobal,
 };
 
 using Vec = std::array<float, kDim>;
@@ -528,19 +528,21 @@ void make_keys(const WorkloadParams& P, const World& w, const std::vector<const 
 
 // Queries: per layer, step, row and head (focus + head direction + salience + sink + noise + rope),
 // quantised with the weights as vLLM's fused q-rope-quant does.
-// Per-layer multipliers of query_noise, exp(layer_volatility · (z_l − mean z)) with z_l ~ N(0, 1):
-// real models' layers churn at very different rates (SmolLM2's prev-iter top-k recall runs from
-// 0.45 to 0.80 across its 30 layers), and a geometric mean of 1 keeps the calibrated average.
+// Per-layer multipliers of query_noise: real models' layers churn at very different rates
+// (SmolLM2's prev-iter top-k recall runs from 0.45 to 0.80 across its 30 layers). Layer l gets
+// exp(layer_volatility · z_l), z_l evenly spaced over [-√3, √3] (unit variance, mean 0: the
+// geometric mean stays 1), alternating low and high from layer to layer. Fixed, not drawn: every
+// request (seed) has the same layers, so the calibrated means hold for any seed.
 std::vector<double> layer_noise_scales(const WorkloadParams& P) {
-  std::vector<double> z(static_cast<size_t>(P.layers));
-  double mean = 0;
-  for (int32_t l = 0; l < P.layers; ++l) {
-    CounterRng rng(stream_key(P.seed, kTagLayerVolatility, l));
-    z[l] = rng.normal();
-    mean += z[l] / P.layers;
+  const int32_t L = P.layers;
+  std::vector<double> scale(static_cast<size_t>(L), 1.0);
+  if (L < 2) return scale;
+  for (int32_t l = 0; l < L; ++l) {
+    const int32_t rank = l % 2 == 0 ? l / 2 : L - 1 - l / 2;  // 0, L-1, 1, L-2, ...
+    const double z = std::sqrt(3.0) * (2.0 * (rank + 0.5) / L - 1.0);
+    scale[l] = std::exp(P.layer_volatility * z);
   }
-  for (double& v : z) v = std::exp(P.layer_volatility * (v - mean));
-  return z;
+  return scale;
 }
 
 void make_queries(const WorkloadParams& P, const World& w, const Timeline& tl, Trace& trace) {

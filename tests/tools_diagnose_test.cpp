@@ -22,7 +22,11 @@ struct CliRun {
 
 CliRun run_spin(const std::string& args) {
   CliRun r;
+#ifdef SPIN_EMULATOR  // the cross build: the binary runs through qemu-user
+  const std::string cmd = std::string(SPIN_EMULATOR) + " " + SPIN_BINARY + " " + args + " 2>&1";
+#else
   const std::string cmd = std::string(SPIN_BINARY) + " " + args + " 2>&1";
+#endif
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
   std::array<char, 4096> buf{};

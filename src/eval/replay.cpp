@@ -65,23 +65,32 @@ Status check_topk_override(const ScoreOptions& options) {
   }
   return ok_status();
 }
+
+// The scored trace's header, shared by both kinds: the trace's geometry, the truth's top-k.
+Result<std::shared_ptr<ScoredTrace>> scored_header(const TraceMeta& m, const std::vector<int64_t>& ctx_len,
+                                                   const std::vector<int32_t>& accepted, const ScoreOptions& options) {
+  SPIN_RETURN_IF_ERROR(check_topk_override(options));
+  auto st = std::make_shared<ScoredTrace>();
+  st->layers = m.num_layers;
+  st->next_n = m.next_n;
+  st->num_heads = m.num_heads;
+  st->topk = options.topk > 0 ? options.topk : m.topk;
+  st->page_size = m.page_size;
+  st->compress_ratio = m.compress_ratio;
+  st->steps = static_cast<int64_t>(ctx_len.size());
+  st->ctx_len = ctx_len;
+  st->accepted = accepted;
+  return st;
+}
 }  // namespace
 
 Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const ScoreOptions& options) {
   SPIN_RETURN_IF_ERROR(validate_trace(trace));
-  auto st = std::make_shared<ScoredTrace>();
   const TraceMeta& m = trace.meta;
-  SPIN_RETURN_IF_ERROR(check_topk_override(options));
-  const int32_t k = options.topk > 0 ? options.topk : m.topk;  // the truth's top-k
-  st->layers = m.num_layers;
-  st->next_n = m.next_n;
-  st->num_heads = m.num_heads;
-  st->topk = k;
-  st->page_size = m.page_size;
-  st->compress_ratio = m.compress_ratio;
-  st->steps = trace.steps();
-  st->ctx_len = trace.ctx_len;
-  st->accepted = trace.accepted;
+  auto header = scored_header(m, trace.ctx_len, trace.accepted, options);
+  if (!header.ok()) return header.status();
+  std::shared_ptr<ScoredTrace> st = std::move(header).value();
+  const int32_t k = st->topk;  // the truth's top-k
   st->has_keys = true;
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   const int64_t entries = static_cast<int64_t>(trace.layers[0].k_scale.size());
@@ -145,19 +154,11 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const
 
 Result<std::shared_ptr<const ScoredTrace>> score_trace(const ScoreTrace& trace, const ScoreOptions& options) {
   SPIN_RETURN_IF_ERROR(validate_score_trace(trace));
-  auto st = std::make_shared<ScoredTrace>();
   const TraceMeta& m = trace.meta;
-  SPIN_RETURN_IF_ERROR(check_topk_override(options));
-  const int32_t k = options.topk > 0 ? options.topk : m.topk;  // the truth's top-k
-  st->layers = m.num_layers;
-  st->next_n = m.next_n;
-  st->num_heads = m.num_heads;
-  st->topk = k;
-  st->page_size = m.page_size;
-  st->compress_ratio = m.compress_ratio;
-  st->steps = trace.steps();
-  st->ctx_len = trace.ctx_len;
-  st->accepted = trace.accepted;
+  auto header = scored_header(m, trace.ctx_len, trace.accepted, options);
+  if (!header.ok()) return header.status();
+  std::shared_ptr<ScoredTrace> st = std::move(header).value();
+  const int32_t k = st->topk;  // the truth's top-k
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   const size_t n = static_cast<size_t>(m.num_layers) * st->steps * m.next_n;
   st->scores.resize(n);

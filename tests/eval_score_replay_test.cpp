@@ -76,9 +76,10 @@ TEST(ScoreReplay, AllKeepClosedLoopOnAScoreTraceIsExact) {
 TEST(ScoreReplay, KeyTraceAndItsScoreTraceReplayIdentically) {
   for (int32_t next_n : {1, 3}) {
     const KeyAndScores k = key_and_scores(small_params(next_n));
-    int compared = 0;
+    int compared = 0, score_only = 0;
     for (const std::string& p : predictor_names()) {
       if (predictor_needs_keys(p)) continue;
+      ++score_only;
       for (bool open_loop : {false, true}) {
         ReplayOptions o;
         o.predictor = p;
@@ -100,7 +101,8 @@ TEST(ScoreReplay, KeyTraceAndItsScoreTraceReplayIdentically) {
         ++compared;
       }
     }
-    EXPECT_EQ(compared, 2 * (static_cast<int>(predictor_names().size()) - 1));
+    EXPECT_EQ(compared, 2 * score_only);
+    EXPECT_GE(score_only, 12);
   }
 }
 

@@ -38,7 +38,7 @@ Selection all_blocks(int32_t n) {
 
 TEST(PredictPredictors, FactoryNamesAndErrors) {
   const PredictorConfig c = small_config();
-  EXPECT_EQ(predictor_names().size(), 12u);
+  EXPECT_EQ(predictor_names().size(), 15u);
   for (const std::string& n : predictor_names()) {
     auto p = make_predictor(n, c, 4, 0);
     ASSERT_TRUE(p.ok()) << n;

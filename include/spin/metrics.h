@@ -94,6 +94,7 @@ struct RowQuality {
   int64_t scored_entries = -1;  // entries the predictor scored; < 0: not measured
   int64_t visible_blocks = 0;
   int64_t scored_blocks = -1;   // < 0: not measured
+  int64_t probe_entries = 0;    // probe work in entry-equivalents (pooled keys scored: hisa, hybrid)
   double recall = std::numeric_limits<double>::quiet_NaN();
   double block_recall = std::numeric_limits<double>::quiet_NaN();
   double pearson = std::numeric_limits<double>::quiet_NaN();      // open loop
@@ -120,12 +121,19 @@ class QualityStats {
   const SampleStats& block_sparsity() const { return block_sparsity_; }
   const SampleStats& pearson() const { return pearson_; }
   const SampleStats& topk_recall() const { return topk_recall_; }
+  // The indexer work the predictor caused over the full indexer's, summed over the samples that
+  // are not exact by construction: (fine entries scored + probe entry-equivalents) / visible.
+  // NaN without samples. Work, not time: deterministic (select/observe time: ReplayResult).
+  double work_fraction() const;
+  double probe_fraction() const;  // the probe's part of it
+  double visible_entries_sum() const { return visible_sum_; }
 
  private:
   int64_t topk_;
   int64_t samples_ = 0;
   int64_t exact_ = 0;
   SampleStats recall_, miss_, block_recall_, sparsity_, block_sparsity_, pearson_, topk_recall_;
+  double visible_sum_ = 0, scored_sum_ = 0, probe_sum_ = 0;  // rows with scored_entries measured
 };
 
 }  // namespace spin

@@ -46,15 +46,18 @@ enum class Pooling { kMax, kMean, kTopkHits, kLse };  // "max" "mean" "topk-hits
 enum class ExplorePolicy { kUniform, kStalest };      // "uniform" "stalest"
 enum class Combine { kMax, kWeighted };               // "max" "weighted"
 enum class MtpUpdate { kPrefix, kRow0, kAllRows };    // "prefix" "row0" "all-rows"
+enum class BudgetMoves { kNone, kLayers, kSteps, kBoth };  // "none" "layers" "steps" "both"
 
 const char* pooling_name(Pooling v);
 const char* explore_policy_name(ExplorePolicy v);
 const char* combine_name(Combine v);
 const char* mtp_update_name(MtpUpdate v);
+const char* budget_moves_name(BudgetMoves v);
 Result<Pooling> pooling_from_name(std::string_view name);
 Result<ExplorePolicy> explore_policy_from_name(std::string_view name);
 Result<Combine> combine_from_name(std::string_view name);
 Result<MtpUpdate> mtp_update_from_name(std::string_view name);
+Result<BudgetMoves> budget_moves_from_name(std::string_view name);
 
 // ---------------------------------------------------------------------------------------------
 // Constants of the state layout.
@@ -93,6 +96,22 @@ struct PredictorConfig {
   double combine_weight = 0.8;      // w of Combine::kWeighted
   Pooling pooling = Pooling::kMax;
   MtpUpdate mtp_update = MtpUpdate::kPrefix;
+  // spin-hybrid's probe (the current query against pooled block keys, as hisa keeps them): it
+  // chooses probe_share·budget blocks after history has filled the rest, on every probe_interval-th
+  // step (uniform exploration of the same share in between), pooling keys over probe_entries
+  // entries (0 = one key per block; a divisor of the block: a block then scores as its best pool).
+  double probe_share = 0.1;
+  // On probe steps history's own ranking mixes in the probe: (1 - blend)·z(history) +
+  // blend·z(probe), z standardised over the row's known blocks (0 = history alone).
+  double probe_blend = 0.0;
+  int32_t probe_interval = 1;
+  int32_t probe_entries = 0;
+  // Budgets that move at the same mean (spin, spin-hybrid): between the layers of a step (layers
+  // whose top-k churned more get more), between steps (more after a detected shift, paid back
+  // while predictions hold), or both; budget_move_max bounds a row's budget to
+  // [1 - max, 1 + max] × the fixed one.
+  BudgetMoves budget_moves = BudgetMoves::kNone;
+  double budget_move_max = 0.5;
   // Geometry.
   int32_t page_size = kDefaultPageSize;   // entries per cache page
   int32_t block_pages = 1;  // pages per block
@@ -167,6 +186,14 @@ struct Selection {
   std::vector<std::vector<int32_t>> row_blocks;  // [next_n] each row's set, sorted unique
   std::vector<int32_t> row_budget;               // [next_n] = row_blocks[j].size()
   std::vector<int32_t> row_explored;             // [next_n] blocks that came from exploration
+  // [next_n] probe work of the row in entry-equivalents: each pooled key scored with the row's
+  // query costs heads·128 multiply-adds, the work of scoring one entry (hisa, spin-hybrid).
+  std::vector<int64_t> row_probed;
+  // Wall time of this select spent in the probe's own pooling and scoring (and in a predictor's
+  // per-step checks, nanoseconds): what a cost accounting that charges the probe by its
+  // multiply-adds (row_probed) takes out of the measured select time. Pooling a new entry costs
+  // 128 adds, 1/heads of scoring it, and is not counted in row_probed.
+  double probe_seconds = 0;
   // [next_n][row n_blocks] the ranking key p[b] (higher = keep first), when want_scores.
   std::vector<std::vector<float>> row_scores;
 };

@@ -99,6 +99,14 @@ struct ReplayResult {
   bool open_loop = false;
   QualityStats quality{2048};
   double predictor_seconds = 0;  // time in select + observe + commit
+  // Cost (DESIGN.md §8): what the predictor's select + observe + commit took on the counted
+  // steps, its probe's own scoring taken out (the probe is charged by its work instead,
+  // QualityStats::work_fraction), and the full indexer's time per entry measured in the same
+  // process (indexer_entry_seconds) to express it in indexer work.
+  double overhead_seconds = 0;
+  double indexer_entry_seconds = 0;
+  double overhead_fraction() const;  // overhead_seconds / (indexer time of the visible entries)
+  double cost_fraction() const;      // quality.work_fraction() + overhead_fraction()
   int64_t prefill_steps = 0;     // steps observed as prefills (not samples)
   // [layer][step · next_n + row][topk] when keep_topk (closed loop).
   std::vector<std::vector<std::vector<int32_t>>> topk;
@@ -110,6 +118,11 @@ Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& scored, const
 // the overload above.
 Result<ReplayResult> replay(const ScoredTrace& scored, const ReplayOptions& options);
 
+// The full indexer's single-thread time per entry (one row, `num_heads` heads × 128, this CPU's
+// fastest kernel), measured once per process and head count: best of several runs over a
+// 32K-entry cache. The unit every cost_fraction converts seconds with.
+double indexer_entry_seconds(int32_t num_heads);
+
 // Bytes that read_trace() + score_trace() + replay() hold for this trace (the trace in memory, its
 // caches, every row's all-keep scores and top-k, and the kept top-k): compared with the machine's
 // memory before reading, so that a trace too large for it is refused up front, not by bad_alloc.
@@ -117,7 +130,8 @@ double replay_memory_bytes(const TraceReader& trace, bool keep_topk);
 
 // The metrics of a replay as one JSON object (what `spin replay` prints and --json writes):
 // trace, predictor, open_loop, config, samples, recall/miss percentiles, sparsities, Pearson, the
-// trace's top-k block share and the predictor's own time. Non-finite values are written as null.
+// trace's top-k block share, the predictor's own time and its cost (work_fraction,
+// probe_fraction, overhead_fraction, cost_fraction). Non-finite values are written as null.
 std::string replay_json(const std::string& trace_path, const ReplayResult& result, const TraceFacts& facts);
 
 // Writes `layer.{l}.topk` i32 [steps, next_n, topk] (spin/topk.h format) atomically.

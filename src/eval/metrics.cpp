@@ -176,12 +176,23 @@ void QualityStats::add(const RowQuality& row) {
   block_recall_.add(row.block_recall);
   if (row.scored_entries >= 0) {
     sparsity_.add(spin::sparsity(row.scored_entries, row.visible_entries));
+    visible_sum_ += static_cast<double>(row.visible_entries);
+    scored_sum_ += static_cast<double>(row.scored_entries);
+    probe_sum_ += static_cast<double>(row.probe_entries);
   }
   if (row.scored_blocks >= 0 && row.visible_blocks > 0) {
     block_sparsity_.add(spin::sparsity(row.scored_blocks, row.visible_blocks));
   }
   pearson_.add(row.pearson);
   topk_recall_.add(row.topk_recall);
+}
+
+double QualityStats::work_fraction() const {
+  return visible_sum_ > 0 ? (scored_sum_ + probe_sum_) / visible_sum_ : kNaN;
+}
+
+double QualityStats::probe_fraction() const {
+  return visible_sum_ > 0 ? probe_sum_ / visible_sum_ : kNaN;
 }
 
 bool QualityStats::merge(const QualityStats& other) {
@@ -195,6 +206,9 @@ bool QualityStats::merge(const QualityStats& other) {
   block_sparsity_.merge(other.block_sparsity_);
   pearson_.merge(other.pearson_);
   topk_recall_.merge(other.topk_recall_);
+  visible_sum_ += other.visible_sum_;
+  scored_sum_ += other.scored_sum_;
+  probe_sum_ += other.probe_sum_;
   return true;
 }
 

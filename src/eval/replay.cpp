@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 
 #include "core/errors.h"
 #include "eval/safetensors.h"
@@ -367,7 +370,7 @@ static Result<ReplayResult> replay_impl(const Trace* trace, const ScoredTrace& s
   PooledRow pooled;
   PoolScratch pool_scratch;
   std::vector<double> px, py;
-  double predictor_seconds = 0;
+  double predictor_seconds = 0, overhead_seconds = 0;
   const int64_t count_end = options.count_to_step < 0 ? st.steps : options.count_to_step;
   for (int64_t s = 0; s < st.steps; ++s) {
     const int32_t accepted = st.accepted.empty() ? 0 : st.accepted[s];
@@ -428,7 +431,9 @@ static Result<ReplayResult> replay_impl(const Trace* trace, const ScoredTrace& s
       in.want_scores = options.open_loop;
       auto t0 = Clock::now();
       SPIN_RETURN_IF_ERROR(at_row(predictor->select(l, in, &sel), l, s));
-      predictor_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      predictor_seconds += seconds;
+      if (counted) overhead_seconds += seconds - sel.probe_seconds;
       for (int32_t j = 0; j < next_n; ++j) {
         const size_t i = st.index(l, s, j);
         const std::vector<float>& full = st.scores[i];
@@ -460,6 +465,7 @@ static Result<ReplayResult> replay_impl(const Trace* trace, const ScoredTrace& s
           q.block_recall = block_recall(sel.blocks, st.truth[i], E);
           q.scored_entries = scored_entries_in(sel.blocks, visible, E);
           q.scored_blocks = blocks_within(sel.blocks, visible, E);
+          q.probe_entries = sel.row_probed[j];
           if (options.keep_topk) result.topk[l][static_cast<size_t>(s * next_n + j)] = spin_topk;
           rs.scores = masked.data();
           rs.scored_blocks = sel.blocks.data();
@@ -487,6 +493,7 @@ static Result<ReplayResult> replay_impl(const Trace* trace, const ScoredTrace& s
           q.block_recall = block_recall(sel.row_blocks[j], st.truth[i], E);
           q.scored_entries = scored_entries_in(sel.row_blocks[j], visible, E);
           q.scored_blocks = blocks_within(sel.row_blocks[j], visible, E);
+          q.probe_entries = sel.row_probed[j];
           if (s > 0 && (options.predictor == "prev-iter" || options.predictor == "step-reuse")) {
             q.topk_recall = recall(st.truth[st.index(l, s - 1, j)], st.truth[i]);
           }
@@ -494,17 +501,86 @@ static Result<ReplayResult> replay_impl(const Trace* trace, const ScoredTrace& s
         if (counted) result.quality.add(q);
         t0 = Clock::now();
         SPIN_RETURN_IF_ERROR(at_row(predictor->observe(l, j, rs), l, s, j));
-        predictor_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+        seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+        predictor_seconds += seconds;
+        if (counted) overhead_seconds += seconds;
       }
     }
     const auto t0 = Clock::now();
     if (Status c = predictor->commit(accepted); !c.ok()) return Status(c.code(), fmt::format("step {}: {}", s, c.message()));
-    predictor_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    predictor_seconds += seconds;
+    if (counted) overhead_seconds += seconds;
     if (options.after_step) options.after_step(s, *predictor);
     if (options.progress) options.progress(s + 1, st.steps);
   }
   result.predictor_seconds = predictor_seconds;
+  result.overhead_seconds = std::max(0.0, overhead_seconds);
+  // The DSA indexer's 64 heads for a score trace, whose heads are unknown (a real model's).
+  result.indexer_entry_seconds = indexer_entry_seconds(st.num_heads > 0 ? st.num_heads : 64);
   return result;
+}
+
+double ReplayResult::overhead_fraction() const {
+  const double full = indexer_entry_seconds * quality.visible_entries_sum();
+  return full > 0 ? overhead_seconds / full : std::numeric_limits<double>::quiet_NaN();
+}
+
+double ReplayResult::cost_fraction() const { return quality.work_fraction() + overhead_fraction(); }
+
+namespace {
+
+double measure_indexer_entry_seconds(int32_t num_heads) {
+  constexpr int32_t kEntries = 32768;
+  const IndexerPageLayout layout{kDefaultPageSize};
+  const int32_t pages = kEntries / kDefaultPageSize;
+  // Any bytes are valid e4m3 codes except NaN's: fill with a fixed small pattern, scale 1.
+  std::vector<uint8_t> cache(static_cast<size_t>(pages) * layout.page_bytes());
+  for (size_t i = 0; i < cache.size(); ++i) cache[i] = static_cast<uint8_t>((i * 37) % 0x70);
+  for (int32_t pg = 0; pg < pages; ++pg)
+    for (int32_t o = 0; o < kDefaultPageSize; ++o) {
+      const float one = 1.0f;
+      std::memcpy(cache.data() + static_cast<size_t>(pg) * layout.page_bytes() + layout.scale_offset(o), &one,
+                  sizeof one);
+    }
+  std::vector<int32_t> table(static_cast<size_t>(pages));
+  for (int32_t i = 0; i < pages; ++i) table[static_cast<size_t>(i)] = i;
+  std::vector<uint8_t> q(static_cast<size_t>(num_heads) * kIndexerHeadDim, 0x30);
+  std::vector<float> w(static_cast<size_t>(num_heads), 1.0f);
+  std::vector<float> logits(kEntries);
+  const int64_t len = kEntries;
+  IndexerParams p;
+  p.key_cache = cache.data();
+  p.page_size = kDefaultPageSize;
+  p.num_pages = pages;
+  p.block_table = table.data();
+  p.block_table_stride = pages;
+  p.batch = 1;
+  p.context_lens = &len;
+  p.num_heads = num_heads;
+  p.q = q.data();
+  p.weights = w.data();
+  p.logits = logits.data();
+  p.logits_stride = kEntries;
+  p.logits_cols = kEntries;
+  double best = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    if (!indexer_scores(p, {IndexerImpl::kAuto, 1}).ok()) return std::numeric_limits<double>::quiet_NaN();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best / kEntries;
+}
+
+}  // namespace
+
+double indexer_entry_seconds(int32_t num_heads) {
+  static std::mutex mutex;
+  static std::map<int32_t, double> measured;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = measured.find(num_heads);
+  if (it == measured.end()) it = measured.emplace(num_heads, measure_indexer_entry_seconds(num_heads)).first;
+  return it->second;
 }
 
 Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& st, const ReplayOptions& options) {
@@ -541,7 +617,10 @@ std::string replay_json(const std::string& trace_path, const ReplayResult& resul
       {"block_recall_mean", q.block_recall().mean()}, {"sparsity_mean", q.sparsity().mean()},
       {"block_sparsity_mean", q.block_sparsity().mean()}, {"pearson_mean", q.pearson().mean()},
       {"topk_recall_mean", q.topk_recall().mean()}, {"topk_block_share", facts.topk_block_share},
-      {"prefill_steps", result.prefill_steps}, {"predictor_seconds", result.predictor_seconds}};
+      {"prefill_steps", result.prefill_steps}, {"predictor_seconds", result.predictor_seconds},
+      {"work_fraction", q.work_fraction()}, {"probe_fraction", q.probe_fraction()},
+      {"overhead_fraction", result.overhead_fraction()}, {"cost_fraction", result.cost_fraction()},
+      {"indexer_entry_seconds", result.indexer_entry_seconds}};
   for (auto& [k, v] : out.items()) {
     if (v.is_number_float() && !std::isfinite(v.get<double>())) v = nullptr;  // JSON has no NaN
   }

@@ -32,6 +32,10 @@ constexpr NameOf<Combine> kCombineNames[] = {{Combine::kMax, "max"},
                                              {Combine::kWeighted, "weighted"}};
 constexpr NameOf<MtpUpdate> kMtpNames[] = {
     {MtpUpdate::kPrefix, "prefix"}, {MtpUpdate::kRow0, "row0"}, {MtpUpdate::kAllRows, "all-rows"}};
+constexpr NameOf<BudgetMoves> kBudgetMovesNames[] = {{BudgetMoves::kNone, "none"},
+                                                     {BudgetMoves::kLayers, "layers"},
+                                                     {BudgetMoves::kSteps, "steps"},
+                                                     {BudgetMoves::kBoth, "both"}};
 
 // The name of `v` in `table`; nullptr for a value outside the enum.
 template <typename E, size_t N>
@@ -96,6 +100,7 @@ const char* pooling_name(Pooling v) { return printable_name(kPoolingNames, v); }
 const char* explore_policy_name(ExplorePolicy v) { return printable_name(kExploreNames, v); }
 const char* combine_name(Combine v) { return printable_name(kCombineNames, v); }
 const char* mtp_update_name(MtpUpdate v) { return printable_name(kMtpNames, v); }
+const char* budget_moves_name(BudgetMoves v) { return printable_name(kBudgetMovesNames, v); }
 Result<Pooling> pooling_from_name(std::string_view name) {
   return value_in(kPoolingNames, name, "pooling");
 }
@@ -107,6 +112,9 @@ Result<Combine> combine_from_name(std::string_view name) {
 }
 Result<MtpUpdate> mtp_update_from_name(std::string_view name) {
   return value_in(kMtpNames, name, "mtp_update");
+}
+Result<BudgetMoves> budget_moves_from_name(std::string_view name) {
+  return value_in(kBudgetMovesNames, name, "budget_moves");
 }
 
 Status PredictorConfig::validate() const {
@@ -132,6 +140,20 @@ Status PredictorConfig::validate() const {
     return invalid_argument("page_size·block_pages = {} exceeds the supported 2^20 entries",
                             static_cast<int64_t>(page_size) * block_pages);
   if (topk <= 0) return invalid_argument("topk {} must be > 0", topk);
+  if (!(probe_share >= 0.0 && probe_share <= 1.0))
+    return invalid_argument("probe_share {} is outside [0, 1]", probe_share);
+  if (!(probe_blend >= 0.0 && probe_blend <= 1.0))
+    return invalid_argument("probe_blend {} is outside [0, 1]", probe_blend);
+  if (probe_interval < 1) return invalid_argument("probe_interval {} must be ≥ 1", probe_interval);
+  if (probe_entries < 0 || (probe_entries > 0 && block_entries() % probe_entries != 0))
+    return invalid_argument(
+        "probe_entries {} must be 0 (one key per block) or divide the block's {} entries",
+        probe_entries, block_entries());
+  if (!(budget_move_max >= 0.0 && budget_move_max < 1.0))
+    return invalid_argument("budget_move_max {} is outside [0, 1)", budget_move_max);
+  if (!name_in(kBudgetMovesNames, budget_moves))
+    return invalid_argument("budget_moves {} unknown; supported: {}",
+                            static_cast<int>(budget_moves), names_list(kBudgetMovesNames));
   if (!name_in(kPoolingNames, pooling))
     return invalid_argument("pooling {} unknown; supported: {}", static_cast<int>(pooling),
                             names_list(kPoolingNames));
@@ -152,10 +174,13 @@ std::string PredictorConfig::to_string() const {
   return fmt::format(
       "target_sparsity={} explicit_budget_blocks={} sink_blocks={} local_blocks={} "
       "explore_ratio={} explore_policy={} alpha={} beta={} combine={} combine_weight={} "
-      "pooling={} mtp_update={} page_size={} block_pages={} topk={} seed={}",
+      "pooling={} mtp_update={} probe_share={} probe_blend={} probe_interval={} probe_entries={} "
+      "budget_moves={} budget_move_max={} page_size={} block_pages={} topk={} seed={}",
       target_sparsity, explicit_budget_blocks, sink_blocks, local_blocks, explore_ratio,
       explore_policy_name(explore_policy), alpha, beta, combine_name(combine), combine_weight,
-      pooling_name(pooling), mtp_update_name(mtp_update), page_size, block_pages, topk, seed);
+      pooling_name(pooling), mtp_update_name(mtp_update), probe_share, probe_blend, probe_interval,
+      probe_entries, budget_moves_name(budget_moves), budget_move_max, page_size, block_pages,
+      topk, seed);
 }
 
 Status PredictorConfig::set(const std::string& key, const std::string& value) {
@@ -171,6 +196,12 @@ Status PredictorConfig::set(const std::string& key, const std::string& value) {
   if (key == "combine_weight") return parse_double(key, value, &combine_weight);
   if (key == "pooling") return parse_enum(pooling_from_name(value), &pooling);
   if (key == "mtp_update") return parse_enum(mtp_update_from_name(value), &mtp_update);
+  if (key == "probe_share") return parse_double(key, value, &probe_share);
+  if (key == "probe_blend") return parse_double(key, value, &probe_blend);
+  if (key == "probe_interval") return parse_int(key, value, &probe_interval);
+  if (key == "probe_entries") return parse_int(key, value, &probe_entries);
+  if (key == "budget_moves") return parse_enum(budget_moves_from_name(value), &budget_moves);
+  if (key == "budget_move_max") return parse_double(key, value, &budget_move_max);
   if (key == "page_size") return parse_int(key, value, &page_size);
   if (key == "block_pages") return parse_int(key, value, &block_pages);
   if (key == "topk") return parse_int(key, value, &topk);
@@ -178,7 +209,8 @@ Status PredictorConfig::set(const std::string& key, const std::string& value) {
   return invalid_argument(
       "unknown predictor config key '{}'; supported: target_sparsity, explicit_budget_blocks, "
       "sink_blocks, local_blocks, explore_ratio, explore_policy, alpha, beta, combine, "
-      "combine_weight, pooling, mtp_update, page_size, block_pages, topk, seed",
+      "combine_weight, pooling, mtp_update, probe_share, probe_blend, probe_interval, probe_entries, "
+      "budget_moves, budget_move_max, page_size, block_pages, topk, seed",
       key);
 }
 

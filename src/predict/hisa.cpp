@@ -52,11 +52,10 @@ Status check_hisa_view(const PredictorConfig& config, const HisaView& v, int64_t
   return ok_status();
 }
 
-Status HisaKeys::update(const PredictorConfig& config, const HisaView& v,
-                        int64_t committed_entries) {
-  const int64_t e = config.block_entries();
+Status HisaKeys::update(const HisaView& v, int64_t committed_entries) {
+  const int64_t e = pool_;
   const int64_t ps = v.page_size;
-  const int64_t nb = blocks_for_entries(config, committed_entries);
+  const int64_t nb = committed_entries <= 0 ? 0 : (committed_entries + e - 1) / e;
   if (static_cast<int64_t>(count_.size()) < nb) {
     count_.resize(static_cast<size_t>(nb), 0);
     sum_.resize(static_cast<size_t>(nb * kDim), 0.0f);
@@ -91,8 +90,8 @@ Status HisaKeys::update(const PredictorConfig& config, const HisaView& v,
   return ok_status();
 }
 
-void HisaKeys::score(const HisaView& v, int32_t row, int64_t n_blocks, float* p,
-                     std::vector<float>* query_scratch) const {
+int64_t HisaKeys::score(const HisaView& v, int32_t row, int64_t n_blocks, int32_t block_entries,
+                        float* p, std::vector<float>* query_scratch) const {
   const int64_t heads = v.num_heads;
   std::vector<float>& q = *query_scratch;
   q.resize(static_cast<size_t>(heads * kDim));
@@ -100,22 +99,29 @@ void HisaKeys::score(const HisaView& v, int32_t row, int64_t n_blocks, float* p,
   const uint8_t* qrow = v.q + static_cast<int64_t>(row) * heads * kDim;
   for (int64_t i = 0; i < heads * kDim; ++i) q[static_cast<size_t>(i)] = lut[qrow[i]];
   const float* w = v.w + static_cast<int64_t>(row) * heads;
+  const int64_t per_block = block_entries / pool_;
+  const auto pools = static_cast<int64_t>(count_.size());
+  int64_t scored = 0;
   for (int64_t b = 0; b < n_blocks; ++b) {
-    const int32_t count =
-        b < static_cast<int64_t>(count_.size()) ? count_[static_cast<size_t>(b)] : 0;
-    if (count == 0) {
-      p[b] = FLT_MAX;
-      continue;
+    float best = -FLT_MAX;
+    bool any = false;
+    for (int64_t g = b * per_block; g < std::min((b + 1) * per_block, pools); ++g) {
+      const int32_t count = count_[static_cast<size_t>(g)];
+      if (count == 0) continue;
+      // ReLU(q·(sum/c)) = ReLU(q·sum)/c for c > 0: divide once per pool.
+      const float* sum = &sum_[static_cast<size_t>(g * kDim)];
+      float total = 0.0f;
+      for (int64_t h = 0; h < heads; ++h) {
+        const float dot = dot128(&q[static_cast<size_t>(h * kDim)], sum);
+        if (dot > 0.0f) total += w[h] * dot;
+      }
+      best = std::max(best, total / static_cast<float>(count));
+      any = true;
+      ++scored;
     }
-    // ReLU(q·(sum/c)) = ReLU(q·sum)/c for c > 0: divide once per block.
-    const float* sum = &sum_[static_cast<size_t>(b * kDim)];
-    float total = 0.0f;
-    for (int64_t h = 0; h < heads; ++h) {
-      const float dot = dot128(&q[static_cast<size_t>(h * kDim)], sum);
-      if (dot > 0.0f) total += w[h] * dot;
-    }
-    p[b] = total / static_cast<float>(count);
+    p[b] = any ? best : FLT_MAX;
   }
+  return scored;
 }
 
 void HisaKeys::reset() {
@@ -124,8 +130,8 @@ void HisaKeys::reset() {
   complete_ = 0;
 }
 
-void HisaKeys::truncate(const PredictorConfig& config, int64_t shared_entries) {
-  const int64_t full = shared_entries / config.block_entries();
+void HisaKeys::truncate(int64_t shared_entries) {
+  const int64_t full = shared_entries / pool_;
   if (static_cast<int64_t>(count_.size()) > full) {
     count_.resize(static_cast<size_t>(full));
     sum_.resize(static_cast<size_t>(full * kDim));

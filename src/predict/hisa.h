@@ -1,7 +1,9 @@
-// HisaKeys: the per-layer state of the `hisa` predictor (HISA, arXiv 2603.28458, coarse stage):
-// one mean-pooled indexer key per block, kept incrementally — each select folds in only the
-// entries committed since the last one — and scored with a row's query by the indexer formula
-//   p[b] = Σ_h w[h] · ReLU(q[h] · kbar_b),   kbar_b = (Σ_{o in block b} dequant(k_o)) / count_b
+// HisaKeys: the per-layer state of the `hisa` predictor (HISA, arXiv 2603.28458, coarse stage)
+// and of spin-hybrid's probe: one mean-pooled indexer key per pool of `pool_entries` entries (hisa:
+// one pool per block), kept incrementally — each select folds in only the entries committed since
+// the last one — and scored with a row's query by the indexer formula
+//   p[g] = Σ_h w[h] · ReLU(q[h] · kbar_g),   kbar_g = (Σ_{o in pool g} dequant(k_o)) / count_g
+// and a block scores as its best pool.
 // where dequant(k) = e4m3_to_float(code) · scale (IndexerPageLayout, spin/geometry.h). Only committed entries
 // are pooled (row 0's visible prefix), never a step's draft entries, which may still be rewritten.
 #pragma once
@@ -20,25 +22,31 @@ Status check_hisa_view(const PredictorConfig& config, const HisaView& view, int6
 
 class HisaKeys {
  public:
-  // Folds entries [pooled so far, committed_entries) into the block sums. O(new entries · 128).
-  Status update(const PredictorConfig& config, const HisaView& view, int64_t committed_entries);
-  // p[0..n_blocks) for row `row` of the view's query. A block without committed entries (only
-  // drafts) scores +FLT_MAX: nothing is known, and it holds the newest entries, so keep it.
-  void score(const HisaView& view, int32_t row, int64_t n_blocks, float* p,
-             std::vector<float>* query_scratch) const;
+  // pool_entries must divide the config's block_entries (PredictorConfig::validate checks it).
+  explicit HisaKeys(int32_t pool_entries = kDefaultPageSize) : pool_(pool_entries) {}
+
+  // Folds entries [pooled so far, committed_entries) into the pool sums. O(new entries · 128).
+  Status update(const HisaView& view, int64_t committed_entries);
+  // p[0..n_blocks) for row `row` of the view's query, blocks of `block_entries` entries. A block
+  // without committed entries (only drafts) scores +FLT_MAX: nothing is known, and it holds the
+  // newest entries, so keep it. Returns the pools scored (the probe's work in entry-equivalents).
+  int64_t score(const HisaView& view, int32_t row, int64_t n_blocks, int32_t block_entries,
+                float* p, std::vector<float>* query_scratch) const;
   void reset();
-  // Keeps the sums of the blocks lying wholly inside the first shared_entries entries.
-  void truncate(const PredictorConfig& config, int64_t shared_entries);
+  // Keeps the sums of the pools lying wholly inside the first shared_entries entries.
+  void truncate(int64_t shared_entries);
   size_t memory_bytes() const { return count_.size() * kHisaBytesPerBlock; }
-  int64_t pooled_entries(int64_t block) const {
-    return block < static_cast<int64_t>(count_.size()) ? count_[static_cast<size_t>(block)] : 0;
+  int32_t pool_entries() const { return pool_; }
+  int64_t pooled_entries(int64_t pool) const {
+    return pool < static_cast<int64_t>(count_.size()) ? count_[static_cast<size_t>(pool)] : 0;
   }
-  const float* key_sum(int64_t block) const { return &sum_[static_cast<size_t>(block) * 128]; }
+  const float* key_sum(int64_t pool) const { return &sum_[static_cast<size_t>(pool) * 128]; }
 
  private:
-  std::vector<float> sum_;      // [blocks, 128] dequantised key sums
-  std::vector<int32_t> count_;  // [blocks] entries pooled into each sum
-  int64_t complete_ = 0;        // blocks [0, complete_) are full and never read again
+  int32_t pool_;
+  std::vector<float> sum_;      // [pools, 128] dequantised key sums
+  std::vector<int32_t> count_;  // [pools] entries pooled into each sum
+  int64_t complete_ = 0;        // pools [0, complete_) are full and never read again
 };
 
 }  // namespace spin

@@ -6,7 +6,12 @@
 //      request, layer, step) — a uniformly random subset, and the same draw for every row of a
 //      step, so MTP rows explore the same blocks and the union stays small; `stalest`: oldest
 //      last_seen first, never-seen oldest of all, ties to the lower index;
-//   3. prediction: the highest rank() p[b] fill the rest, ties to the lower index.
+//   3. prediction: the highest rank() p[b] fill the rest, ties to the lower index;
+//   3b. a probing row (probe_quota() > 0: hisa, spin-hybrid) skips 2 and keeps its quota for last:
+//      history (3) fills the budget minus the quota, then the highest probe() q[b] among the
+//      blocks left — the probe spends its share where history did not already look.
+// The budget is budget_blocks(), moved between layers and steps by config().budget_moves for the
+// predictors that opt in (row_budget() below).
 // Selecting the smallest keys (kselect.h) where a key is (value, then index) — a strict total
 // order — makes the chosen set unique, independent of the selection algorithm; the set is then
 // emitted in index order.
@@ -14,6 +19,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cfloat>
 #include <climits>
 #include <cmath>
@@ -116,7 +122,12 @@ Status PredictorBase::check_step_input(int32_t layer, const StepInput& in) const
 Status PredictorBase::select(int32_t layer, const StepInput& in, Selection* out) {
   if (out == nullptr) return invalid_argument("{}: select: out is null", name_);
   SPIN_RETURN_IF_ERROR(check_step_input(layer, in));
+  // prepare() is where a probing predictor folds new entries into its pooled keys (the whole
+  // prompt at the first step: prefill work in a serving engine): probe time, like the scoring.
+  const auto t0 = std::chrono::steady_clock::now();
   SPIN_RETURN_IF_ERROR(prepare(layer, in));
+  const double prepare_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   Layer& l = layers_[static_cast<size_t>(layer)];
   const Fill f = fill(layer);
@@ -131,6 +142,7 @@ Status PredictorBase::select(int32_t layer, const StepInput& in, Selection* out)
   const size_t n_max = static_cast<size_t>(max_blocks);
   if (p_.size() < n_max) {
     p_.resize(n_max);
+    q_.resize(n_max);
     mark_.resize(n_max);
     keys_.resize(n_max);
   }
@@ -138,12 +150,15 @@ Status PredictorBase::select(int32_t layer, const StepInput& in, Selection* out)
   out->row_blocks.resize(rows);
   out->row_budget.assign(rows, 0);
   out->row_explored.assign(rows, 0);
+  out->row_probed.assign(rows, 0);
+  out->probe_seconds = prepare_seconds;
   out->row_scores.resize(in.want_scores ? rows : 0);
   for (int32_t j = 0; j < in.next_n; ++j) {
     const size_t uj = static_cast<size_t>(j);
     const RowContext ctx{layer, j, in.step, visible[uj], blocks_for_entries(config_, visible[uj]),
                          &in};
     SPIN_RETURN_IF_ERROR(select_row(ctx, f, &out->row_blocks[uj], &out->row_explored[uj],
+                                    &out->row_probed[uj], &out->probe_seconds,
                                     in.want_scores ? &out->row_scores[uj] : nullptr));
     out->row_budget[uj] = static_cast<int32_t>(out->row_blocks[uj].size());
   }
@@ -171,7 +186,8 @@ Status PredictorBase::select(int32_t layer, const StepInput& in, Selection* out)
 }
 
 Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int32_t>* blocks,
-                                 int32_t* explored, std::vector<float>* scores) {
+                                 int32_t* explored, int64_t* probed, double* probe_seconds,
+                                 std::vector<float>* scores) {
   blocks->clear();
   *explored = 0;
   const int64_t n = ctx.n_blocks;
@@ -194,7 +210,7 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
     for (int64_t b = 0; b < n; ++b) (*scores)[static_cast<size_t>(b)] = sanitize(p[b]);
   }
 
-  const int64_t budget = budget_blocks(config_, n);
+  const int64_t budget = row_budget(ctx);
   if (f == Fill::kAll || budget >= n) {
     blocks->resize(static_cast<size_t>(n));
     for (int64_t b = 0; b < n; ++b) (*blocks)[static_cast<size_t>(b)] = static_cast<int32_t>(b);
@@ -205,11 +221,12 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
   const int64_t n_cand = mark_forced(n);
   int64_t left = budget - (n - n_cand);  // budget_blocks() guarantees forced ≤ budget
 
-  // 2. Exploration (or the whole fill, for random).
+  // 2. Exploration (or the whole fill, for random), unless the probe takes its place.
+  const int64_t n_probe = f == Fill::kRanked ? std::min(probe_quota(ctx, budget, left), left) : 0;
   int64_t n_explore = 0;
   if (f == Fill::kRandom) {
     n_explore = left;
-  } else if (explores()) {
+  } else if (explores() && n_probe == 0) {
     n_explore =
         std::min<int64_t>(std::llround(config_.explore_ratio * static_cast<double>(budget)), left);
   }
@@ -219,10 +236,18 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
     *explored = static_cast<int32_t>(n_explore);
   }
 
-  // 3. Prediction: the highest p first.
-  if (left > 0) {
+  // 3. Prediction: the highest p first, then the probe's quota from what is left.
+  const int64_t n_history = left - n_probe;
+  if (n_history > 0) {
     SPIN_RETURN_IF_ERROR(rank_once());
-    mark_predicted(p, n_explore, n_cand - n_explore, left);
+    mark_ranked(p, n_explore, n_cand - n_explore, n_history, 3);
+  }
+  if (n_probe > 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    SPIN_RETURN_IF_ERROR(probe(ctx, q_.data(), probed));
+    *probe_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    mark_ranked(q_.data(), n_explore + n_history, n_cand - n_explore - n_history, n_probe, 4);
   }
 
   blocks->resize(static_cast<size_t>(n));
@@ -276,8 +301,10 @@ void PredictorBase::mark_explored(const RowContext& ctx, Fill f, int64_t n_cand,
   for (int64_t i = 0; i < n_explore; ++i) mark[keys[i] & 0xFFFFFFFFu] = 2;
 }
 
-void PredictorBase::mark_predicted(const float* p, int64_t first, int64_t n_rest, int64_t left) {
-  // The highest p first, as ascending keys of ~order(p).
+void PredictorBase::mark_ranked(const float* p, int64_t first, int64_t n_rest, int64_t left,
+                                uint8_t tag) {
+  // The highest p first, as ascending keys of ~order(p). select_smallest leaves the chosen keys
+  // in rest[0, left) and the others after them, so a second call ranks what the first left.
   uint64_t* rest = keys_.data() + first;
   for (int64_t i = 0; i < n_rest; ++i) {
     const uint64_t b = rest[i] & 0xFFFFFFFFu;
@@ -285,7 +312,91 @@ void PredictorBase::mark_predicted(const float* p, int64_t first, int64_t n_rest
   }
   select_smallest(rest, n_rest, left);
   uint8_t* mark = mark_.data();
-  for (int64_t i = 0; i < left; ++i) mark[rest[i] & 0xFFFFFFFFu] = 3;
+  for (int64_t i = 0; i < left; ++i) mark[rest[i] & 0xFFFFFFFFu] = tag;
+}
+
+Status PredictorBase::probe(const RowContext& row, float* q, int64_t* work) {
+  (void)row;
+  (void)q;
+  (void)work;
+  return failed_precondition("{}: has no probe", name_);
+}
+
+// Budget moves. A layer's churn — the share of the blocks holding its newest top-k that did not
+// hold the one before — is what a fixed budget gets wrong: a stable layer's blocks are found with
+// few, a churning layer needs more to catch what moved.
+//   layers: factor = churn_ema(l) / mean over the measured layers, clamped to 1 ± budget_move_max,
+//           then the factors of a step renormalised to mean 1 — the same total budget per step;
+//   steps:  after a step whose churn exceeds 1.5 × its EMA (a shift), the layer spends
+//           1 + budget_move_max, and pays it back at 1 - budget_move_max on the next calm steps
+//           until nothing is borrowed — the same budget over time, within one step's loan;
+//   both:   the product.
+// Everything reads committed steps only, so every row of a step and every replay agree.
+double PredictorBase::budget_factor(const RowContext& row) const {
+  const BudgetMoves mode = config_.budget_moves;
+  if (!moves_budget() || mode == BudgetMoves::kNone) return 1.0;
+  const double m = config_.budget_move_max;
+  double factor = 1.0;
+  if (mode == BudgetMoves::kLayers || mode == BudgetMoves::kBoth) {
+    double sum = 0, raw_self = 1.0;
+    int32_t measured = 0;
+    for (const Layer& l : layers_)
+      if (l.churn_ema >= 0) sum += l.churn_ema, ++measured;
+    if (measured == num_layers_ && sum > 0) {
+      const double mean = sum / measured;
+      double total = 0;
+      for (size_t i = 0; i < layers_.size(); ++i) {
+        const double f = std::clamp(layers_[i].churn_ema / mean, 1.0 - m, 1.0 + m);
+        total += f;
+        if (static_cast<int32_t>(i) == row.layer) raw_self = f;
+      }
+      factor *= raw_self * num_layers_ / total;
+    }
+  }
+  if (mode == BudgetMoves::kSteps || mode == BudgetMoves::kBoth) {
+    const Layer& l = layers_[static_cast<size_t>(row.layer)];
+    if (l.churn >= 0 && l.churn_ema > 0 && l.churn > 1.5 * l.churn_ema) {
+      factor *= 1.0 + m;
+    } else if (l.borrowed > 0) {
+      factor *= 1.0 - std::min(m, l.borrowed);
+    }
+  }
+  return factor;
+}
+
+int64_t PredictorBase::row_budget(const RowContext& row) const {
+  const int64_t fixed = budget_blocks(config_, row.n_blocks);
+  const double factor = budget_factor(row);
+  if (factor == 1.0) return fixed;
+  const auto moved = static_cast<int64_t>(std::llround(static_cast<double>(fixed) * factor));
+  const int64_t forced = std::min<int64_t>(
+      row.n_blocks, static_cast<int64_t>(config_.sink_blocks) + config_.local_blocks);
+  return std::min(std::max({moved, blocks_for_topk(config_), forced}), row.n_blocks);
+}
+
+// Called at commit with the newest replayed row, before prev_topk_blocks moves on to it.
+void PredictorBase::update_churn(Layer* l, const PooledRow& newest) {
+  int64_t now = 0, kept = 0;
+  size_t k = 0;
+  const std::vector<int32_t>& before = l->prev_topk_blocks;  // ascending
+  for (size_t i = 0; i < newest.blocks.size(); ++i) {
+    if (newest.topk_hits[i] == 0) continue;
+    ++now;
+    while (k < before.size() && before[k] < newest.blocks[i]) ++k;
+    kept += k < before.size() && before[k] == newest.blocks[i];
+  }
+  if (now == 0 || before.empty()) return;  // nothing to compare yet
+  const double churn = 1.0 - static_cast<double>(kept) / static_cast<double>(now);
+  // Steps mode's loan: a shift step borrows budget_move_max, a calm step repays up to as much.
+  const double m = config_.budget_move_max;
+  const bool shift = l->churn >= 0 && l->churn_ema > 0 && l->churn > 1.5 * l->churn_ema;
+  if (shift) {
+    l->borrowed += m;
+  } else if (l->borrowed > 0) {
+    l->borrowed = std::max(0.0, l->borrowed - m);
+  }
+  l->churn = churn;
+  l->churn_ema = l->churn_ema < 0 ? churn : 0.8 * l->churn_ema + 0.2 * churn;
 }
 
 Status PredictorBase::observe(int32_t layer, int32_t row, const RowScores& scores) {
@@ -351,6 +462,7 @@ Status PredictorBase::commit(int32_t accepted) {
     for (int32_t j = first; j <= last; ++j) l.state.apply(l.pending[static_cast<size_t>(j)], step);
     // step-reuse reads the top-k of the newest replayed row: the last token the model kept.
     const PooledRow& newest = l.pending[static_cast<size_t>(last)];
+    update_churn(&l, newest);
     l.prev_topk_blocks.clear();
     l.prev_topk_hits.clear();
     for (size_t i = 0; i < newest.blocks.size(); ++i) {
@@ -403,6 +515,8 @@ void PredictorBase::reset() {
     l.observed = 0;
     l.prev_topk_blocks.clear();
     l.prev_topk_hits.clear();
+    l.churn = l.churn_ema = -1;
+    l.borrowed = 0;
   }
   open_ = false;
   open_step_ = -1;
@@ -434,6 +548,7 @@ Status PredictorBase::reserve(int64_t max_entries, int32_t max_next_n) {
     }
     if (p_.size() < n) {
       p_.resize(n);
+      q_.resize(n);
       mark_.resize(n);
       keys_.resize(n);
     }

@@ -37,6 +37,10 @@ class PredictorBase : public BlockPredictor {
   const BlockState& state(int32_t layer) const final;
   size_t memory_bytes() const final;
 
+  // Blocks nothing is known about rank below every observed x (x ≥ -1), newest first: -2 - d is
+  // exact in float for distances below 2^24 blocks (2^30 entries at page 64).
+  static float unknown_score(int64_t distance) { return -2.0f - static_cast<float>(distance); }
+
  protected:
   enum class Fill {
     kAll,     // every visible block (all-keep, indexcache full layers)
@@ -52,9 +56,6 @@ class PredictorBase : public BlockPredictor {
     const StepInput* in;
   };
 
-  // Blocks nothing is known about rank below every observed x (x ≥ -1), newest first: -2 - d is
-  // exact in float for distances below 2^24 blocks (2^30 entries at page 64).
-  static float unknown_score(int64_t distance) { return -2.0f - static_cast<float>(distance); }
   static void fill_unknown(float* p, int64_t n_blocks);
 
   virtual Fill fill(int32_t layer) const {
@@ -62,6 +63,20 @@ class PredictorBase : public BlockPredictor {
     return Fill::kRanked;
   }
   virtual bool explores() const { return false; }
+  // Whether config().budget_moves applies (spin, spin-hybrid); the others keep the fixed budget.
+  virtual bool moves_budget() const { return false; }
+  // Blocks of the row's budget the probe chooses (hisa: all of them, spin-hybrid: its share on
+  // probe steps), after the forced blocks and history's choice; 0 = no probe this row. `left` is
+  // the budget after the forced blocks. On a probing row there is no uniform exploration.
+  virtual int64_t probe_quota(const RowContext& row, int64_t budget, int64_t left) const {
+    (void)row;
+    (void)budget;
+    (void)left;
+    return 0;
+  }
+  // q[0..n_blocks): the probe's score of every block for the row (higher kept first); *work =
+  // pooled keys scored (entry-equivalents, Selection::row_probed).
+  virtual Status probe(const RowContext& row, float* q, int64_t* work);
   // Once per select, before any row: predictor-specific checks of `in`, cache updates.
   virtual Status prepare(int32_t layer, const StepInput& in);
   // p[0..n_blocks): the row's ranking key, higher kept first; ties go to the lower block index.
@@ -78,6 +93,9 @@ class PredictorBase : public BlockPredictor {
   }
 
   const BlockState& layer_state(int32_t layer) const { return layers_[layer].state; }
+  // The row's budget: the fixed budget_blocks(), moved by config().budget_moves when
+  // moves_budget() (see predictor_base.cpp), clamped as budget_blocks() clamps.
+  int64_t row_budget(const RowContext& row) const;
   // This step's pooled observation of (layer, row) if it was observed in the open step `step`
   // (pending, not committed); nullptr otherwise.
   const PooledRow* current_observation(int32_t layer, int32_t row, int64_t step) const;
@@ -103,16 +121,24 @@ class PredictorBase : public BlockPredictor {
     uint32_t observed = 0;  // bit j: row j observed in the open step
     std::vector<int32_t> prev_topk_blocks;
     std::vector<int32_t> prev_topk_hits;
+    // Budget moves: churn = 1 - |blocks holding top-k now ∩ at the step before| / |now|, of the
+    // newest replayed row; its EMA; the blocks·steps this layer has borrowed (steps mode).
+    double churn = -1;      // -1: not measured yet
+    double churn_ema = -1;
+    double borrowed = 0;    // extra budget share spent after a shift, paid back on calm steps
   };
 
   Status check_step_input(int32_t layer, const StepInput& in) const;
   Status select_row(const RowContext& ctx, Fill f, std::vector<int32_t>* blocks, int32_t* explored,
-                    std::vector<float>* scores);
+                    int64_t* probed, double* probe_seconds, std::vector<float>* scores);
+  double budget_factor(const RowContext& row) const;
+  void update_churn(Layer* l, const PooledRow& newest);
   // select_row's stages over mark_ (0 = not selected, 1 forced, 2 explored, 3 predicted) and the
   // candidate keys_ (ordering value << 32 | block). mark_forced returns the candidates' count.
   int64_t mark_forced(int64_t n);
   void mark_explored(const RowContext& ctx, Fill f, int64_t n_cand, int64_t n_explore);
-  void mark_predicted(const float* p, int64_t first, int64_t n_rest, int64_t left);
+  // The `left` highest p among keys_[first, first + n_rest) get mark `tag`.
+  void mark_ranked(const float* p, int64_t first, int64_t n_rest, int64_t left, uint8_t tag);
 
   std::string name_;
   PredictorConfig config_;
@@ -130,6 +156,7 @@ class PredictorBase : public BlockPredictor {
 
   // Scratch reused across calls (sized to the largest context seen).
   std::vector<float> p_;
+  std::vector<float> q_;  // the probe's scores
   std::vector<uint8_t> mark_;
   std::vector<uint64_t> keys_;  // (ordering key << 32 | block) of the candidates
   PoolScratch pool_scratch_;

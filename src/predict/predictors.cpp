@@ -7,6 +7,9 @@
 // Unknown-block default (PredictorBase::unknown_score): below every observed value, newest first —
 // a recency prior, so a predictor with nothing to go on behaves like a sliding window.
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <tuple>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,49 +55,171 @@ class RandomPredictor final : public PredictorBase {
   }
 };
 
-// prev-iter (slot, alpha = 1), ema-slot (slot), ema-offset (offset), spin (both + exploration).
-// p[b] = combine(slot[b], offset[bucket(newest - b)]) when both are known, else whichever is known,
-// else the recency default.
+// The slot/offset ranking of the EMA predictors: p[b] = combine(slot[b], offset[bucket(newest -
+// b)]) when both are known, else whichever is known, else the recency default.
+void ema_rank(const BlockState& st, const PredictorConfig& c, int64_t n_blocks, bool use_slot,
+              bool use_offset, float* p) {
+  const float w = static_cast<float>(c.combine_weight);
+  const int64_t newest = n_blocks - 1;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t d = newest - b;
+    const int32_t bucket = offset_bucket(d);
+    const bool slot_known = use_slot && st.seen(b);
+    const bool offset_known = use_offset && st.offset_known(bucket);
+    if (slot_known && offset_known) {
+      const float s = st.slot(b), o = st.offset(bucket);
+      p[b] = c.combine == Combine::kMax ? std::max(s, o) : w * s + (1.0f - w) * o;
+    } else if (slot_known) {
+      p[b] = st.slot(b);
+    } else if (offset_known) {
+      p[b] = st.offset(bucket);
+    } else {
+      p[b] = PredictorBase::unknown_score(d);
+    }
+  }
+}
+
+// Which parts an EmaPredictor uses.
+struct EmaParts {
+  double alpha;
+  bool slot = true, offset = true;
+  bool explore = false;    // spin's uniform exploration
+  bool probe = false;      // spin-hybrid: the pooled-key probe chooses the exploration share
+  bool moves = false;      // budget_moves applies
+  int32_t share_freq = 0;  // stacked on IndexCache: layers l % freq != 0 reuse layer l - l % freq
+};
+
+// prev-iter (slot, alpha = 1), ema-slot (slot), ema-offset (offset), spin (both + exploration),
+// spin-hybrid (spin, with the probe in place of uniform exploration on probe steps), and both
+// stacked on IndexCache's layer sharing (spin-ic2, spin-hybrid-ic2: the full layers predict, the
+// shared ones reuse the full layer's top-k blocks of the same step).
 class EmaPredictor final : public PredictorBase {
  public:
   EmaPredictor(std::string name, const PredictorConfig& c, int32_t layers, int64_t request,
-               double alpha, bool use_slot, bool use_offset, bool explore)
-      : PredictorBase(std::move(name), c, layers, request, alpha, c.beta),
-        use_slot_(use_slot),
-        use_offset_(use_offset),
-        explore_(explore) {}
+               const EmaParts& parts)
+      : PredictorBase(std::move(name), c, layers, request, parts.alpha, c.beta),
+        parts_(parts),
+        keys_(parts.probe ? static_cast<size_t>(layers) : 0,
+              HisaKeys(c.probe_entries > 0 ? c.probe_entries : c.block_entries())) {}
 
  protected:
-  bool explores() const override { return explore_; }
+  bool explores() const override { return parts_.explore; }
+  bool moves_budget() const override { return parts_.moves; }
+  bool shared(int32_t layer) const { return parts_.share_freq > 0 && layer % parts_.share_freq != 0; }
+
+  Status prepare(int32_t layer, const StepInput& in) override {
+    if (shared(layer)) return check_full_layer_observed(layer, in);
+    if (!parts_.probe) return ok_status();
+    if (in.hisa == nullptr)
+      return invalid_argument(
+          "{}: StepInput::hisa is null; its probe scores pooled block keys with the step's query",
+          name());
+    SPIN_RETURN_IF_ERROR(check_hisa_view(config(), *in.hisa, in.num_entries, in.next_n));
+    // Only committed entries (row 0's prefix) are pooled: drafts can still be rewritten.
+    return keys_[static_cast<size_t>(layer)].update(*in.hisa, visible_entries(in, 0));
+  }
   Status rank(const RowContext& row, float* p) override {
-    const BlockState& st = layer_state(row.layer);
-    const PredictorConfig& c = config();
-    const float w = static_cast<float>(c.combine_weight);
-    const int64_t newest = row.n_blocks - 1;
-    for (int64_t b = 0; b < row.n_blocks; ++b) {
-      const int64_t d = newest - b;
-      const int32_t bucket = offset_bucket(d);
-      const bool slot_known = use_slot_ && st.seen(b);
-      const bool offset_known = use_offset_ && st.offset_known(bucket);
-      if (slot_known && offset_known) {
-        const float s = st.slot(b), o = st.offset(bucket);
-        p[b] = c.combine == Combine::kMax ? std::max(s, o) : w * s + (1.0f - w) * o;
-      } else if (slot_known) {
-        p[b] = st.slot(b);
-      } else if (offset_known) {
-        p[b] = st.offset(bucket);
-      } else {
-        p[b] = unknown_score(d);
-      }
-    }
+    if (shared(row.layer)) return rank_from_full_layer(row, p);
+    ema_rank(layer_state(row.layer), config(), row.n_blocks, parts_.slot, parts_.offset, p);
+    if (probes(row) && config().probe_blend > 0) blend_with_probe(row, p);
     return ok_status();
+  }
+  bool probes(const RowContext& row) const {
+    return parts_.probe && !shared(row.layer) && row.step % config().probe_interval == 0;
+  }
+  int64_t probe_quota(const RowContext& row, int64_t budget, int64_t left) const override {
+    (void)left;
+    if (!probes(row)) return 0;
+    return std::llround(config().probe_share * static_cast<double>(budget));
+  }
+  Status probe(const RowContext& row, float* q, int64_t* work) override {
+    score_probe(row);
+    std::copy(probe_.begin(), probe_.begin() + row.n_blocks, q);
+    *work = probe_work_;
+    return ok_status();
+  }
+  // The row's probe into probe_ (once per row: rank() may need it before probe()).
+  void score_probe(const RowContext& row) {
+    if (probe_row_ == std::make_tuple(row.layer, row.row, row.step)) return;
+    probe_.resize(static_cast<size_t>(row.n_blocks));
+    probe_work_ = keys_[static_cast<size_t>(row.layer)].score(
+        *row.in->hisa, row.row, row.n_blocks, config().block_entries(), probe_.data(),
+        &query_scratch_);
+    probe_row_ = {row.layer, row.row, row.step};
+  }
+  // p ← (1 - λ)·z(p) + λ·z(probe) over the blocks both know (z: standardised over those blocks);
+  // blocks history knows nothing about keep their (lowest) recency default.
+  void blend_with_probe(const RowContext& row, float* p) {
+    score_probe(row);
+    const double lambda = config().probe_blend;
+    double sp = 0, sp2 = 0, sq = 0, sq2 = 0;
+    int64_t n = 0;
+    for (int64_t b = 0; b < row.n_blocks; ++b) {
+      if (p[b] <= -2.0f || probe_[static_cast<size_t>(b)] == FLT_MAX) continue;
+      const double x = p[b], y = probe_[static_cast<size_t>(b)];
+      sp += x, sp2 += x * x, sq += y, sq2 += y * y, ++n;
+    }
+    if (n < 2) return;
+    const auto dn = static_cast<double>(n);
+    const double mp = sp / dn, mq = sq / dn;
+    const double dp = std::sqrt(std::max(sp2 / dn - mp * mp, 1e-30));
+    const double dq = std::sqrt(std::max(sq2 / dn - mq * mq, 1e-30));
+    for (int64_t b = 0; b < row.n_blocks; ++b) {
+      if (p[b] <= -2.0f || probe_[static_cast<size_t>(b)] == FLT_MAX) continue;
+      // Shifted to stay above -1 (the unknown blocks' defaults lie at ≤ -2).
+      p[b] = static_cast<float>(
+          8.0 + (1.0 - lambda) * (p[b] - mp) / dp + lambda * (probe_[static_cast<size_t>(b)] - mq) / dq);
+    }
   }
   std::unique_ptr<PredictorBase> clone() const override {
     return std::make_unique<EmaPredictor>(*this);
   }
+  void on_reset() override {
+    for (HisaKeys& k : keys_) k.reset();
+  }
+  void on_fork(int64_t shared_entries) override {
+    for (HisaKeys& k : keys_) k.truncate(shared_entries);
+  }
+  Status on_reserve(int64_t max_blocks) override {
+    (void)max_blocks;
+    if (!parts_.probe) return ok_status();
+    return invalid_argument(
+        "{}: reserve: its pooled keys grow with the key cache it reads; the serving API (no key "
+        "cache) does not support it",
+        name());
+  }
+  size_t extra_memory_bytes() const override {
+    size_t bytes = 0;
+    for (const HisaKeys& k : keys_) bytes += k.memory_bytes();
+    return bytes;
+  }
 
  private:
-  bool use_slot_, use_offset_, explore_;
+  Status check_full_layer_observed(int32_t layer, const StepInput& in) const {
+    const int32_t full = layer - layer % parts_.share_freq;
+    for (int32_t j = 0; j < in.next_n; ++j)
+      if (!current_observation(full, j, in.step))
+        return failed_precondition(
+            "{}: layer {} reuses full layer {}'s top-k at step {}, but its row {} has not been "
+            "observed yet; run layers in increasing order",
+            name(), layer, full, in.step, j);
+    return ok_status();
+  }
+  Status rank_from_full_layer(const RowContext& row, float* p) const {
+    fill_unknown(p, row.n_blocks);
+    const PooledRow* obs =
+        current_observation(row.layer - row.layer % parts_.share_freq, row.row, row.step);
+    for (size_t i = 0; i < obs->blocks.size() && obs->blocks[i] < row.n_blocks; ++i)
+      if (obs->topk_hits[i] > 0) p[obs->blocks[i]] = static_cast<float>(obs->topk_hits[i]);
+    return ok_status();
+  }
+
+  EmaParts parts_;
+  std::vector<HisaKeys> keys_;  // [layers] when parts_.probe
+  std::vector<float> query_scratch_;
+  std::vector<float> probe_;  // the probe of row probe_row_ = (layer, row, step)
+  std::tuple<int32_t, int32_t, int64_t> probe_row_{-1, -1, -1};
+  int64_t probe_work_ = 0;
 };
 
 // prev-layer: this step's pooled scores of layer l-1 (same row), read from its pending buffer.
@@ -242,7 +367,7 @@ class HisaPredictor final : public PredictorBase {
  public:
   HisaPredictor(const PredictorConfig& c, int32_t layers, int64_t request)
       : PredictorBase("hisa", c, layers, request, c.alpha, c.beta),
-        keys_(static_cast<size_t>(layers)) {}
+        keys_(static_cast<size_t>(layers), HisaKeys(c.block_entries())) {}
 
  protected:
   Status prepare(int32_t layer, const StepInput& in) override {
@@ -251,14 +376,20 @@ class HisaPredictor final : public PredictorBase {
     SPIN_RETURN_IF_ERROR(check_hisa_view(config(), *in.hisa, in.num_entries, in.next_n));
     // Row 0's entries are committed tokens; entries past them are this step's drafts, which can
     // still be rejected and rewritten, so they are never folded into the cached sums.
-    SPIN_RETURN_IF_ERROR(
-        keys_[static_cast<size_t>(layer)].update(config(), *in.hisa, visible_entries(in, 0)));
+    return keys_[static_cast<size_t>(layer)].update(*in.hisa, visible_entries(in, 0));
+  }
+  // The probe is hisa's whole ranking: it chooses every block after the forced ones (and is
+  // charged as probe work); rank() is the same score, for the open loop's Pearson.
+  int64_t probe_quota(const RowContext&, int64_t, int64_t left) const override { return left; }
+  Status probe(const RowContext& row, float* q, int64_t* work) override {
+    *work = keys_[static_cast<size_t>(row.layer)].score(*row.in->hisa, row.row, row.n_blocks,
+                                                        config().block_entries(), q,
+                                                        &query_scratch_);
     return ok_status();
   }
   Status rank(const RowContext& row, float* p) override {
-    keys_[static_cast<size_t>(row.layer)].score(*row.in->hisa, row.row, row.n_blocks, p,
-                                                &query_scratch_);
-    return ok_status();
+    int64_t work = 0;
+    return probe(row, p, &work);
   }
   std::unique_ptr<PredictorBase> clone() const override {
     return std::make_unique<HisaPredictor>(*this);
@@ -267,7 +398,7 @@ class HisaPredictor final : public PredictorBase {
     for (HisaKeys& k : keys_) k.reset();
   }
   void on_fork(int64_t shared_entries) override {
-    for (HisaKeys& k : keys_) k.truncate(config(), shared_entries);
+    for (HisaKeys& k : keys_) k.truncate(shared_entries);
   }
   Status on_reserve(int64_t max_blocks) override {
     (void)max_blocks;
@@ -291,11 +422,14 @@ class HisaPredictor final : public PredictorBase {
 const std::vector<std::string>& predictor_names() {
   static const std::vector<std::string> kNames = {
       "all-keep", "random", "prev-iter",  "prev-layer", "ema-slot",     "ema-offset",
-      "spin",     "oracle", "step-reuse", "hisa",       "indexcache-2", "indexcache-4"};
+      "spin",     "oracle", "step-reuse", "hisa",       "indexcache-2", "indexcache-4",
+      "spin-hybrid", "spin-ic2", "spin-hybrid-ic2"};
   return kNames;
 }
 
-bool predictor_needs_keys(std::string_view name) { return name == "hisa"; }
+bool predictor_needs_keys(std::string_view name) {
+  return name == "hisa" || name == "spin-hybrid" || name == "spin-hybrid-ic2";
+}
 
 Result<std::unique_ptr<BlockPredictor>> make_predictor(std::string_view name,
                                                        const PredictorConfig& config,
@@ -311,15 +445,26 @@ Result<std::unique_ptr<BlockPredictor>> make_predictor(std::string_view name,
   } else if (name == "random") {
     p = std::make_unique<RandomPredictor>(n, c, num_layers, request_id, c.alpha, c.beta);
   } else if (name == "prev-iter") {
-    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id, 1.0, true, false, false);
+    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id,
+                                       EmaParts{.alpha = 1.0, .offset = false});
   } else if (name == "prev-layer") {
     p = std::make_unique<PrevLayerPredictor>(c, num_layers, request_id);
   } else if (name == "ema-slot") {
-    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id, c.alpha, true, false, false);
+    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id,
+                                       EmaParts{.alpha = c.alpha, .offset = false});
   } else if (name == "ema-offset") {
-    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id, c.alpha, false, true, false);
-  } else if (name == "spin") {
-    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id, c.alpha, true, true, true);
+    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id,
+                                       EmaParts{.alpha = c.alpha, .slot = false});
+  } else if (name == "spin" || name == "spin-ic2") {
+    p = std::make_unique<EmaPredictor>(
+        n, c, num_layers, request_id,
+        EmaParts{.alpha = c.alpha, .explore = true, .moves = true,
+                 .share_freq = name == "spin-ic2" ? 2 : 0});
+  } else if (name == "spin-hybrid" || name == "spin-hybrid-ic2") {
+    p = std::make_unique<EmaPredictor>(
+        n, c, num_layers, request_id,
+        EmaParts{.alpha = c.alpha, .explore = true, .probe = true, .moves = true,
+                 .share_freq = name == "spin-hybrid-ic2" ? 2 : 0});
   } else if (name == "oracle") {
     p = std::make_unique<OraclePredictor>(n, c, num_layers, request_id, c.alpha, c.beta);
   } else if (name == "step-reuse") {

@@ -179,6 +179,7 @@ Result<std::unique_ptr<ServingPredictor>> ServingPredictor::create(const Serving
       for (auto& r : sel.row_blocks) r.reserve(n);
       sel.row_budget.reserve(kMaxNextN);
       sel.row_explored.reserve(kMaxNextN);
+      sel.row_probed.reserve(kMaxNextN);
     }
   } catch (const std::bad_alloc&) {
     return resource_exhausted("serving: no memory for {} slots × {} layers × {} blocks",

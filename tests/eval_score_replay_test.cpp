@@ -32,7 +32,8 @@ WorkloadParams small_params(int32_t next_n = 1) {
 // The metrics of a replay as JSON, without the time it took.
 nlohmann::json metrics(const ReplayResult& r, const ScoredTrace& scored) {
   nlohmann::json j = nlohmann::json::parse(replay_json("t", r, trace_facts(scored, r.config.block_entries())));
-  j.erase("predictor_seconds");
+  for (const char* timed : {"predictor_seconds", "overhead_fraction", "cost_fraction", "indexer_entry_seconds"})
+    j.erase(timed);
   return j;
 }
 

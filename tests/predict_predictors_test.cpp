@@ -25,6 +25,7 @@ using testing::observe_union;
 PredictorConfig small_config() { return testing::small_blocks_config(1, 1); }
 
 using testing::block_scores;
+using testing::Cache;
 
 std::unique_ptr<BlockPredictor> make(const std::string& name, const PredictorConfig& c, int32_t layers = 1) {
   return testing::make_checked(name, c, layers, 11);
@@ -162,36 +163,6 @@ TEST(PredictPredictors, IndexCacheFullAndSharedLayers) {
 }
 
 // ---- hisa ---------------------------------------------------------------------------------------
-
-// A paged e4m3 key cache (spin/geometry.h layout) with pages scattered by a permutation.
-struct Cache {
-  int32_t page_size;
-  std::vector<uint8_t> bytes;
-  std::vector<int32_t> table;
-  std::vector<std::vector<float>> keys;  // the dequantised keys, for the reference
-
-  Cache(int32_t ps, const std::vector<std::vector<float>>& raw, uint64_t seed) : page_size(ps) {
-    const int64_t pages = (static_cast<int64_t>(raw.size()) + ps - 1) / ps;
-    table.resize(static_cast<size_t>(pages));
-    std::iota(table.begin(), table.end(), 0);
-    CounterRng rng(seed);
-    for (int64_t i = pages - 1; i > 0; --i)
-      std::swap(table[static_cast<size_t>(i)], table[rng.below(static_cast<uint64_t>(i) + 1)]);
-    bytes.assign(static_cast<size_t>(pages * ps * 132), 0);
-    for (size_t pos = 0; pos < raw.size(); ++pos) {
-      const int64_t page = table[pos / static_cast<size_t>(ps)];
-      const int64_t o = static_cast<int64_t>(pos) % ps;
-      uint8_t* base = bytes.data() + page * ps * 132;
-      std::vector<float> x = raw[pos];
-      const float scale = quantize_e4m3_block128(x.data(), base + o * 128);
-      std::memcpy(base + ps * 128 + 4 * o, &scale, 4);
-      std::vector<float> deq(128);
-      for (int d = 0; d < 128; ++d)
-        deq[static_cast<size_t>(d)] = e4m3_to_float(base[o * 128 + d]) * scale;
-      keys.push_back(deq);
-    }
-  }
-};
 
 // Σ_h w[h]·ReLU(q[h]·mean(keys of block b among the first `committed` entries)), in double.
 double hisa_reference(const Cache& c, int32_t e, int64_t committed, int32_t b, const uint8_t* q,

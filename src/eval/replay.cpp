@@ -516,8 +516,9 @@ static Result<ReplayResult> replay_impl(const Trace* trace, const ScoredTrace& s
   }
   result.predictor_seconds = predictor_seconds;
   result.overhead_seconds = std::max(0.0, overhead_seconds);
-  // The DSA indexer's 64 heads for a score trace, whose heads are unknown (a real model's).
-  result.indexer_entry_seconds = indexer_entry_seconds(st.num_heads > 0 ? st.num_heads : 64);
+  // A key trace's own heads (the kernel it ran); for a score trace, whose scores may come from
+  // anything (a real model's attention), the DSA indexer's 64.
+  result.indexer_entry_seconds = indexer_entry_seconds(st.has_keys && st.num_heads > 0 ? st.num_heads : 64);
   return result;
 }
 

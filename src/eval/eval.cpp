@@ -28,7 +28,7 @@ namespace {
 
 using json = nlohmann::json;
 
-enum class Section { kPredictors, kSweep, kMtp, kPooling };
+enum class Section { kPredictors, kSweep, kMtp, kPooling, kBeyond };
 
 struct Job {
   Section section;
@@ -41,6 +41,12 @@ struct Job {
 struct JobResult {
   QualityStats quality{2048};
   double predictor_seconds = 0;
+  double overhead_seconds = 0;       // select/observe/commit of the counted steps, probe excluded
+  double indexer_entry_seconds = 0;  // the unit that turns it into indexer work
+  double overhead_fraction() const {
+    const double full = indexer_entry_seconds * quality.visible_entries_sum();
+    return full > 0 ? overhead_seconds / full : NAN;
+  }
 };
 
 // NaN-safe JSON number (JSON has no NaN): null.
@@ -58,6 +64,26 @@ const std::vector<double>& sweep_sparsities(bool quick) {
 
 constexpr double kComparisonSparsity = 0.3;  // open-loop block recall is read at this budget
 constexpr double kMtpSparsity = 0.5;         // MTP and pooling tables (where misses show)
+
+// The ablations behind spin-hybrid's and the budget moves' defaults (issue 9), at the MTP table's
+// sparsity: the probe's share of the budget, its pooling granularity (entries per pooled key),
+// how often it runs, and whether it also re-ranks history; the budget moves against the fixed one.
+void add_beyond_ablations(const PredictorConfig& base, std::vector<Job>* jobs) {
+  auto hybrid = [&](const std::string& label, const std::string& pairs) {
+    PredictorConfig c = base;
+    if (!c.parse(pairs).ok()) return;  // fixed literals below: always valid
+    jobs->push_back({Section::kBeyond, "spin-hybrid " + label, "spin-hybrid", c, false});
+  };
+  for (const char* share : {"0.1", "0.3", "0.5"}) hybrid(fmt::format("probe_share={}", share), fmt::format("probe_share={}", share));
+  hybrid("probe_entries=16", "probe_entries=16");
+  hybrid("probe_interval=4", "probe_interval=4");
+  hybrid("probe_blend=0.5", "probe_blend=0.5");
+  for (BudgetMoves moves : {BudgetMoves::kLayers, BudgetMoves::kSteps, BudgetMoves::kBoth}) {
+    PredictorConfig c = base;
+    c.budget_moves = moves;
+    jobs->push_back({Section::kBeyond, std::string("spin budget_moves=") + budget_moves_name(moves), "spin", c, false});
+  }
+}
 
 std::vector<Job> jobs_for(bool mtp_scenario, const EvalOptions& o) {
   std::vector<Job> jobs;
@@ -87,10 +113,12 @@ std::vector<Job> jobs_for(bool mtp_scenario, const EvalOptions& o) {
     PredictorConfig no_explore = with(s);
     no_explore.explore_ratio = 0.0;
     jobs.push_back({Section::kSweep, "spin (no explore)", "spin", no_explore, false});
-    for (const char* p : {"step-reuse", "hisa", "indexcache-2", "indexcache-4", "prev-iter", "random", "oracle"}) {
+    for (const char* p : {"spin-hybrid", "step-reuse", "hisa", "indexcache-2", "indexcache-4", "spin-ic2",
+                          "spin-hybrid-ic2", "prev-iter", "random", "oracle"}) {
       jobs.push_back({Section::kSweep, p, p, with(s), false});
     }
   }
+  add_beyond_ablations(with(kMtpSparsity), &jobs);
   for (Pooling pooling : {Pooling::kMax, Pooling::kMean, Pooling::kTopkHits, Pooling::kLse}) {
     PredictorConfig c = with(kMtpSparsity);
     c.pooling = pooling;
@@ -112,6 +140,7 @@ std::string section_name(Section s) {
   switch (s) {
     case Section::kPredictors: return "predictors";
     case Section::kSweep: return "sweep";
+    case Section::kBeyond: return "beyond";
     case Section::kMtp: return "mtp";
     case Section::kPooling: return "pooling";
   }
@@ -129,7 +158,9 @@ json quality_json(const QualityStats& q) {
           {"sparsity_mean", num(q.sparsity().mean())},
           {"block_sparsity_mean", num(q.block_sparsity().mean())},
           {"pearson_mean", num(q.pearson().mean())},
-          {"topk_recall_mean", num(q.topk_recall().mean())}};
+          {"topk_recall_mean", num(q.topk_recall().mean())},
+          {"work_fraction", num(q.work_fraction())},
+          {"probe_fraction", num(q.probe_fraction())}};
 }
 
 // One PNG per base scenario: mean recall and p99 miss against realised sparsity.
@@ -138,12 +169,13 @@ std::vector<std::string> draw_plots(const std::string& dir, const json& sweep, s
     *note = "gnuplot not found: plots skipped (install gnuplot-nox, or rerun scripts/install-deps.sh)";
     return {};
   }
-  std::map<std::string, std::map<std::string, std::vector<std::array<double, 3>>>> series;
+  std::map<std::string, std::map<std::string, std::vector<std::array<double, 4>>>> series;
   for (const json& row : sweep) {
     const double sp = row["sparsity_mean"].is_number() ? row["sparsity_mean"].get<double>() : 0.0;
     const double rec = row["recall_mean"].is_number() ? row["recall_mean"].get<double>() : NAN;
     const double p99 = row["miss_p99"].is_number() ? row["miss_p99"].get<double>() : NAN;
-    series[row["scenario"]][row["label"]].push_back({sp, rec, p99});
+    const double work = row["work_fraction"].is_number() ? row["work_fraction"].get<double>() : NAN;
+    series[row["scenario"]][row["label"]].push_back({sp, rec, p99, work});
   }
   std::vector<std::string> plots;
   for (const auto& [scenario, by_label] : series) {
@@ -153,26 +185,31 @@ std::vector<std::string> draw_plots(const std::string& dir, const json& sweep, s
     std::vector<std::string> labels;
     for (const auto& [label, points] : by_label) {
       out << "# " << label << "\n";
-      for (const auto& p : points) out << p[0] << " " << p[1] << " " << p[2] << "\n";
+      for (const auto& p : points) out << p[0] << " " << p[1] << " " << p[2] << " " << p[3] << "\n";
       out << "\n\n";
       labels.push_back(label);
     }
     out.close();
     std::string script = fmt::format(
-        "set terminal pngcairo size 1200,480 noenhanced\nset output '{}'\nset multiplot layout 1,2 title "
-        "'{} — closed loop, all-keep = truth'\nset key bottom left font ',8'\nset grid\n"
+        "set terminal pngcairo size 1200,960 noenhanced\nset output '{}'\nset multiplot layout 2,2 title "
+        "'{} — closed loop, all-keep = truth; bottom: against indexer work (fine entries + probe) / full'\n"
+        "set key bottom left font ',7'\nset grid\n"
         "set xlabel 'realised sparsity'\nset ylabel 'mean recall'\nset yrange [0:1.02]\n",
         png, scenario);
-    auto plot_cmd = [&](int column) {
+    auto plot_cmd = [&](int x, int column) {
       std::string cmd = "plot ";
       for (size_t i = 0; i < labels.size(); ++i) {
-        cmd += fmt::format("{}'{}' index {} using 1:{} with linespoints title '{}'", i ? ", " : "", dat, i, column,
+        cmd += fmt::format("{}'{}' index {} using {}:{} with linespoints title '{}'", i ? ", " : "", dat, i, x, column,
                            labels[i]);
       }
       return cmd + "\n";
     };
-    script += plot_cmd(2);
-    script += "set ylabel 'p99 miss'\nset key top left font ',8'\n" + plot_cmd(3) + "unset multiplot\n";
+    script += plot_cmd(1, 2);
+    script += "set ylabel 'p99 miss'\nset key top left font ',7'\n" + plot_cmd(1, 3);
+    // The Pareto view (issue 9): the same points against what they cost.
+    script += "set xlabel 'indexer work fraction'\nset ylabel 'mean recall'\nset key bottom right font ',7'\n" +
+              plot_cmd(4, 2);
+    script += "set ylabel 'p99 miss'\nset key top right font ',7'\n" + plot_cmd(4, 3) + "unset multiplot\n";
     const std::string gp = dir + "/sweep-" + scenario + ".gp";
     std::ofstream(gp) << script;
     if (std::system(("gnuplot '" + gp + "' 2>/dev/null").c_str()) == 0) {
@@ -243,7 +280,7 @@ Status run_jobs(const EvalOptions& o, const Trace* trace, const ScoredTrace& sco
     ro.open_loop = jobs[j].open_loop;
     auto r = trace != nullptr ? replay(*trace, scored, ro) : replay(scored, ro);
     if (r.ok()) {
-      part[j] = {r->quality, r->predictor_seconds};
+      part[j] = {r->quality, r->predictor_seconds, r->overhead_seconds, r->indexer_entry_seconds};
     } else {
       errors[j] = r.status();
     }
@@ -260,6 +297,8 @@ Status run_jobs(const EvalOptions& o, const Trace* trace, const ScoredTrace& sco
     }
     run->out[j].quality.merge(part[j].quality);
     run->out[j].predictor_seconds += part[j].predictor_seconds;
+    run->out[j].overhead_seconds += part[j].overhead_seconds;
+    run->out[j].indexer_entry_seconds = part[j].indexer_entry_seconds;  // one per process and shape
   }
   // Blocks as replay() sees them: the trace's page size, the config's pages per block.
   const TraceFacts f = trace_facts(scored, run->params.page_size * o.base_config.block_pages);
@@ -507,7 +546,8 @@ Result<std::vector<RealRun>> run_real_trace(const EvalOptions& o, const std::str
 
 struct Results {
   json calibration = json::array(), predictors = json::array(), sweep = json::array(), mtp = json::array(),
-       pooling = json::array(), timing = json::object(), scenarios = json::object(), real_model = json::array();
+       pooling = json::array(), beyond = json::array(), timing = json::object(), scenarios = json::object(),
+       real_model = json::array();
 };
 
 void add_results(const ScenarioRun& run, int requests, const std::map<std::string, CalibrationTarget>& targets,
@@ -541,8 +581,12 @@ void add_results(const ScenarioRun& run, int requests, const std::map<std::strin
     json row = quality_json(q);
     row.update({{"scenario", name}, {"label", job.label}, {"predictor", job.predictor},
                 {"target_sparsity", job.config.target_sparsity}, {"config", job.config.to_string()}});
-    timing["predictor_s"][section_name(job.section) + ":" + job.label + "@" +
-                          fmt::format("{:.2f}", job.config.target_sparsity)] = run.out[j].predictor_seconds;
+    const std::string key = section_name(job.section) + ":" + job.label + "@" + fmt::format("{:.2f}", job.config.target_sparsity);
+    timing["predictor_s"][key] = run.out[j].predictor_seconds;
+    // Measured, so under timing: what select/observe cost in indexer work, and the total.
+    const double overhead = run.out[j].overhead_fraction();
+    timing["overhead_fraction"][key] = num(overhead);
+    timing["cost_fraction"][key] = num(q.work_fraction() + overhead);
     switch (job.section) {
       case Section::kPredictors:
         res->predictors.push_back(row);
@@ -565,6 +609,7 @@ void add_results(const ScenarioRun& run, int requests, const std::map<std::strin
         break;
       case Section::kMtp: res->mtp.push_back(row); break;
       case Section::kPooling: res->pooling.push_back(row); break;
+      case Section::kBeyond: res->beyond.push_back(row); break;
     }
   }
 }
@@ -684,6 +729,99 @@ std::string render_sweep_tables(const json& sweep, const std::vector<double>& sp
   return md;
 }
 
+const std::vector<double>& equal_cost_levels() {
+  static const std::vector<double> levels = {0.5, 0.6, 0.7, 0.8};
+  return levels;
+}
+
+// Recall and p99 miss of one predictor's sweep at indexer work `cost`: linear between the two
+// sweep points whose work brackets it; NaN outside the points' range.
+std::pair<double, double> at_cost(std::vector<std::array<double, 3>> points, double cost) {
+  std::sort(points.begin(), points.end());
+  for (size_t i = 0; i + 1 < points.size(); ++i) {
+    const auto& a = points[i];
+    const auto& b = points[i + 1];
+    if (cost < a[0] || cost > b[0]) continue;
+    const double t = b[0] > a[0] ? (cost - a[0]) / (b[0] - a[0]) : 0.0;
+    return {a[1] + t * (b[1] - a[1]), a[2] + t * (b[2] - a[2])};
+  }
+  return {NAN, NAN};
+}
+
+// Every sweep row's (work, recall, p99 miss), per scenario and label.
+std::map<std::string, std::map<std::string, std::vector<std::array<double, 3>>>> cost_points(const json& sweep) {
+  std::map<std::string, std::map<std::string, std::vector<std::array<double, 3>>>> points;
+  for (const json& r : sweep) {
+    const double w = number_or_nan(r["work_fraction"]);
+    if (std::isfinite(w)) points[r["scenario"]][r["label"]].push_back({w, number_or_nan(r["recall_mean"]), number_or_nan(r["miss_p99"])});
+  }
+  return points;
+}
+
+json equal_cost_json(const json& sweep) {
+  json out = json::array();
+  for (const auto& [scenario, by_label] : cost_points(sweep)) {
+    for (const auto& [label, points] : by_label) {
+      for (double c : equal_cost_levels()) {
+        const auto [recall, p99] = at_cost(points, c);
+        out.push_back({{"scenario", scenario}, {"label", label}, {"work_fraction", c}, {"recall_mean", num(recall)},
+                       {"miss_p99", num(p99)}});
+      }
+    }
+  }
+  return out;
+}
+
+std::string render_equal_cost(const json& equal_cost, const json& sweep_order) {
+  std::string md =
+      "\n## At equal cost (closed loop): mean recall / p99 miss at the same indexer work\n\n"
+      "Work = (fine entries scored + probe work) / the full indexer's entries; the probe (hisa, spin-hybrid) "
+      "scores one pooled key per block with the query, heads·128 multiply-adds: one entry's worth. Read off "
+      "each predictor's sweep, linear between its two nearest points (– where the sweep does not reach "
+      "that cost: indexcache never costs less than its full layers). Select/observe time, measured, is in "
+      "results.json timing.overhead_fraction (spin ≈ 1–2 % of the indexer on this CPU: pooling each scored "
+      "entry's score) and not added here, so that the table is deterministic.\n\n";
+  std::vector<std::string> order;
+  for (const json& r : sweep_order)
+    if (std::find(order.begin(), order.end(), r["label"].get<std::string>()) == order.end()) order.push_back(r["label"]);
+  std::map<std::string, std::map<std::string, std::map<double, const json*>>> grid;
+  for (const json& r : equal_cost) grid[r["scenario"]][r["label"]][r["work_fraction"].get<double>()] = &r;
+  for (const auto& [scenario, by_label] : grid) {
+    md += "### " + scenario + "\n\n| predictor |";
+    std::string rule = "|---|";
+    for (double c : equal_cost_levels()) {
+      md += fmt::format(" work {:.0f}% |", 100 * c);
+      rule += "---:|";
+    }
+    md += "\n" + rule + "\n";
+    for (const std::string& label : order) {
+      if (!by_label.count(label) || label == "random") continue;
+      md += "| " + label + " |";
+      for (double c : equal_cost_levels()) {
+        const json& r = *by_label.at(label).at(c);
+        md += fmt::format(" {} / {} |", cell(number_or_nan(r["recall_mean"])), cell(number_or_nan(r["miss_p99"])));
+      }
+      md += "\n";
+    }
+    md += "\n";
+  }
+  return md;
+}
+
+std::string render_beyond(const json& beyond) {
+  if (beyond.empty()) return "";
+  std::string md = fmt::format(
+      "\n## Ablation: spin-hybrid's probe and the budget moves ({:.0f}% target sparsity, closed loop)\n\n"
+      "| scenario | variant | mean recall | p99 miss | work fraction | probe part |\n|---|---|---:|---:|---:|---:|\n",
+      100 * kMtpSparsity);
+  for (const json& r : beyond) {
+    md += fmt::format("| {} | {} | {} | {} | {} | {} |\n", r["scenario"].get<std::string>(), r["label"].get<std::string>(),
+                      cell(number_or_nan(r["recall_mean"])), cell(number_or_nan(r["miss_p99"])),
+                      cell(number_or_nan(r["work_fraction"])), cell(number_or_nan(r["probe_fraction"]), "{:.4f}"));
+  }
+  return md;
+}
+
 std::string render_mtp(const json& mtp) {
   std::string md = fmt::format(
       "## MTP replay (spin; closed loop): mean recall / p99 miss\n\n| scenario | update | 30% | {:.0f}% |\n|---|---|---:|---:|\n",
@@ -770,8 +908,10 @@ std::string render_report(const EvalOptions& o, int requests, const Results& res
   md += render_calibration(res.calibration);
   md += render_predictors(res.predictors);
   md += render_sweep(res.sweep, o.quick);
+  md += render_equal_cost(equal_cost_json(res.sweep), res.sweep);
   md += render_mtp(res.mtp);
   md += render_pooling(res.pooling);
+  md += render_beyond(res.beyond);
   md += render_real(res.real_model, o.quick);
   return md;
 }
@@ -831,6 +971,8 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
   results["calibration"] = res.calibration;
   results["predictors"] = res.predictors;
   results["sweep"] = res.sweep;
+  results["equal_cost"] = equal_cost_json(res.sweep);
+  results["beyond"] = res.beyond;
   results["mtp"] = res.mtp;
   results["pooling"] = res.pooling;
   if (!res.real_model.empty()) results["real_model"] = res.real_model;

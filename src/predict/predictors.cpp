@@ -237,7 +237,8 @@ class IndexCachePredictor final : public PredictorBase {
 };
 
 // hisa: mean-pooled block keys (kept incrementally, see hisa.h) scored with the row's query by the
-// indexer formula; the highest blocks fill the budget.
+// indexer formula; the highest blocks fill the budget. Without the cache (StepInput::hisa null)
+// it ranks by StepInput::block_probe, the same score computed elsewhere (a score trace's probe).
 class HisaPredictor final : public PredictorBase {
  public:
   HisaPredictor(const PredictorConfig& c, int32_t layers, int64_t request)
@@ -246,8 +247,10 @@ class HisaPredictor final : public PredictorBase {
 
  protected:
   Status prepare(int32_t layer, const StepInput& in) override {
-    if (in.hisa == nullptr)
-      return invalid_argument("hisa: StepInput::hisa is null; hisa needs the query and the cache");
+    if (in.hisa == nullptr && in.block_probe == nullptr)
+      return invalid_argument(
+          "hisa: StepInput has neither hisa (the query and the key cache) nor block_probe; hisa needs one");
+    if (in.hisa == nullptr) return ok_status();  // the probe is the whole ranking
     SPIN_RETURN_IF_ERROR(check_hisa_view(config(), *in.hisa, in.num_entries, in.next_n));
     // Row 0's entries are committed tokens; entries past them are this step's drafts, which can
     // still be rejected and rewritten, so they are never folded into the cached sums.
@@ -256,6 +259,11 @@ class HisaPredictor final : public PredictorBase {
     return ok_status();
   }
   Status rank(const RowContext& row, float* p) override {
+    if (row.in->hisa == nullptr) {
+      const float* probe = probe_row(row);
+      std::copy(probe, probe + row.n_blocks, p);
+      return ok_status();
+    }
     keys_[static_cast<size_t>(row.layer)].score(*row.in->hisa, row.row, row.n_blocks, p,
                                                 &query_scratch_);
     return ok_status();

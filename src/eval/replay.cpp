@@ -211,7 +211,7 @@ namespace {
 // [steps, next_n, ceil(entries / page_size)]: the same HisaKeys, fed the same committed prefix
 // (row 0's visible entries) step by step, so hisa ranks the converted trace exactly as the key
 // trace. Blocks past a row's visible ones are -inf (ignored by the reader).
-std::vector<float> hisa_probe(const Trace& trace, const ScoredTrace& st, int32_t layer, int64_t entries) {
+Result<std::vector<float>> hisa_probe(const Trace& trace, const ScoredTrace& st, int32_t layer, int64_t entries) {
   PredictorConfig config;
   config.page_size = st.page_size;
   config.block_pages = 1;
@@ -229,8 +229,7 @@ std::vector<float> hisa_probe(const Trace& trace, const ScoredTrace& st, int32_t
     v.w = trace.layers[layer].w.data() + static_cast<size_t>(s) * st.next_n * st.num_heads;
     v.num_heads = st.num_heads;
     v.num_cache_pages = static_cast<int64_t>(st.identity_pages.size());
-    // The trace was validated and its pages are the identity: update cannot fail here.
-    (void)keys.update(config, v, st.visible_entries[st.index(layer, s, 0)]);
+    SPIN_RETURN_IF_ERROR(at_row(keys.update(config, v, st.visible_entries[st.index(layer, s, 0)]), layer, s));
     for (int32_t j = 0; j < st.next_n; ++j) {
       const int64_t n = blocks_for_entries(config, st.visible_entries[st.index(layer, s, j)]);
       keys.score(v, j, n, probe.data() + (s * st.next_n + j) * blocks, &scratch);
@@ -263,7 +262,9 @@ Result<ScoreTrace> all_keep_score_trace(const Trace& trace, const ScoreOptions& 
         std::copy(v.begin(), v.end(), rows.begin() + (s * st.next_n + j) * entries);
       }
     }
-    out.probe.push_back(hisa_probe(trace, st, l, entries));
+    auto probe = hisa_probe(trace, st, l, entries);
+    if (!probe.ok()) return probe.status();
+    out.probe.push_back(std::move(probe).value());
   }
   return out;
 }

@@ -5,7 +5,9 @@ A score trace holds what the DSA lightning indexer *wrote* rather than what it r
 layer and decode step, the logits row of each query row over the cached entries (see
 include/spin/trace.h for the schema). vLLM, SGLang or a real model can dump it without exposing
 the indexer's keys and queries, and `spin replay` / `spin eval` then run every predictor that needs
-only scores on it (hisa, which scores pooled keys with the query, needs a key trace):
+only scores on it (hisa, which scores pooled keys with the query, needs a key trace, or the
+optional block probe layer.{l}.probe [steps, next_n, ceil(entries / probe_block_entries)] that an
+engine keeping pooled block keys can dump too; see include/spin/trace.h):
 
     layer.{l}.scores  F32 (or F16, BF16) [steps, next_n, entries]   the logits rows
     ctx_len           I64 [steps]   tokens in the cache at the step, incl. its own next_n rows

@@ -1,6 +1,6 @@
 // Writes a few small valid trace files into the directory given as argv[1]: the fuzzer's seed
 // corpus (plain decode, MTP with draft keys, V4-style compress ratio 4), and score traces (kind=scores)
-// of the same shapes.
+// of the same shapes, two of them with a block probe (layer.{l}.probe).
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -76,6 +76,33 @@ spin::ScoreTrace tiny_scores(int layers, int next_n, int ratio) {
   return t;
 }
 
+// The same score trace with a block probe of `probe_entries` entries per block (0 = page_size):
+// values in [-2, 2), one -inf and one FLT_MAX (hisa's "no committed entry") per row, NaN padding
+// past each row's visible blocks.
+spin::ScoreTrace with_probe(spin::ScoreTrace t, int32_t probe_entries) {
+  t.probe_block_entries = probe_entries;
+  uint32_t x = 4242;
+  for (int l = 0; l < t.meta.num_layers; ++l) {
+    std::vector<float>& v = t.probe.emplace_back();
+    const int64_t blocks = t.probe_blocks(l);
+    for (int64_t s = 0; s < t.steps(); ++s) {
+      for (int j = 0; j < t.meta.next_n; ++j) {
+        const int64_t visible = spin::visible_entries(t.ctx_len[s], t.meta.next_n, j, t.meta.compress_ratio);
+        const int64_t seen = (visible + t.probe_entries() - 1) / t.probe_entries();
+        for (int64_t b = 0; b < blocks; ++b) {
+          x = x * 1664525u + 1013904223u;
+          float f = static_cast<float>(x >> 8) / static_cast<float>(1 << 22) - 2.0f;
+          if (b == 0) f = -INFINITY;
+          if (b == seen - 1) f = 3.4028235e38f;
+          if (b >= seen) f = NAN;
+          v.push_back(f);
+        }
+      }
+    }
+  }
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,7 +130,9 @@ int main(int argc, char** argv) {
     spin::ScoreTrace trace;
   } score_seeds[] = {{"scores_plain.safetensors", tiny_scores(1, 1, 1)},
                      {"scores_mtp.safetensors", tiny_scores(2, 3, 1)},
-                     {"scores_v4_ratio4.safetensors", tiny_scores(1, 1, 4)}};
+                     {"scores_v4_ratio4.safetensors", tiny_scores(1, 1, 4)},
+                     {"scores_probe_plain.safetensors", with_probe(tiny_scores(1, 1, 1), 0)},
+                     {"scores_probe_mtp.safetensors", with_probe(tiny_scores(2, 3, 1), 2)}};
   for (const auto& s : score_seeds) {
     const spin::Status st = spin::write_score_trace(s.trace, dir + "/" + s.name);
     if (!st.ok()) {

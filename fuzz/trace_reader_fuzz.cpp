@@ -58,7 +58,12 @@ void replay_scores(const spin::TraceReader& reader) {
       o.keep_topk = !open_loop;
       o.config.target_sparsity = 0.5;
       auto r = spin::replay(*scored.value(), o);
-      if (spin::predictor_needs_keys(predictor)) {
+      // hisa replays a score trace only through a probe pooled at its block size (replay takes
+      // the page size from the trace).
+      const bool probe_fits = spin::has_probe(*scored.value()) &&
+                              spin::probe_block_entries(*scored.value()) ==
+                                  reader.meta().page_size * o.config.block_pages;
+      if (spin::predictor_needs_keys(predictor) && !probe_fits) {
         if (r.ok() || r.status().message().empty()) __builtin_trap();  // refused, with a reason
         continue;
       }

@@ -1,6 +1,7 @@
 // Replays of score traces, prefill observations and MTP rows:
 // - a key trace and the score trace of its all-keep scores replay identically (every metric
-//   bitwise, every kept top-k) for every score-only predictor; all-keep is exact; hisa refuses;
+//   bitwise, every kept top-k) for every predictor, hisa included (through the converted trace's
+//   block probe); all-keep is exact; hisa refuses a score trace without a probe;
 // - generated MTP rows are different tokens (own queries), so prefix / row0 / all-rows differ,
 //   and all three start from the same state after the warm start;
 // - a step whose ctx_len jumps (a tool output) is observed as a prefill and not counted.
@@ -42,6 +43,7 @@ bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; 
 struct KeyAndScores {
   Trace keys;
   std::shared_ptr<const ScoredTrace> from_keys, from_scores;
+  ScoreTrace scores;  // as read back (with its probe)
 };
 
 // A generated key trace, and its all-keep score trace written to disk and read back.
@@ -55,9 +57,12 @@ KeyAndScores key_and_scores(const WorkloadParams& p) {
   EXPECT_TRUE(write_score_trace(scores.value(), dir.file("s")).ok());
   auto back = read_score_trace(dir.file("s"));
   EXPECT_TRUE(back.ok()) << back.status().to_string();
+  k.scores = back.value();
   k.from_scores = score_trace(back.value()).value();
   EXPECT_FALSE(has_keys(*k.from_scores));
   EXPECT_TRUE(has_keys(*k.from_keys));
+  EXPECT_TRUE(has_probe(*k.from_scores));
+  EXPECT_FALSE(has_probe(*k.from_keys));
   return k;
 }
 
@@ -77,10 +82,8 @@ TEST(ScoreReplay, AllKeepClosedLoopOnAScoreTraceIsExact) {
 TEST(ScoreReplay, KeyTraceAndItsScoreTraceReplayIdentically) {
   for (int32_t next_n : {1, 3}) {
     const KeyAndScores k = key_and_scores(small_params(next_n));
-    int compared = 0, score_only = 0;
+    int compared = 0;
     for (const std::string& p : predictor_names()) {
-      if (predictor_needs_keys(p)) continue;
-      ++score_only;
       for (bool open_loop : {false, true}) {
         ReplayOptions o;
         o.predictor = p;
@@ -102,23 +105,92 @@ TEST(ScoreReplay, KeyTraceAndItsScoreTraceReplayIdentically) {
         ++compared;
       }
     }
-    EXPECT_EQ(compared, 2 * score_only);
-    EXPECT_GE(score_only, 12);
+    EXPECT_EQ(compared, 2 * static_cast<int>(predictor_names().size()));
   }
 }
 
-TEST(ScoreReplay, HisaRefusesAScoreTraceInOneLine) {
+// The converted probe is hisa's own block score: the same selections, not just the same means.
+TEST(ScoreReplay, HisaOnTheProbeSelectsWhatHisaOnTheKeysSelects) {
+  for (int32_t next_n : {1, 3}) {
+    const KeyAndScores k = key_and_scores(small_params(next_n));
+    for (double sparsity : {0.3, 0.7}) {
+      ReplayOptions o;
+      o.predictor = "hisa";
+      o.config.target_sparsity = sparsity;
+      o.keep_topk = true;
+      const ReplayResult a = replay(k.keys, *k.from_keys, o).value();
+      const ReplayResult b = replay(*k.from_scores, o).value();
+      EXPECT_EQ(a.topk, b.topk) << "next_n " << next_n << " sparsity " << sparsity;
+      EXPECT_GT(a.quality.samples(), 0);
+      // Not trivially all-keep: hisa misses some of the top-k at 70 %.
+      if (sparsity > 0.5) {
+        EXPECT_LT(a.quality.recall().mean(), 1.0);
+      }
+    }
+  }
+}
+
+TEST(ScoreReplay, HisaRefusesAScoreTraceWithoutProbeInOneLine) {
   const KeyAndScores k = key_and_scores(small_params());
+  ScoreTrace bare = k.scores;
+  bare.probe.clear();
+  bare.probe_block_entries = 0;
+  const auto scored = score_trace(bare).value();
+  EXPECT_FALSE(has_probe(*scored));
   ReplayOptions o;
   o.predictor = "hisa";
-  auto r = replay(*k.from_scores, o);
+  auto r = replay(*scored, o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.status().message().find('\n'), std::string::npos);
   EXPECT_NE(r.status().message().find("hisa needs the indexer's keys"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("no block probe"), std::string::npos) << r.status().message();
   // The key trace's scored form without the trace itself cannot feed hisa either.
   EXPECT_FALSE(replay(*k.from_keys, o).ok());
   EXPECT_TRUE(replay(k.keys, *k.from_keys, o).ok());
+  // A probe pooled over other blocks than the predictor's is refused, naming both sizes; score-only
+  // predictors replay as before (they never see the probe).
+  o.config.block_pages = 2;
+  r = replay(*k.from_scores, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("pooled over 64 entries, but its blocks hold 128"), std::string::npos)
+      << r.status().message();
+  o.predictor = "spin";
+  EXPECT_TRUE(replay(*k.from_scores, o).ok());
+}
+
+// A predictor given a probe of the wrong block size or too short a stride says so in one line.
+TEST(ScoreReplay, StepInputProbeIsChecked) {
+  PredictorConfig c;
+  c.page_size = 4;
+  c.topk = 4;
+  c.target_sparsity = 0.5;  // 5 of 10 blocks
+  auto made = make_predictor("hisa", c, 1, 0);
+  ASSERT_TRUE(made.ok());
+  BlockPredictor& p = *made.value();
+  std::vector<float> probe(10);
+  for (size_t b = 0; b < probe.size(); ++b) probe[b] = static_cast<float>((b * 7) % 10);
+  StepInput in;
+  in.step = 0;
+  in.num_entries = 40;
+  Selection sel;
+  Status s = p.select(0, in, &sel);
+  EXPECT_NE(s.message().find("neither hisa (the query and the key cache) nor block_probe"), std::string::npos)
+      << s.message();
+  in.block_probe = probe.data();
+  in.block_probe_stride = 10;
+  in.block_probe_entries = 8;
+  s = p.select(0, in, &sel);
+  EXPECT_NE(s.message().find("block_probe_entries 8 differs from the config's block_entries 4"), std::string::npos)
+      << s.message();
+  in.block_probe_entries = 4;
+  in.block_probe_stride = 9;
+  s = p.select(0, in, &sel);
+  EXPECT_NE(s.message().find("block_probe_stride 9 is below row 0's 10 blocks"), std::string::npos) << s.message();
+  in.block_probe_stride = 10;
+  ASSERT_TRUE(p.select(0, in, &sel).ok());
+  // Forced: block 0 (sink) and 8, 9 (local); then the highest probe: 7 (value 9), 4 (8), ... within 5 blocks.
+  EXPECT_EQ(sel.blocks, (std::vector<int32_t>{0, 4, 7, 8, 9}));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -344,6 +344,184 @@ TEST(ScoreTraceWrite, ValidateChecksSizesAndValues) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The block probe (layer.{l}.probe): round trips, F16, and one clear error per corruption.
+
+// `t` with a probe of `pbe` entries per block (0 = page_size): multiples of 1/8, -inf in block 1,
+// NaN / +inf padding past each row's visible blocks (ignored).
+ScoreTrace with_probe(ScoreTrace t, int32_t pbe) {
+  t.probe_block_entries = pbe;
+  std::mt19937 rng(5);
+  for (int l = 0; l < t.meta.num_layers; ++l) {
+    std::vector<float>& v = t.probe.emplace_back();
+    for (int64_t s = 0; s < t.steps(); ++s) {
+      for (int j = 0; j < t.meta.next_n; ++j) {
+        const int64_t seen = (visible_entries(t.ctx_len[s], t.meta.next_n, j, 1) + t.probe_entries() - 1) /
+                             t.probe_entries();
+        for (int64_t b = 0; b < t.probe_blocks(l); ++b) {
+          float x = static_cast<float>(static_cast<int>(rng() % 256) - 128) / 8.0f;
+          if (b == 1) x = -kInf;
+          if (b >= seen) x = (b % 2) ? kNaN : kInf;
+          v.push_back(x);
+        }
+      }
+    }
+  }
+  return t;
+}
+
+TEST(ScoreTraceProbe, RoundTripIsBitExactAndDescribed) {
+  TempDir dir;
+  for (const ScoreTrace& t : {with_probe(plain_scores(), 0), with_probe(mtp_scores(), 8)}) {
+    const std::string path = dir.file("p.safetensors");
+    ASSERT_TRUE(write_score_trace(t, path).ok());
+    auto r = TraceReader::open(path);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_same(r.value(), t);
+    ASSERT_TRUE(r->has_probe());
+    EXPECT_EQ(r->probe_block_entries(), t.probe_entries());
+    EXPECT_EQ(r->meta().extra.count("probe_block_entries"), 0u);  // a field, not an extra
+    for (int l = 0; l < t.meta.num_layers; ++l) {
+      EXPECT_EQ(r->probe_blocks(l), t.probe_blocks(l));
+      ASSERT_EQ(r->probe(l).size(), t.probe[l].size());
+      EXPECT_EQ(0, std::memcmp(r->probe(l).data(), t.probe[l].data(), t.probe[l].size() * 4));
+    }
+    EXPECT_EQ(r->probe(0, 1, 0).data(), r->probe(0).data() + t.meta.next_n * t.probe_blocks(0));
+    EXPECT_NE(describe(r.value()).find("recorded, " + std::to_string(t.probe_entries()) + " entries per pooled key"),
+              std::string::npos);
+    auto back = read_score_trace(path);
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(back->probe_block_entries, t.probe_entries());  // written explicitly
+    const std::string path2 = dir.file("p2.safetensors");
+    ASSERT_TRUE(write_score_trace(back.value(), path2).ok());
+    EXPECT_EQ(read_bytes(path), read_bytes(path2));
+  }
+  // Without a probe: none reported, and the same bytes as before the format had one.
+  ASSERT_TRUE(write_score_trace(plain_scores(), dir.file("n")).ok());
+  auto r = TraceReader::open(dir.file("n"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->has_probe());
+  EXPECT_EQ(r->probe_block_entries(), 0);
+  EXPECT_TRUE(r->probe(0).empty());
+  EXPECT_NE(describe(r.value()).find("block probe     not recorded"), std::string::npos) << describe(r.value());
+}
+
+TEST(ScoreTraceProbe, ReadsBf16) {
+  TempDir dir;
+  const ScoreTrace t = with_probe(mtp_scores(), 8);
+  ASSERT_TRUE(write_score_trace(t, dir.file("p")).ok());
+  Contents c = load(dir.file("p"));
+  Owned& probe = c.tensors["layer.0.probe"];
+  std::vector<uint8_t> half;
+  for (float x : t.probe[0]) {
+    const uint16_t h = bf16_from_float(x);  // multiples of 1/8 in [-16, 16): exact
+    half.push_back(static_cast<uint8_t>(h & 0xFF));
+    half.push_back(static_cast<uint8_t>(h >> 8));
+  }
+  probe = {st::Dtype::kBF16, probe.shape, half};
+  ASSERT_TRUE(open_contents(c, dir.file("h")).ok());
+  auto r = TraceReader::open(dir.file("h"));
+  ASSERT_TRUE(r.ok());
+  for (int64_t s = 0; s < t.steps(); ++s) {
+    for (int j = 0; j < 3; ++j) {
+      const int64_t seen = (r->visible_entries(s, j) + 7) / 8;
+      for (int64_t b = 0; b < seen; ++b) ASSERT_EQ(r->probe(0, s, j)[b], t.probe_row(0, s, j)[b]) << s << " " << j << " " << b;
+    }
+  }
+}
+
+class CorruptProbe : public CorruptScoreTrace {
+ protected:
+  void SetUp() override {
+    CorruptScoreTrace::SetUp();
+    ASSERT_TRUE(write_score_trace(with_probe(plain_scores(), 0), dir_.file("probe")).ok());
+    probe_ = load(dir_.file("probe"));
+    ASSERT_TRUE(open_contents(probe_, dir_.file("check")).ok());
+  }
+  Contents probe_;
+};
+
+TEST_F(CorruptProbe, DtypeShapeAndLayers) {
+  Contents c = probe_;
+  c.tensors["layer.1.probe"].dtype = st::Dtype::kI32;
+  expect(c, "tensor layer.1.probe has dtype I32, expected F32 (or F16, BF16)");
+  c = probe_;
+  c.tensors["layer.0.probe"].shape = {5, 1, 7};  // 120 entries / 16 = 8 blocks
+  c.tensors["layer.0.probe"].bytes.resize(5 * 7 * 4);
+  expect(c, "tensor layer.0.probe has shape [5, 1, 7], expected [5, 1, 8] (steps, next_n, ceil(entries / "
+            "probe_block_entries) blocks)");
+  c = probe_;
+  c.tensors.erase("layer.1.probe");
+  expect(c, "a probe must be given for every layer or none: layer.0.probe is present but layer.1.probe is missing");
+  c = probe_;
+  c.tensors.erase("layer.0.probe");
+  expect(c, "a probe must be given for every layer or none: layer.1.probe is present but layer.0.probe is missing");
+  c = probe_;
+  c.tensors["layer.2.probe"] = c.tensors["layer.0.probe"];
+  expect(c, "tensor layer.2.probe is beyond metadata num_layers = 2");
+}
+
+TEST_F(CorruptProbe, Metadata) {
+  Contents c = probe_;
+  c.metadata["probe_block_entries"] = "0";
+  expect(c, "metadata probe_block_entries = \"0\", expected a decimal integer");
+  c = probe_;
+  c.metadata["probe_block_entries"] = "2000000";
+  expect(c, "metadata probe_block_entries = 2000000, expected an integer in 1..1048576");
+  c = probe_;
+  c.metadata["probe_block_entries"] = "32";  // 4 blocks, but the tensors hold 8
+  expect(c, "tensor layer.0.probe has shape [5, 1, 8], expected [5, 1, 4]");
+  c = plain_;
+  c.metadata["probe_block_entries"] = "16";
+  expect(c, "metadata probe_block_entries is set but there is no tensor layer.0.probe");
+  // Absent metadata: page_size.
+  c = probe_;
+  c.metadata.erase("probe_block_entries");
+  ASSERT_TRUE(open_contents(c, dir_.file("ok")).ok());
+  EXPECT_EQ(TraceReader::open(dir_.file("ok"))->probe_block_entries(), 16);
+}
+
+TEST_F(CorruptProbe, NanOrPlusInfInsideTheVisibleBlocks) {
+  Contents c = probe_;
+  set(c, "layer.1.probe", 8 * 2 + 4, kNaN);  // step 2, row 0, block 4 (sees 101 entries = 7 blocks)
+  expect(c, "layer.1.probe[step 2, row 0, block 4] = nan inside the row's 7 visible blocks");
+  c = probe_;
+  set(c, "layer.0.probe", 5, kInf);  // step 0 sees 90 entries = 6 blocks: block 5 is the last
+  expect(c, "layer.0.probe[step 0, row 0, block 5] = inf");
+  // -inf and FLT_MAX inside, NaN just past the visible blocks: fine.
+  c = probe_;
+  set(c, "layer.0.probe", 0, -kInf);
+  set(c, "layer.0.probe", 4, std::numeric_limits<float>::max());
+  set(c, "layer.0.probe", 6, kNaN);
+  EXPECT_TRUE(open_contents(c, dir_.file("ok")).ok());
+}
+
+TEST(ScoreTraceProbeWrite, ValidateChecksSizesAndValues) {
+  ScoreTrace t = with_probe(plain_scores(), 0);
+  EXPECT_TRUE(validate_score_trace(t).ok());
+  t.probe[1].pop_back();
+  Status s = validate_score_trace(t);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("layer.1.probe has 39 values, expected steps 5 x next_n 1 x blocks 8"), std::string::npos)
+      << s.message();
+  t = with_probe(plain_scores(), 0);
+  t.probe.pop_back();
+  EXPECT_NE(validate_score_trace(t).message().find("1 probe layers but 2 score layers"), std::string::npos);
+  t = plain_scores();
+  t.probe_block_entries = 16;
+  EXPECT_NE(validate_score_trace(t).message().find("probe_block_entries = 16 but there is no probe"),
+            std::string::npos);
+  t = with_probe(plain_scores(), -3);
+  EXPECT_NE(validate_score_trace(t).message().find("probe_block_entries = -3"), std::string::npos);
+  t = with_probe(plain_scores(), 0);
+  t.probe[0][2] = kNaN;  // step 0, row 0, block 2
+  s = validate_score_trace(t);
+  EXPECT_NE(s.message().find("layer.0.probe[step 0, row 0, block 2] = nan"), std::string::npos) << s.message();
+  TempDir dir;
+  EXPECT_FALSE(write_score_trace(t, dir.file("x")).ok());
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+// ---------------------------------------------------------------------------------------------
 // The Python score-trace example writes files this reader accepts (F32 and F16, plain and MTP).
 
 TEST(ScoreTraceExample, PythonRecorderOutputIsAccepted) {

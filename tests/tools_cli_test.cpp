@@ -298,7 +298,8 @@ TEST(Cli, EveryReportedCaseFailsCleanly) {
   }
 }
 
-// Score traces: convert a key trace, describe and replay the result; hisa refuses it in one line.
+// Score traces: convert a key trace, describe and replay the result (hisa through the converted
+// block probe); hisa refuses a score trace without the probe in one line.
 TEST(Cli, ScoreTracesConvertReplayAndRefuseHisa) {
   Workspace ws;
   const RunResult conv = ws.run({"trace", "convert", "t.st", "--to", "scores", "--out", "s.st"});
@@ -307,9 +308,15 @@ TEST(Cli, ScoreTracesConvertReplayAndRefuseHisa) {
   auto r = TraceReader::open(ws.file("s.st"));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->kind(), TraceKind::kScores);
+  EXPECT_TRUE(r->has_probe());
+  ScoreTrace bare = r->to_score_trace();
+  bare.probe.clear();
+  bare.probe_block_entries = 0;
+  ASSERT_TRUE(write_score_trace(bare, ws.file("np.st")).ok());
   ws.keep_current_files();
   for (const auto& args : std::vector<std::vector<std::string>>{
            {"trace", "info", "s.st"}, {"replay", "s.st", "--predictor", "spin", "--sparsity", "0.5"},
+           {"replay", "s.st", "--predictor", "hisa", "--sparsity", "0.5"},
            {"replay", "s.st", "--predictor", "oracle", "--open-loop"},
            {"eval", "--trace", "s.st", "--trace", "t.st", "--quick", "--out", "ev"}}) {
     const RunResult ok = ws.run(args);
@@ -318,7 +325,7 @@ TEST(Cli, ScoreTracesConvertReplayAndRefuseHisa) {
     ws.check_and_reset(ok, joined(args));
   }
   const std::vector<Case> cases = {
-      {{"replay", "s.st", "--predictor", "hisa"}, "--predictor hisa needs the indexer's keys and queries"},
+      {{"replay", "np.st", "--predictor", "hisa"}, "--predictor hisa needs the indexer's keys and queries or a block probe"},
       {{"trace", "convert", "s.st", "--to", "scores", "--out", "x.st"}, "is already a score trace"},
       {{"trace", "convert", "t.st", "--to", "keys", "--out", "x.st"}, "unknown trace kind 'keys'; supported: scores"},
       {{"trace", "convert", "t.st", "--out", "t.st"}, "refusing to overwrite an input"},
@@ -333,7 +340,7 @@ TEST(Cli, ScoreTracesConvertReplayAndRefuseHisa) {
     EXPECT_NE(res.err.find(c.needle), std::string::npos) << what << "\nexpected: " << c.needle << "\ngot: " << res.err;
     ws.check_and_reset(res, what);
   }
-  const RunResult hisa = ws.run({"replay", "s.st", "--predictor", "hisa"});
+  const RunResult hisa = ws.run({"replay", "np.st", "--predictor", "hisa"});
   EXPECT_EQ(WEXITSTATUS(hisa.status), 2);  // a command line that cannot be run on this input
 }
 

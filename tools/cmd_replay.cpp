@@ -86,9 +86,10 @@ int run_replay_command(ReplayArgs& a) {
   if (!reader.ok()) return fail(reader.status());
   if (Status s = check_against_trace(a, reader->meta()); !s.ok()) return usage_error(s.message());
   const bool score_only = reader->kind() == TraceKind::kScores;
-  if (score_only && predictor_needs_keys(a.options.predictor)) {
-    return usage_error(fmt::format("{}: --predictor {} needs the indexer's keys and queries, and this is a score "
-                                   "trace (kind=scores); replay a key trace, or a score-only predictor",
+  if (score_only && predictor_needs_keys(a.options.predictor) && !reader->has_probe()) {
+    return usage_error(fmt::format("{}: --predictor {} needs the indexer's keys and queries or a block probe, and "
+                                   "this score trace (kind=scores) has no layer.{{l}}.probe; replay a key trace, a "
+                                   "score trace with a probe, or a score-only predictor",
                                    a.file, a.options.predictor));
   }
   const bool keep_topk = !a.dump.empty();

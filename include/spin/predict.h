@@ -178,6 +178,14 @@ struct StepInput {
   const int64_t* visible_entries = nullptr;  // optional [next_n] override of visible_entries() (V4)
   const int32_t* true_topk = nullptr;    // oracle: [next_n, topk] this step's true top-k, -1 padded
   const HisaView* hisa = nullptr;        // hisa: the query and the cache
+  // Optional: this step's probe of every visible block — the query scored against one pooled key
+  // per block, higher = more promising (e.g. hisa's Σ_h w·ReLU(q·kbar), or a score trace's
+  // layer.{l}.probe). Row j's values are block_probe[j · block_probe_stride + b] for its
+  // blocks b < ceil(visible_entries(j) / block_entries); block_probe_entries must equal the
+  // config's block_entries(). hisa ranks by it when `hisa` is null.
+  const float* block_probe = nullptr;    // [next_n][block_probe_stride]
+  int64_t block_probe_stride = 0;        // ≥ the last row's block count
+  int32_t block_probe_entries = 0;       // entries per pooled key
   bool want_scores = false;              // fill Selection::row_scores
 };
 
@@ -249,8 +257,9 @@ class BlockPredictor {
 // The predictor names make_predictor accepts, in a fixed order.
 const std::vector<std::string>& predictor_names();
 
-// True for predictors that read the indexer's keys and the step's query (StepInput::hisa), not
-// only scores (hisa): they cannot replay a score trace.
+// True for predictors that read the indexer's keys and the step's query (StepInput::hisa), or a
+// probe made from them (StepInput::block_probe), not only scores (hisa): they replay a score trace
+// only when it carries the probe (spin/trace.h, layer.{l}.probe).
 bool predictor_needs_keys(std::string_view name);
 
 // Creates a predictor by name: all-keep, random, prev-iter, prev-layer, ema-slot, ema-offset,

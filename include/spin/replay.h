@@ -14,7 +14,9 @@
 // MTP rows of a draft position use the final sequence's entries (k_draft is not replayed).
 // A score trace (kind=scores, spin/trace.h) skips step 1's kernels: its recorded scores are the
 // all-keep scores, and the real top-k runs on them; every predictor that needs only scores then
-// replays it exactly as a key trace with those scores (predictor_needs_keys: hisa refuses).
+// replays it exactly as a key trace with those scores. A predictor that needs keys
+// (predictor_needs_keys: hisa) replays it only when it carries a block probe (layer.{l}.probe),
+// and refuses in one line otherwise.
 //
 // Prefill is an observation. A step is replayed as a prefill when the engine scored it in full
 // anyway: step 0 (the prompt's last token, with warm_start) and every step whose ctx_len grows by
@@ -50,10 +52,17 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const
 Result<std::shared_ptr<const ScoredTrace>> score_trace(const ScoreTrace& trace, const ScoreOptions& options = {});
 // A key trace's all-keep indexer scores as a score trace (`spin trace convert --to scores`):
 // same metadata and ctx_len / accepted, layer.{l}.scores [steps, next_n, entries] F32 with -inf
-// beyond each row's visible prefix.
+// beyond each row's visible prefix, plus the block probe layer.{l}.probe (probe_block_entries =
+// page_size): exactly hisa's block score (mean-pooled committed keys, Σ_h w·ReLU(q·kbar)), so that
+// hisa selects the same blocks on the key trace and on its converted score trace.
 Result<ScoreTrace> all_keep_score_trace(const Trace& trace, const ScoreOptions& options = {});
 // Whether a scored trace carries the keys and queries predictor_needs_keys() predictors read.
 bool has_keys(const ScoredTrace& scored);
+// Whether it carries a score trace's block probe (layer.{l}.probe), which such predictors read
+// instead (StepInput::block_probe) when the trace has no keys, and its entries per pooled key
+// (0 without a probe). replay() hands the probe to every predictor whose block_entries match.
+bool has_probe(const ScoredTrace& scored);
+int32_t probe_block_entries(const ScoredTrace& scored);
 
 // Per-trace facts of the all-keep ground truth.
 struct TraceFacts {
@@ -114,8 +123,8 @@ struct ReplayResult {
 
 Result<ReplayResult> replay(const Trace& trace, const ScoredTrace& scored, const ReplayOptions& options);
 // The same without the trace's keys and queries (a score trace, or any scored trace): a predictor
-// that needs keys (hisa) is refused in one line unless `scored` came from a key trace — then use
-// the overload above.
+// that needs keys (hisa) is refused in one line unless `scored` carries a block probe; a scored
+// key trace: use the overload above.
 Result<ReplayResult> replay(const ScoredTrace& scored, const ReplayOptions& options);
 
 // The full indexer's single-thread time per entry (one row, `num_heads` heads × 128, this CPU's

@@ -49,7 +49,19 @@
 // means "scored, lowest" and NaN or +inf is an error naming layer, step, row and column. The same
 // ctx_len / accepted rules as a key trace apply, and entries must cover the last step's last row.
 // F16 and BF16 are widened to F32 once at open (exact); the writer always writes F32.
-// A predictor that needs keys (predictor_needs_keys(): hisa) cannot replay a score trace.
+//
+// The block probe (optional): what a query-guided predictor reads besides scores — this step's
+// query scored against one pooled key per block, e.g. hisa's mean-pooled committed keys
+// (predict/hisa.h) — so that such a predictor can replay a score trace:
+//   metadata:     probe_block_entries  entries per pooled key (>= 1, <= 2^20; default page_size)
+//   per layer l:  layer.{l}.probe  F32 (or F16, BF16) [steps, next_n, blocks],
+//                 blocks = ceil(entries / probe_block_entries) of that layer's scores
+// Every layer has one or none does. Row j of step s sees its first
+// ceil(visible_entries / probe_block_entries) blocks; blocks beyond are ignored whatever they
+// hold; inside, higher = more promising, -inf = lowest, and NaN or +inf is an error (+FLT_MAX is
+// legal: hisa's "no committed entry yet, keep it"). probe_block_entries without probes is an error.
+// A predictor that needs keys (predictor_needs_keys(): hisa) replays a score trace only when it
+// carries the probe (at the predictor's block size); without it, it refuses in one line.
 #pragma once
 
 #include <cstdint>
@@ -79,6 +91,7 @@ inline constexpr int32_t kTraceMaxTopk = 65536;
 inline constexpr int32_t kTraceMaxCompressRatio = 64;
 inline constexpr int64_t kTraceMaxEntries = int64_t{1} << 26;
 inline constexpr int64_t kTraceMaxSteps = int64_t{1} << 20;
+inline constexpr int32_t kTraceMaxProbeBlockEntries = int32_t{1} << 20;  // = the largest block
 
 // What a trace file holds: the indexer's inputs (keys, queries, weights) or its output scores.
 enum class TraceKind { kKeys, kScores };
@@ -124,11 +137,21 @@ struct ScoreTrace {
   std::vector<int32_t> accepted;  // [steps], or empty when next_n == 1
   std::vector<int64_t> entries;   // [num_layers] columns of each layer's scores
   std::vector<std::vector<float>> scores;  // [num_layers][steps, next_n, entries]
+  // The optional block probe (see above): empty, or [num_layers][steps, next_n, probe_blocks(l)].
+  std::vector<std::vector<float>> probe;
+  int32_t probe_block_entries = 0;  // metadata probe_block_entries; 0 = page_size
 
   int64_t steps() const { return static_cast<int64_t>(ctx_len.size()); }
+  bool has_probe() const { return !probe.empty(); }
+  int32_t probe_entries() const { return probe_block_entries > 0 ? probe_block_entries : meta.page_size; }
+  int64_t probe_blocks(int layer) const { return (entries[layer] + probe_entries() - 1) / probe_entries(); }
   // Row `row` of step `step` of `layer`: entries[layer] floats (valid indices only).
   const float* row(int layer, int64_t step, int r) const {
     return scores[layer].data() + ((step * meta.next_n + r) * entries[layer]);
+  }
+  // The probe of that row: probe_blocks(layer) floats (has_probe() only).
+  const float* probe_row(int layer, int64_t step, int r) const {
+    return probe[layer].data() + ((step * meta.next_n + r) * probe_blocks(layer));
   }
 };
 
@@ -186,6 +209,13 @@ class TraceReader {
   // Empty for a key trace; k, q, w and the draft views are empty for a score trace.
   std::span<const float> scores(int layer) const;
   std::span<const float> scores(int layer, int64_t step, int row) const;
+  // The block probe, when the score trace carries one: [steps, next_n, probe_blocks(layer)] and
+  // one row of it. Empty without a probe (has_probe() false, probe_block_entries() 0).
+  bool has_probe() const;
+  int32_t probe_block_entries() const;
+  int64_t probe_blocks(int layer) const;
+  std::span<const float> probe(int layer) const;
+  std::span<const float> probe(int layer, int64_t step, int row) const;
 
   // Copies the whole trace into memory (to_trace: a key trace; to_score_trace: a score trace;
   // the other kind gives an empty trace).
@@ -204,7 +234,7 @@ Result<Trace> read_trace(const std::string& path);
 Result<ScoreTrace> read_score_trace(const std::string& path);
 
 // A human-readable multi-line summary (for `spin trace info`): kind, model, layers, steps, next_n,
-// heads, entries, ctx_len range, page_size, topk, compress_ratio, draft keys, size on disk.
+// heads, entries, ctx_len range, page_size, topk, compress_ratio, draft keys, block probe, size on disk.
 std::string describe(const TraceReader& reader);
 
 }  // namespace spin

@@ -106,6 +106,10 @@ def print_record_summary(s):
         print(f"  all-keep, mean of layers: prev-iter top-k recall {m['prev_iter_topk_recall']:.3f}"
               f"  pearson(block max) {m['pearson_block_max']:.3f}  pearson(entries) "
               f"{m['pearson_entries']:.3f}  blocks with >=1 top-k {m['topk_block_share']:.3f}")
+        if "probe_pearson_block_max" in m:
+            print(f"  block probe vs max-pooled scores: pearson {m['probe_pearson_block_max']:.3f}  "
+                  f"top-block recall {m['probe_topk_block_recall']:.3f} (prev-iter's "
+                  f"{m['prev_iter_topk_block_recall']:.3f})")
 
 
 def cmd_quality(a):

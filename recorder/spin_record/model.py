@@ -165,7 +165,8 @@ class Model:
             over positions [0, P + row] are returned per layer, float32 [layers, rows, P + T]
             (zero beyond the row).
         final_rows: row indices whose final-normed hidden states are returned (default all).
-        Returns dict(hf [n, d], probs, k, v) with k/v [layers, P + T, KV, D] if keep_cache.
+        Returns dict(hf [n, d], probs, k, v) with k/v [layers, P + T, KV, D] if keep_cache, and
+        q [layers, rows, H, D] (the record_rows' queries, RoPE applied, unscaled) if record_rows.
         """
         W, H, KV, D, g = self.w, self.H, self.KV, self.D, self.group
         tokens = np.asarray(tokens, np.int64)
@@ -175,10 +176,13 @@ class Model:
         x = W.embed[tokens]
         rec = None if record_rows is None else np.asarray(record_rows, np.int64)
         probs = None if rec is None else np.zeros((W.n_layers, len(rec), P + T), F32)
+        qrec = None if rec is None else np.zeros((W.n_layers, len(rec), H, D), F32)
         ks, vs = [], []
         for l in range(W.n_layers):
             L = W.layers[l]
             q, k, v = self.qkv(l, rms_norm(x, L["attn_norm"], W.eps), pos)
+            if rec is not None:
+                qrec[l] = q[rec]
             if past is not None:
                 k = np.concatenate([past[0][l], k])
                 v = np.concatenate([past[1][l], v])
@@ -191,7 +195,7 @@ class Model:
             if progress:
                 progress(l)
         hf = self.final(x if final_rows is None else x[np.asarray(final_rows)])
-        out = dict(hf=hf, probs=probs)
+        out = dict(hf=hf, probs=probs, q=qrec)
         if keep_cache:
             out["k"], out["v"] = np.stack(ks), np.stack(vs)
         return out

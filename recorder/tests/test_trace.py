@@ -49,6 +49,54 @@ def test_trace_schema(small_traces):
                         assert abs(np.exp(row[:vis].astype(np.float64)).sum() - 1) < 1e-4
 
 
+def test_probe_schema_and_values(small_traces):
+    """layer.{l}.probe [steps, next_n, ceil(640 / 64)]: a log-distribution over the committed
+    blocks (softmax per head, head mean), 0 for a visible block with only drafts, -inf beyond."""
+    from safetensors import safe_open
+
+    out, _ = small_traces
+    for n in (1, 3):
+        with safe_open(str(out / f"smollm2-ctx640-n{n}.safetensors"), "numpy") as f:
+            assert f.metadata()["probe_block_entries"] == "64"
+            ctx = f.get_tensor("ctx_len")
+            for l in (0, 29):
+                pr = f.get_tensor(f"layer.{l}.probe")
+                assert pr.dtype == np.float32 and pr.shape == (6, n, 10)
+                for st in range(6):
+                    committed_blocks = -(-(ctx[st] - n + 1) // 64)
+                    for j in range(n):
+                        seen = -(-(ctx[st] - n + j + 1) // 64)
+                        row = pr[st, j]
+                        assert np.isneginf(row[seen:]).all()
+                        assert np.isfinite(row[:seen]).all() and (row[:seen] <= 0).all()
+                        assert (row[committed_blocks:seen] == 0).all()
+                        mass = np.exp(row[:committed_blocks].astype(np.float64)).sum()
+                        assert abs(mass - 1) < 1e-4
+
+
+def test_block_key_pool_is_incremental_and_exact_on_uniform_blocks():
+    rng = np.random.default_rng(1)
+    k = rng.standard_normal((200, 2, 8)).astype(np.float32)
+    a = record.BlockKeyPool(4, 2, 8, block=64)
+    for c in (1, 63, 64, 65, 130, 200):   # folded step by step ...
+        a.fold(k, c)
+    b = record.BlockKeyPool(4, 2, 8, block=64)
+    b.fold(k, 200)                        # ... or at once: the same sums
+    np.testing.assert_allclose(a.sums, b.sums, rtol=1e-12)
+    assert a.counts.tolist() == [64, 64, 64, 8]
+    # With every key of a block equal to its mean, the probe is the block's true attention mass.
+    ku = np.repeat(rng.standard_normal((4, 1, 2, 8)), 64, axis=1).reshape(256, 2, 8)[:200]
+    pool = record.BlockKeyPool(4, 2, 8, block=64)
+    pool.fold(ku, 200)
+    q = rng.standard_normal((4, 8))      # 4 heads, group 2
+    got = pool.probe(q, 200, group=2, dim=8)
+    logits = np.einsum("hd,shd->hs", q, ku[:, np.arange(4) // 2, :]) / np.sqrt(8)
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p = (p / p.sum(axis=1, keepdims=True)).mean(axis=0)
+    want = np.log([p[b * 64:(b + 1) * 64].sum() for b in range(4)])
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
 def test_mtp_rows_are_the_plain_rows(small_traces):
     """The next_n=3 rows of the last step are the last three next_n=1 rows (same forward)."""
     from safetensors import safe_open
@@ -65,6 +113,8 @@ def test_summary_stats(small_traces):
     m = s["traces"]["n1"]["mean"]
     assert 0 <= m["prev_iter_topk_recall"] <= 1 and 0 < m["topk_block_share"] <= 1
     assert -1 <= m["pearson_block_max"] <= 1
+    assert -1 <= m["probe_pearson_block_max"] <= 1
+    assert 0 <= m["probe_topk_block_recall"] <= 1 and 0 <= m["prev_iter_topk_block_recall"] <= 1
     json.dumps(s)
 
 

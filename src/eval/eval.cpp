@@ -359,10 +359,20 @@ Result<ScenarioRun> run_trace_file(const EvalOptions& o, const std::string& path
   const bool scores = reader->kind() == TraceKind::kScores;
   run.description = fmt::format("recorded trace: model {}, kind={}", m.model, trace_kind_name(m.kind));
   for (Job& job : jobs_for(m.next_n > 1, o)) {
-    if (scores && predictor_needs_keys(job.predictor)) {
-      if (std::find(run.skipped.begin(), run.skipped.end(), job.predictor) == run.skipped.end()) {
-        run.skipped.push_back(job.predictor);
+    // A score trace feeds a probing predictor only through a recorded probe of its block size.
+    const bool probe_fits = reader->has_probe() && reader->probe_block_entries() == m.page_size * job.config.block_pages &&
+                            job.config.probe_entries == 0;
+    if (scores && predictor_needs_keys(job.predictor) && !probe_fits) {
+      if (std::find(run.skipped.begin(), run.skipped.end(), job.label) == run.skipped.end()) {
+        run.skipped.push_back(job.label);
       }
+      continue;
+    }
+    // An ablation whose geometry this trace cannot have (a pooled key of 16 entries in blocks of 4).
+    PredictorConfig c = job.config;
+    c.page_size = m.page_size;
+    if (!c.validate().ok()) {
+      run.skipped.push_back(job.label);
       continue;
     }
     run.jobs.push_back(std::move(job));
@@ -411,7 +421,9 @@ std::vector<int32_t> real_topks(int32_t trace_topk, int64_t entries) {
 }
 
 // Every score-only predictor with the oracle, closed loop; MTP traces add the update modes.
-std::vector<Job> real_jobs(bool mtp, const EvalOptions& o) {
+// `probe`: the trace carries a block probe (layer.{l}.probe) at the predictors' block size, so
+// hisa and spin-hybrid run on it too.
+std::vector<Job> real_jobs(bool mtp, bool probe, const EvalOptions& o) {
   std::vector<Job> jobs;
   auto with = [&](double sparsity) {
     PredictorConfig c = o.base_config;
@@ -425,6 +437,9 @@ std::vector<Job> real_jobs(bool mtp, const EvalOptions& o) {
     jobs.push_back({Section::kSweep, "spin (no explore)", "spin", no_explore, false});
     for (const char* p : {"step-reuse", "prev-iter", "indexcache-2", "random", "oracle"}) {
       jobs.push_back({Section::kSweep, p, p, with(sp), false});
+    }
+    if (probe) {
+      for (const char* p : {"hisa", "spin-hybrid", "spin-ic2", "spin-hybrid-ic2"}) jobs.push_back({Section::kSweep, p, p, with(sp), false});
     }
   }
   if (mtp) {
@@ -518,7 +533,8 @@ Result<std::vector<RealRun>> run_real_trace(const EvalOptions& o, const std::str
     run.params.page_size = m.page_size;
     run.params.topk = ks[ki];
     run.params.prompt_tokens = reader->ctx_len().front();
-    run.jobs = real_jobs(m.next_n > 1, o);
+    const bool probe = reader->has_probe() && reader->probe_block_entries() == m.page_size * o.base_config.block_pages;
+    run.jobs = real_jobs(m.next_n > 1, probe, o);
     run.out.resize(run.jobs.size());
     for (JobResult& r : run.out) r.quality = QualityStats(ks[ki]);
     ScoreOptions so;

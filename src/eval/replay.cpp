@@ -14,6 +14,7 @@
 
 #include "core/errors.h"
 #include "eval/safetensors.h"
+#include "predict/hisa.h"
 #include "predict/pooling.h"
 #include "spin/cache.h"
 #include "spin/indexer.h"
@@ -52,6 +53,10 @@ class ScoredTrace {
   std::vector<std::vector<float>> scores;   // [visible] all-keep scores
   std::vector<std::vector<int32_t>> truth;  // [topk] all-keep top-k, -1 padded
   std::vector<int64_t> visible_entries;  // entries each row sees
+  // A score trace's block probe (ScoreTrace::probe), [layers][steps, next_n, probe_blocks[l]]; empty if none.
+  std::vector<std::vector<float>> probe;
+  std::vector<int64_t> probe_blocks;  // [layers]
+  int32_t probe_block_entries = 0;
 
   size_t index(int32_t l, int64_t s, int32_t j) const {
     return static_cast<size_t>((l * steps + s) * next_n + j);
@@ -195,8 +200,48 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const ScoreTrace& trace, 
       if (options.progress) options.progress(++done, total);
     }
   }
+  if (trace.has_probe()) {
+    st->probe = trace.probe;
+    st->probe_block_entries = trace.probe_entries();
+    for (int32_t l = 0; l < m.num_layers; ++l) st->probe_blocks.push_back(trace.probe_blocks(l));
+  }
   return std::shared_ptr<const ScoredTrace>(std::move(st));
 }
+
+namespace {
+
+// hisa's block score (predict/hisa.h) of every row of `layer`, written as the score trace's probe
+// [steps, next_n, ceil(entries / page_size)]: the same HisaKeys, fed the same committed prefix
+// (row 0's visible entries) step by step, so hisa ranks the converted trace exactly as the key
+// trace. Blocks past a row's visible ones are -inf (ignored by the reader).
+Result<std::vector<float>> hisa_probe(const Trace& trace, const ScoredTrace& st, int32_t layer, int64_t entries) {
+  PredictorConfig config;
+  config.page_size = st.page_size;
+  config.block_pages = 1;
+  const int64_t blocks = blocks_for_entries(config, entries);
+  std::vector<float> probe(static_cast<size_t>(st.steps * st.next_n * blocks), -std::numeric_limits<float>::infinity());
+  HisaKeys keys(config.block_entries());
+  std::vector<float> scratch;
+  for (int64_t s = 0; s < st.steps; ++s) {
+    HisaView v;
+    v.key_cache = st.caches[layer].data();
+    v.page_size = st.page_size;
+    v.block_table = st.identity_pages.data();
+    v.num_entries = st.entries_at(s);
+    v.q = trace.layers[layer].q.data() + static_cast<size_t>(s) * st.next_n * st.num_heads * kIndexerHeadDim;
+    v.w = trace.layers[layer].w.data() + static_cast<size_t>(s) * st.next_n * st.num_heads;
+    v.num_heads = st.num_heads;
+    v.num_cache_pages = static_cast<int64_t>(st.identity_pages.size());
+    SPIN_RETURN_IF_ERROR(at_row(keys.update(v, st.visible_entries[st.index(layer, s, 0)]), layer, s));
+    for (int32_t j = 0; j < st.next_n; ++j) {
+      const int64_t n = blocks_for_entries(config, st.visible_entries[st.index(layer, s, j)]);
+      keys.score(v, j, n, config.block_entries(), probe.data() + (s * st.next_n + j) * blocks, &scratch);
+    }
+  }
+  return probe;
+}
+
+}  // namespace
 
 Result<ScoreTrace> all_keep_score_trace(const Trace& trace, const ScoreOptions& options) {
   auto scored = score_trace(trace, options);
@@ -205,6 +250,8 @@ Result<ScoreTrace> all_keep_score_trace(const Trace& trace, const ScoreOptions& 
   ScoreTrace out;
   out.meta = trace.meta;
   out.meta.kind = TraceKind::kScores;
+  out.meta.extra.erase("probe_block_entries");  // the field below says it
+  out.probe_block_entries = st.page_size;
   out.ctx_len = trace.ctx_len;
   out.accepted = trace.accepted;
   for (int32_t l = 0; l < st.layers; ++l) {
@@ -218,11 +265,16 @@ Result<ScoreTrace> all_keep_score_trace(const Trace& trace, const ScoreOptions& 
         std::copy(v.begin(), v.end(), rows.begin() + (s * st.next_n + j) * entries);
       }
     }
+    auto probe = hisa_probe(trace, st, l, entries);
+    if (!probe.ok()) return probe.status();
+    out.probe.push_back(std::move(probe).value());
   }
   return out;
 }
 
 bool has_keys(const ScoredTrace& scored) { return scored.has_keys; }
+bool has_probe(const ScoredTrace& scored) { return !scored.probe.empty(); }
+int32_t probe_block_entries(const ScoredTrace& scored) { return scored.probe_block_entries; }
 
 bool replayed_as_prefill(const ScoredTrace& st, int64_t s, const ReplayOptions& options) {
   if (s == 0) return options.warm_start;
@@ -336,16 +388,25 @@ int64_t blocks_within(const std::vector<int32_t>& blocks, int64_t visible, int32
 // order and its reused buffers; the per-row work differs only in which scores the predictor sees.
 // `trace` (keys and queries, for hisa) may be null.
 static Result<ReplayResult> replay_impl(const Trace* trace, const ScoredTrace& st, const ReplayOptions& options) {
-  if (predictor_needs_keys(options.predictor) && (trace == nullptr || !st.has_keys)) {
+  const bool with_keys = trace != nullptr && st.has_keys;
+  if (predictor_needs_keys(options.predictor) && !with_keys && st.probe.empty()) {
     return failed_precondition(
         "predictor {} needs the indexer's keys and queries (it scores pooled block keys with the step's query); "
-        "a score trace has only scores: replay a key trace (kind=keys), or a score-only predictor",
+        "this score trace has only scores and no block probe (layer.{{l}}.probe): replay a key trace, a score "
+        "trace with a probe (spin trace convert --to scores writes one), or a score-only predictor",
         options.predictor);
   }
   PredictorConfig config = options.config;
   config.page_size = st.page_size;
   config.topk = st.topk;
   SPIN_RETURN_IF_ERROR(config.validate());
+  if (predictor_needs_keys(options.predictor) && !with_keys && st.probe_block_entries != config.block_entries()) {
+    return failed_precondition("predictor {} reads the trace's block probe, pooled over {} entries, but its blocks "
+                               "hold {} (page_size {} x block_pages {}): replay it with block_pages {}",
+                               options.predictor, st.probe_block_entries, config.block_entries(), config.page_size,
+                               config.block_pages,
+                               st.probe_block_entries % config.page_size == 0 ? st.probe_block_entries / config.page_size : 0);
+  }
   auto made = make_predictor(options.predictor, config, st.layers, /*request_id=*/0);
   if (!made.ok()) return made.status();
   std::unique_ptr<BlockPredictor> predictor = std::move(made).value();
@@ -427,7 +488,13 @@ static Result<ReplayResult> replay_impl(const Trace* trace, const ScoredTrace& s
       in.next_n = next_n;
       in.visible_entries = st.compress_ratio > 1 ? visible_entries.data() : nullptr;
       in.true_topk = true_topk.data();
-      in.hisa = trace != nullptr && st.has_keys ? &hisa : nullptr;
+      in.hisa = with_keys ? &hisa : nullptr;
+      // The recorded probe of this step, [next_n][probe_blocks], at the blocks the predictor uses.
+      if (!st.probe.empty() && st.probe_block_entries == E) {
+        in.block_probe = st.probe[l].data() + s * next_n * st.probe_blocks[l];
+        in.block_probe_stride = st.probe_blocks[l];
+        in.block_probe_entries = st.probe_block_entries;
+      }
       in.want_scores = options.open_loop;
       auto t0 = Clock::now();
       SPIN_RETURN_IF_ERROR(at_row(predictor->select(l, in, &sel), l, s));

@@ -271,13 +271,42 @@ struct ScoreViews {
   std::span<const int32_t> accepted;
   std::vector<int64_t> entries;                // [layers]
   std::vector<std::span<const float>> scores;  // [layers][steps, next_n, entries]
+  int32_t probe_block_entries = 0;             // 0: no probe
+  std::vector<std::span<const float>> probe;   // [layers][steps, next_n, probe blocks], or empty
 };
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // NaN or +inf (-inf is a legal "scored, lowest").
 bool bad_score(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
   return (bits & 0x7F800000u) == 0x7F800000u && bits != 0xFF800000u;
+}
+
+// The first NaN / +inf of each row's visible blocks (blocks past them are ignored, as columns are).
+Status check_probe_values(const TraceMeta& m, const ScoreViews& v, const std::string& where) {
+  const int64_t pbe = v.probe_block_entries;
+  for (int l = 0; l < m.num_layers; ++l) {
+    const int64_t blocks = ceil_div(v.entries[l], pbe);
+    for (int64_t s = 0; s < v.steps; ++s) {
+      for (int32_t j = 0; j < m.next_n; ++j) {
+        const int64_t visible = ceil_div(spin::visible_entries(v.ctx_len[s], m.next_n, j, m.compress_ratio), pbe);
+        const float* row = v.probe[l].data() + (s * m.next_n + j) * blocks;
+        unsigned any = 0;
+        for (int64_t b = 0; b < visible; ++b) any |= static_cast<unsigned>(bad_score(row[b]));
+        if (any == 0) continue;
+        for (int64_t b = 0; b < visible; ++b) {
+          if (bad_score(row[b])) {
+            return data_loss("{}: {}[step {}, row {}, block {}] = {} inside the row's {} visible blocks "
+                             "(expected a finite probe score, or -inf for the lowest)",
+                             where, layer_name(l, "probe"), s, j, b, row[b], visible);
+          }
+        }
+      }
+    }
+  }
+  return ok_status();
 }
 
 Status check_score_values(const TraceMeta& m, const ScoreViews& v, const std::string& where) {
@@ -314,6 +343,15 @@ Status check_score_values(const TraceMeta& m, const ScoreViews& v, const std::st
         }
       }
     }
+  }
+  return v.probe.empty() ? ok_status() : check_probe_values(m, v, where);
+}
+
+// metadata probe_block_entries: 1..kTraceMaxProbeBlockEntries.
+Status check_probe_block_entries(int64_t value, const std::string& where) {
+  if (value < 1 || value > kTraceMaxProbeBlockEntries) {
+    return invalid_argument("{}: metadata probe_block_entries = {}, expected an integer in 1..{}", where, value,
+                            kTraceMaxProbeBlockEntries);
   }
   return ok_status();
 }
@@ -503,6 +541,39 @@ Status trace_views(const Trace& t, TraceViews* v) {
   return check_values(m, *v, where);
 }
 
+// The in-memory probe: none, or one per layer of [steps, next_n, ceil(entries / probe_entries)].
+Status probe_views(const ScoreTrace& t, ScoreViews* v) {
+  const std::string where = "score trace";
+  if (t.meta.extra.count("probe_block_entries")) {
+    return invalid_argument("score trace: meta.extra holds probe_block_entries; set ScoreTrace::probe_block_entries");
+  }
+  if (t.probe.empty()) {
+    if (t.probe_block_entries != 0) {
+      return invalid_argument("score trace: probe_block_entries = {} but there is no probe (layer.{{l}}.probe)",
+                              t.probe_block_entries);
+    }
+    return ok_status();
+  }
+  if (t.probe_block_entries != 0) SPIN_RETURN_IF_ERROR(check_probe_block_entries(t.probe_block_entries, where));
+  if (t.probe.size() != t.scores.size()) {
+    return invalid_argument("score trace: {} probe layers but {} score layers (a probe for every layer or none)",
+                            t.probe.size(), t.scores.size());
+  }
+  v->probe_block_entries = t.probe_entries();
+  for (int l = 0; l < t.meta.num_layers; ++l) {
+    int64_t n = 0;
+    const int64_t blocks = t.probe_blocks(l);
+    if (!checked_mul({v->steps, t.meta.next_n, blocks}, &n) || static_cast<int64_t>(t.probe[l].size()) != n) {
+      return invalid_argument("score trace: {} has {} values, expected steps {} x next_n {} x blocks {} "
+                              "(ceil(entries {} / probe_block_entries {}))",
+                              layer_name(l, "probe"), t.probe[l].size(), v->steps, t.meta.next_n, blocks,
+                              t.entries[l], t.probe_entries());
+    }
+    v->probe.push_back(t.probe[l]);
+  }
+  return ok_status();
+}
+
 Status score_views(const ScoreTrace& t, ScoreViews* v) {
   const std::string where = "score trace";
   const TraceMeta& m = t.meta;
@@ -529,6 +600,7 @@ Status score_views(const ScoreTrace& t, ScoreViews* v) {
     v->entries.push_back(t.entries[l]);
     v->scores.push_back(t.scores[l]);
   }
+  SPIN_RETURN_IF_ERROR(probe_views(t, v));
   return check_score_values(m, *v, where);
 }
 
@@ -638,34 +710,76 @@ struct TraceReader::Impl {
       sv.accepted = typed<int32_t>(acc.value());
     }
     for (int l = 0; l < m.num_layers; ++l) {
-      const std::string name = layer_name(l, "scores");
-      if (!file.contains(name)) return data_loss("{}: missing tensor {}", where, name);
-      auto r = file.tensor(name);
-      if (!r.ok()) return r.status();
-      const st::TensorView& t = r.value();
-      if (t.dtype != st::Dtype::kF32 && t.dtype != st::Dtype::kF16 && t.dtype != st::Dtype::kBF16) {
-        return data_loss("{}: tensor {} has dtype {}, expected F32 (or F16, BF16)", where, name,
-                         st::dtype_name(t.dtype));
-      }
-      if (t.shape.size() != 3 || t.shape[0] != sv.steps || t.shape[1] != m.next_n) {
-        return data_loss("{}: tensor {} has shape {}, expected [{}, {}, any] (steps, next_n, entries)", where, name,
-                         shape_str(t.shape), sv.steps, m.next_n);
-      }
-      sv.entries.push_back(t.shape[2]);
-      if (t.dtype == st::Dtype::kF32) {
-        sv.scores.push_back(typed<float>(t));
-        continue;
-      }
-      // Widen once (exact); read the 16-bit values byte-wise, so alignment never matters.
-      std::vector<float>& f = widened.emplace_back(static_cast<size_t>(t.numel()));
-      for (size_t i = 0; i < f.size(); ++i) {
-        const uint16_t h = static_cast<uint16_t>(t.data[2 * i] | (t.data[2 * i + 1] << 8));
-        f[i] = t.dtype == st::Dtype::kF16 ? f16_to_float(h) : bf16_to_float(h);
-      }
-      sv.scores.push_back(f);
+      auto t = float_tensor(layer_name(l, "scores"), -1, "entries");
+      if (!t.ok()) return t.status();
+      sv.entries.push_back(t->shape[2]);
+      sv.scores.push_back(widen(t.value()));
     }
-    SPIN_RETURN_IF_ERROR(check_layer_names({"scores"}, "the per-layer tensor of a score trace is scores"));
+    SPIN_RETURN_IF_ERROR(load_probe());
+    SPIN_RETURN_IF_ERROR(
+        check_layer_names({"scores", "probe"}, "the per-layer tensors of a score trace are scores and probe"));
     return check_score_values(m, sv, where);
+  }
+
+  // A score-like tensor: F32, F16 or BF16 of shape [steps, next_n, cols] (cols < 0: any).
+  Result<st::TensorView> float_tensor(const std::string& name, int64_t cols, const char* cols_name) {
+    const std::string& where = file.label();
+    if (!file.contains(name)) return data_loss("{}: missing tensor {}", where, name);
+    auto r = file.tensor(name);
+    if (!r.ok()) return r.status();
+    const st::TensorView& t = r.value();
+    if (t.dtype != st::Dtype::kF32 && t.dtype != st::Dtype::kF16 && t.dtype != st::Dtype::kBF16) {
+      return data_loss("{}: tensor {} has dtype {}, expected F32 (or F16, BF16)", where, name, st::dtype_name(t.dtype));
+    }
+    if (t.shape.size() != 3 || t.shape[0] != sv.steps || t.shape[1] != meta.next_n || (cols >= 0 && t.shape[2] != cols)) {
+      return data_loss("{}: tensor {} has shape {}, expected [{}, {}, {}] (steps, next_n, {})", where, name,
+                       shape_str(t.shape), sv.steps, meta.next_n, cols >= 0 ? std::to_string(cols) : "any", cols_name);
+    }
+    return r;
+  }
+
+  // F32 in place; F16 / BF16 widened once (exact), read byte-wise so alignment never matters.
+  std::span<const float> widen(const st::TensorView& t) {
+    if (t.dtype == st::Dtype::kF32) return typed<float>(t);
+    std::vector<float>& f = widened.emplace_back(static_cast<size_t>(t.numel()));
+    for (size_t i = 0; i < f.size(); ++i) {
+      const uint16_t h = static_cast<uint16_t>(t.data[2 * i] | (t.data[2 * i + 1] << 8));
+      f[i] = t.dtype == st::Dtype::kF16 ? f16_to_float(h) : bf16_to_float(h);
+    }
+    return f;
+  }
+
+  // The optional block probe: metadata probe_block_entries (taken out of meta.extra) and
+  // layer.{l}.probe [steps, next_n, ceil(entries / probe_block_entries)] for every layer or none.
+  Status load_probe() {
+    const std::string& where = file.label();
+    int present_at = -1;  // the first layer with a probe
+    for (int l = 0; l < meta.num_layers && present_at < 0; ++l) present_at = file.contains(layer_name(l, "probe")) ? l : -1;
+    const bool present = present_at >= 0;
+    const auto md = meta.extra.find("probe_block_entries");
+    if (md != meta.extra.end() && !present) {
+      return data_loss("{}: metadata probe_block_entries is set but there is no tensor {}", where,
+                       layer_name(0, "probe"));
+    }
+    if (!present) return ok_status();
+    int32_t pbe = meta.page_size;
+    if (md != meta.extra.end()) {
+      SPIN_RETURN_IF_ERROR(parse_int_meta(meta.extra, "probe_block_entries", where, &pbe));
+      if (Status s = check_probe_block_entries(pbe, where); !s.ok()) return data_loss("{}", s.message());
+      meta.extra.erase(md);
+    }
+    sv.probe_block_entries = pbe;
+    for (int l = 0; l < meta.num_layers; ++l) {
+      const std::string name = layer_name(l, "probe");
+      if (!file.contains(name)) {
+        return data_loss("{}: a probe must be given for every layer or none: {} is present but {} is missing", where,
+                         layer_name(present_at, "probe"), name);
+      }
+      auto t = float_tensor(name, ceil_div(sv.entries[l], pbe), "ceil(entries / probe_block_entries) blocks");
+      if (!t.ok()) return t.status();
+      sv.probe.push_back(widen(t.value()));
+    }
+    return ok_status();
   }
 
   // Checks the file against the schema (metadata, every tensor's dtype and shape, the values)
@@ -758,8 +872,14 @@ Status write_score_trace(const ScoreTrace& t, const std::string& path) {
   for (int l = 0; l < m.num_layers; ++l) {
     specs.push_back({layer_name(l, "scores"), st::Dtype::kF32, {steps, m.next_n, t.entries[l]}, t.scores[l].data(),
                      t.scores[l].size() * 4});
+    if (t.has_probe()) {
+      specs.push_back({layer_name(l, "probe"), st::Dtype::kF32, {steps, m.next_n, t.probe_blocks(l)},
+                       t.probe[l].data(), t.probe[l].size() * 4});
+    }
   }
-  return st::write_safetensors(path, specs, meta_to_strings(m));
+  std::map<std::string, std::string> md = meta_to_strings(m);
+  if (t.has_probe()) md["probe_block_entries"] = std::to_string(t.probe_entries());  // explicit, never defaulted
+  return st::write_safetensors(path, specs, md);
 }
 
 Status validate_trace(const Trace& trace) {
@@ -852,6 +972,26 @@ std::span<const float> TraceReader::scores(int layer, int64_t step, int row) con
   return impl_->sv.scores[layer].subspan((static_cast<size_t>(step) * meta().next_n + row) * n, n);
 }
 
+bool TraceReader::has_probe() const { return kind() == TraceKind::kScores && !impl_->sv.probe.empty(); }
+int32_t TraceReader::probe_block_entries() const { return has_probe() ? impl_->sv.probe_block_entries : 0; }
+int64_t TraceReader::probe_blocks(int layer) const {
+  if (!has_probe() || layer < 0 || layer >= num_layers()) return 0;
+  return ceil_div(impl_->sv.entries[layer], impl_->sv.probe_block_entries);
+}
+
+std::span<const float> TraceReader::probe(int layer) const {
+  if (!has_probe() || layer < 0 || layer >= num_layers()) return {};
+  return impl_->sv.probe[layer];
+}
+
+std::span<const float> TraceReader::probe(int layer, int64_t step, int row) const {
+  if (!has_probe() || layer < 0 || layer >= num_layers() || step < 0 || step >= steps() || row < 0 ||
+      row >= meta().next_n)
+    return {};
+  const size_t n = static_cast<size_t>(probe_blocks(layer));
+  return impl_->sv.probe[layer].subspan((static_cast<size_t>(step) * meta().next_n + row) * n, n);
+}
+
 int64_t TraceReader::visible_entries(int64_t step, int row) const {
   const TraceMeta& m = meta();
   if (step < 0 || step >= steps() || row < 0 || row >= m.next_n) return 0;
@@ -918,6 +1058,8 @@ ScoreTrace TraceReader::to_score_trace() const {
   t.accepted.assign(v.accepted.begin(), v.accepted.end());
   t.entries = v.entries;
   for (const auto& s : v.scores) t.scores.emplace_back(s.begin(), s.end());
+  for (const auto& p : v.probe) t.probe.emplace_back(p.begin(), p.end());
+  t.probe_block_entries = v.probe.empty() ? 0 : v.probe_block_entries;
   return t;
 }
 
@@ -998,6 +1140,12 @@ std::string describe(const TraceReader& r) {
                                 (ctx.back() / m.compress_ratio + m.page_size - 1) / m.page_size));
   line("topk", std::to_string(m.topk));
   line("compress_ratio", fmt::format("{} token(s) per entry", m.compress_ratio));
+  if (m.kind == TraceKind::kScores) {
+    line("block probe", r.has_probe() ? fmt::format("recorded, {} entries per pooled key ({} blocks per layer "
+                                                    "at most; query-guided predictors such as hisa replay it)",
+                                                    r.probe_block_entries(), r.probe_blocks(0))
+                                      : std::string("not recorded (hisa cannot replay this trace)"));
+  }
   for (const auto& [k, v] : m.extra) line(k.c_str(), v);
   return s;
 }

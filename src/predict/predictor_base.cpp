@@ -84,6 +84,23 @@ size_t PredictorBase::memory_bytes() const {
   return bytes;
 }
 
+// A probe must hold every row's blocks at the predictor's block size: probe_row() relies on it.
+Status PredictorBase::check_block_probe(const StepInput& in) const {
+  if (in.block_probe == nullptr) return ok_status();
+  if (in.block_probe_entries != config_.block_entries())
+    return invalid_argument("{}: block_probe_entries {} differs from the config's block_entries {} "
+                            "(page_size {} x block_pages {})",
+                            name_, in.block_probe_entries, config_.block_entries(), config_.page_size,
+                            config_.block_pages);
+  for (int32_t j = 0; j < in.next_n; ++j) {
+    const int64_t n = blocks_for_entries(config_, visible_entries(in, j));
+    if (in.block_probe_stride < n)
+      return invalid_argument("{}: block_probe_stride {} is below row {}'s {} blocks", name_,
+                              in.block_probe_stride, j, n);
+  }
+  return ok_status();
+}
+
 Status PredictorBase::check_step_input(int32_t layer, const StepInput& in) const {
   if (layer < 0 || layer >= num_layers_)
     return invalid_argument("{}: layer {} is outside [0, {})", name_, layer, num_layers_);
@@ -100,6 +117,7 @@ Status PredictorBase::check_step_input(int32_t layer, const StepInput& in) const
         return invalid_argument("{}: visible_entries[{}] = {} is outside [0, num_entries = {}]", name_,
                                 j, in.visible_entries[j], in.num_entries);
   }
+  SPIN_RETURN_IF_ERROR(check_block_probe(in));
   // Protocol: select(step) → observe every row → commit(accepted) → next step.
   if (open_) {
     if (in.step != open_step_)
@@ -313,6 +331,16 @@ void PredictorBase::mark_ranked(const float* p, int64_t first, int64_t n_rest, i
   select_smallest(rest, n_rest, left);
   uint8_t* mark = mark_.data();
   for (int64_t i = 0; i < left; ++i) mark[rest[i] & 0xFFFFFFFFu] = tag;
+}
+
+void PredictorBase::copy_block_probe(const RowContext& row, float* q, int64_t* work) {
+  const float* probe = probe_row(row);
+  int64_t scored = 0;
+  for (int64_t b = 0; b < row.n_blocks; ++b) {
+    q[b] = probe[b];
+    scored += probe[b] != FLT_MAX;
+  }
+  *work = scored;
 }
 
 Status PredictorBase::probe(const RowContext& row, float* q, int64_t* work) {

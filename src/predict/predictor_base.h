@@ -107,6 +107,15 @@ class PredictorBase : public BlockPredictor {
   const std::vector<int32_t>& previous_topk_hits(int32_t layer) const {
     return layers_[layer].prev_topk_hits;
   }
+  // Row `row`'s block probe (StepInput::block_probe; row.n_blocks values, checked against the
+  // stride and block size in select), or nullptr when the step has none.
+  static const float* probe_row(const RowContext& row) {
+    const StepInput& in = *row.in;
+    return in.block_probe ? in.block_probe + int64_t{row.row} * in.block_probe_stride : nullptr;
+  }
+  // A recorded probe (StepInput::block_probe) into q; *work = the blocks it scored, one pooled key
+  // each: every visible block but those holding only drafts (+FLT_MAX, "keep": nothing pooled).
+  static void copy_block_probe(const RowContext& row, float* q, int64_t* work);
   static int64_t visible_entries(const StepInput& in, int32_t row) {
     return in.visible_entries ? in.visible_entries[row]
                               : spin::visible_entries(in.num_entries, in.next_n, row);
@@ -129,6 +138,7 @@ class PredictorBase : public BlockPredictor {
   };
 
   Status check_step_input(int32_t layer, const StepInput& in) const;
+  Status check_block_probe(const StepInput& in) const;
   Status select_row(const RowContext& ctx, Fill f, std::vector<int32_t>* blocks, int32_t* explored,
                     int64_t* probed, double* probe_seconds, std::vector<float>* scores);
   double budget_factor(const RowContext& row) const;

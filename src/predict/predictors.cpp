@@ -110,10 +110,17 @@ class EmaPredictor final : public PredictorBase {
   Status prepare(int32_t layer, const StepInput& in) override {
     if (shared(layer)) return check_full_layer_observed(layer, in);
     if (!parts_.probe) return ok_status();
-    if (in.hisa == nullptr)
+    if (in.hisa == nullptr && in.block_probe == nullptr)
       return invalid_argument(
-          "{}: StepInput::hisa is null; its probe scores pooled block keys with the step's query",
+          "{}: StepInput has neither hisa nor block_probe; its probe scores pooled block keys with "
+          "the step's query (or reads that score, recorded)",
           name());
+    if (in.hisa == nullptr) {
+      if (config().probe_entries != 0)
+        return invalid_argument("{}: a recorded block_probe has one pooled key per block; probe_entries must be 0",
+                                name());
+      return ok_status();
+    }
     SPIN_RETURN_IF_ERROR(check_hisa_view(config(), *in.hisa, in.num_entries, in.next_n));
     // Only committed entries (row 0's prefix) are pooled: drafts can still be rewritten.
     return keys_[static_cast<size_t>(layer)].update(*in.hisa, visible_entries(in, 0));
@@ -142,9 +149,13 @@ class EmaPredictor final : public PredictorBase {
   void score_probe(const RowContext& row) {
     if (probe_row_ == std::make_tuple(row.layer, row.row, row.step)) return;
     probe_.resize(static_cast<size_t>(row.n_blocks));
-    probe_work_ = keys_[static_cast<size_t>(row.layer)].score(
-        *row.in->hisa, row.row, row.n_blocks, config().block_entries(), probe_.data(),
-        &query_scratch_);
+    if (row.in->hisa == nullptr) {
+      copy_block_probe(row, probe_.data(), &probe_work_);
+    } else {
+      probe_work_ = keys_[static_cast<size_t>(row.layer)].score(
+          *row.in->hisa, row.row, row.n_blocks, config().block_entries(), probe_.data(),
+          &query_scratch_);
+    }
     probe_row_ = {row.layer, row.row, row.step};
   }
   // p ← (1 - λ)·z(p) + λ·z(probe) over the blocks both know (z: standardised over those blocks);
@@ -362,7 +373,8 @@ class IndexCachePredictor final : public PredictorBase {
 };
 
 // hisa: mean-pooled block keys (kept incrementally, see hisa.h) scored with the row's query by the
-// indexer formula; the highest blocks fill the budget.
+// indexer formula; the highest blocks fill the budget. Without the cache (StepInput::hisa null)
+// it ranks by StepInput::block_probe, the same score computed elsewhere (a score trace's probe).
 class HisaPredictor final : public PredictorBase {
  public:
   HisaPredictor(const PredictorConfig& c, int32_t layers, int64_t request)
@@ -371,8 +383,10 @@ class HisaPredictor final : public PredictorBase {
 
  protected:
   Status prepare(int32_t layer, const StepInput& in) override {
-    if (in.hisa == nullptr)
-      return invalid_argument("hisa: StepInput::hisa is null; hisa needs the query and the cache");
+    if (in.hisa == nullptr && in.block_probe == nullptr)
+      return invalid_argument(
+          "hisa: StepInput has neither hisa (the query and the key cache) nor block_probe; hisa needs one");
+    if (in.hisa == nullptr) return ok_status();  // the probe is the whole ranking
     SPIN_RETURN_IF_ERROR(check_hisa_view(config(), *in.hisa, in.num_entries, in.next_n));
     // Row 0's entries are committed tokens; entries past them are this step's drafts, which can
     // still be rejected and rewritten, so they are never folded into the cached sums.
@@ -382,6 +396,10 @@ class HisaPredictor final : public PredictorBase {
   // charged as probe work); rank() is the same score, for the open loop's Pearson.
   int64_t probe_quota(const RowContext&, int64_t, int64_t left) const override { return left; }
   Status probe(const RowContext& row, float* q, int64_t* work) override {
+    if (row.in->hisa == nullptr) {
+      copy_block_probe(row, q, work);
+      return ok_status();
+    }
     *work = keys_[static_cast<size_t>(row.layer)].score(*row.in->hisa, row.row, row.n_blocks,
                                                         config().block_entries(), q,
                                                         &query_scratch_);

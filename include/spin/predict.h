@@ -100,7 +100,7 @@ struct PredictorConfig {
   // chooses probe_share·budget blocks after history has filled the rest, on every probe_interval-th
   // step (uniform exploration of the same share in between), pooling keys over probe_entries
   // entries (0 = one key per block; a divisor of the block: a block then scores as its best pool).
-  double probe_share = 0.1;
+  double probe_share = 0.5;
   // On probe steps history's own ranking mixes in the probe: (1 - blend)·z(history) +
   // blend·z(probe), z standardised over the row's known blocks (0 = history alone).
   double probe_blend = 0.0;

@@ -24,7 +24,8 @@ from ._errors import (DataLoss, FailedPrecondition, InvalidArgument, IoError, Ou
 from ._core import (Predictor, ScoredTrace, Serving, Trace, TraceReader, budget_blocks,
                     check_config, default_config, diagnose, generate_workload, indexer_impls,
                     indexer_scores, make_predictor, make_trace, open_trace, predictor_names,
-                    replay, scenario_names, score_trace, topk, workload_params, write_trace)
+                    replay, scenario_names, score_trace, topk, workload_params, write_score_trace,
+                    write_trace)
 
 __version__ = "0.1.0"
 
@@ -35,6 +36,7 @@ __all__ = [
     "budget_blocks",
     "Serving",
     "TraceReader", "Trace", "ScoredTrace", "open_trace", "make_trace", "write_trace",
+    "write_score_trace",
     "score_trace", "replay", "generate_workload", "scenario_names", "workload_params",
     "indexer_scores", "topk", "indexer_impls", "diagnose",
 ]

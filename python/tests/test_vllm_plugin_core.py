@@ -67,23 +67,32 @@ def _scores(rows, cols, seed):
     return np.random.default_rng(seed).normal(size=(rows, cols)).astype(np.float32)
 
 
-def test_runtime_lazy_commit_from_seq_len_delta():
-    rt = _runtime()
-    rt.begin_step(["a", "b"])
-    slots = rt.batch_slots.copy()
+def test_runtime_lazy_commit_from_seq_len_delta(tmp_path):
+    rt = _runtime(record={"dir": str(tmp_path), "requests": ["a"]})
+    rt.add("a")
+    rt.add("b")
+    slots = [rt.slot("a"), rt.slot("b")]
     seq = np.array([1000, 2000])
-    for layer in range(2):
-        ids, offs = rt.select(layer, seq, 2)
-        assert offs.shape == (3,) and ids.shape[0] == offs[-1]
-        rt.observe(layer, _scores(4, 2000, layer), None)
-    assert [rt.serving.step(int(s)) for s in slots] == [0, 0]  # not committed yet
-    rt.begin_step(["a", "b"])
-    rt.select(0, seq + np.array([2, 1]), 2)  # a accepted its draft (+2), b did not (+1)
-    assert [rt.serving.step(int(s)) for s in slots] == [1, 1]
-    rt.drop("b")
-    assert not rt.serving.active(int(slots[1]))
+    # a grows by 1 + the drafts the previous step accepted: +2 closes step 0 (a prefill stand-in:
+    # committed with 0 whatever it grew), +1 closes step 1 with 0, +2 closes step 2 with 1
+    for step, grow in enumerate([None, [2, 1], [1, 2], [2, 2]]):
+        if grow is not None:
+            seq = seq + grow
+        rt.begin_step(["a", "b"])
+        for layer in range(2):
+            ids, offs = rt.select(layer, seq, 2)
+            assert offs.shape == (3,) and ids.shape[0] == offs[-1]
+            every_b = offs[2] - offs[1] == -(-seq[1] // 64)
+            assert every_b == (step == 0)  # b scores all blocks only at its first step
+            rt.observe(layer, _scores(4, int(seq.max()), layer), None)
+        assert [rt.serving.step(s) for s in slots] == [step, step]  # committed lazily
+    rt.drop("a")  # writes a's trace: the accepted counts the seq_len deltas gave
+    r = spin_dsa.open_trace(rt.recorder.written[0])
+    np.testing.assert_array_equal(r.accepted, [0, 0, 1, 0])  # the open last step: 0
+    np.testing.assert_array_equal(r.ctx_len, [1000, 1002, 1003, 1005])
+    assert not rt.serving.active(slots[0])
     rt.add("c")
-    assert rt.slot("c") == slots[1]  # the lowest free slot is reused
+    assert rt.slot("c") == slots[0]  # the lowest free slot is reused
 
 
 def test_runtime_errors_are_clear():

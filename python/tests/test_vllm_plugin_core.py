@@ -41,10 +41,11 @@ def test_config_off_unless_asked_and_strict():
     on = parse_spin_config({"spin": {"config": {"target_sparsity": 0.5}}})
     assert on.enabled and on.predictor == "spin" and on.config == {"target_sparsity": 0.5}
     assert not parse_spin_config({"spin": {"enabled": False}}).enabled
+    assert on.warm_start and not parse_spin_config({"spin": {"warm_start": False}}).warm_start
     for bad, msg in [({"enable": True}, "unknown keys"), ({"predictor": "oracle"}, "cannot serve"),
                      ({"config": {"topk": 8}}, "come from the model"),
                      ({"record": {"dir": ""}}, "record.dir"),
-                     ({"max_requests": 0}, "max_requests")]:
+                     ({"max_requests": 0}, "max_requests"), ({"warm_start": 1}, "warm_start")]:
         with pytest.raises(ValueError, match=msg):
             parse_spin_config({"spin": bad})
     with pytest.raises(spin_dsa.InvalidArgument):

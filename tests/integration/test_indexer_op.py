@@ -55,17 +55,25 @@ def model_dir(tmp_path_factory):
     return str(d)
 
 
-@pytest.fixture(scope="module")
-def traces():
+def _traces(next_n):
     """Two requests' key traces (doc-qa-10k dynamics, 2 layers, top-512)."""
     return [spin_dsa.generate_workload("doc-qa-10k", prompt_tokens=p, steps=STEPS, layers=LAYERS,
-                                       topk=TOPK, seed=s) for p, s in ((3000, 21), (4500, 22))]
+                                       topk=TOPK, next_n=next_n, seed=s)
+            for p, s in ((3000, 21), (4500, 22))]
 
 
-def _vllm_config(model_dir, additional):
-    return VllmConfig(model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True,
-                                               max_model_len=MAX_LEN),
-                      additional_config=additional)
+@pytest.fixture(scope="module")
+def traces():
+    return _traces(1)
+
+
+def _vllm_config(model_dir, additional, next_n=1):
+    vc = VllmConfig(model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True,
+                                             max_model_len=MAX_LEN),
+                    additional_config=additional)
+    if next_n > 1:  # what the runtime reads of a speculative config: the draft count
+        vc.speculative_config = types.SimpleNamespace(num_speculative_tokens=next_n - 1)
+    return vc
 
 
 def _prefix(layer):
@@ -86,20 +94,28 @@ def _build(vc, caches, buf):
     return ops
 
 
-def _metadata(seq_lens, table):
+def _metadata(seq_lens, table, next_n=1):
+    """Decode-only metadata as vLLM's builder makes it: seq_lens [B, 1], or [B, next_n] per-row
+    lengths L - next_n + j + 1 under native MTP."""
     b = len(seq_lens)
     sl = torch.tensor(seq_lens, dtype=torch.int32)
+    rows = sl[:, None] - next_n + 1 + torch.arange(next_n, dtype=torch.int32) if next_n > 1 else sl[:, None]
     decode = DeepSeekV32IndexerDecodeMetadata(
-        block_table=torch.from_numpy(table), seq_lens=sl[:, None], decode_lens=torch.ones(b, dtype=torch.int32),
-        requires_padding=False, schedule_metadata=torch.empty(0, dtype=torch.int32))
+        block_table=torch.from_numpy(table), seq_lens=rows,
+        decode_lens=torch.full((b,), next_n, dtype=torch.int32), requires_padding=False,
+        schedule_metadata=torch.empty(0, dtype=torch.int32))
     return DeepseekV32IndexerMetadata(seq_lens=sl, max_seq_len=int(sl.max()),
-                                      slot_mapping=torch.zeros(b, dtype=torch.int64),
-                                      num_decodes=b, num_decode_tokens=b, num_prefills=0,
+                                      slot_mapping=torch.zeros(b * next_n, dtype=torch.int64),
+                                      num_decodes=b, num_decode_tokens=b * next_n, num_prefills=0,
                                       num_prefill_tokens=0, decode=decode)
 
 
 @pytest.fixture(scope="module")
 def paged(traces):
+    return _paged(traces)
+
+
+def _paged(traces):
     """Per layer: the two requests' keys on random physical pages ([pages, 64, 132] uint8)."""
     rng = np.random.default_rng(3)
     out = []
@@ -110,20 +126,22 @@ def paged(traces):
 
 
 def _step_inputs(traces, order, s, l):
-    q = np.stack([traces[i].q(l)[s, 0] for i in order])  # [B, H, 128]
-    w = np.stack([traces[i].w(l)[s, 0] for i in order])
+    """vLLM's flat token rows: q [B·next_n, H, 128] e4m3, weights [B·next_n, H]."""
+    q = np.concatenate([traces[i].q(l)[s] for i in order])
+    w = np.concatenate([traces[i].w(l)[s] for i in order])
     return torch.from_numpy(q).view(torch.float8_e4m3fn), torch.from_numpy(w)
 
 
 def _run(vc, ops, traces, paged, buf, order, s, l):
+    next_n = traces[0].meta["next_n"]
     seq = [int(traces[i].ctx_len[s]) for i in order]
     table = paged[l][1][list(order)].copy()
-    md = _metadata(seq, table)
+    md = _metadata(seq, table, next_n)
     q, w = _step_inputs(traces, order, s, l)
-    hidden = torch.zeros(len(order), 8)
+    hidden = torch.zeros(len(order) * next_n, 8)
     with set_current_vllm_config(vc), set_forward_context({_prefix(l): md}, vc):
         out = ops[l](hidden, q, None, w)
-    return out[:len(order), :TOPK].clone(), (hidden, q, w, md)
+    return out[:len(order) * next_n, :TOPK].clone(), (hidden, q, w, md)
 
 
 @requires_cpu_kernels
@@ -156,12 +174,20 @@ def test_spin_off_is_vllm(model_dir, traces, paged, figures):
 
 
 @requires_cpu_kernels
-def test_spin_on_scores_only_chosen_blocks_and_matches_replay(model_dir, traces, paged, figures,
+@pytest.mark.parametrize("next_n", [1, 3])
+def test_spin_on_scores_only_chosen_blocks_and_matches_replay(model_dir, next_n, figures,
                                                               monkeypatch):
-    vc = _vllm_config(model_dir, {"spin": SPIN})
+    """next_n = 3 is native MTP (seq_lens [B, 3]; vLLM's own CPU path refuses it): the commits
+    come from the seq_len deltas, which the traces grow by 1 + accepted. It starts cold on both
+    sides: replay's warm start observes step 0's accepted drafts too, known only in hindsight."""
+    traces = _traces(next_n)
+    paged = _paged(traces)
+    warm = next_n == 1
+    vc = _vllm_config(model_dir, {"spin": dict(SPIN, warm_start=warm)}, next_n)
     buf = torch.full((16, TOPK), -7, dtype=torch.int32)
     ops = _build(vc, [c for c, _ in paged], buf)
     rt = state.runtime()
+    assert rt.max_next_n == next_n
     assert all(op.spin_on for op in ops) and rt.num_layers == LAYERS
     for i in range(2):
         rt.add(f"req-{i}", key=0)  # replay's request key, so exploration draws agree
@@ -184,28 +210,34 @@ def test_spin_on_scores_only_chosen_blocks_and_matches_replay(model_dir, traces,
             args, kwargs, logits = seen[-1]
             ids, offs = kwargs["block_ids"], kwargs["block_offsets"]
             full = real(*args, page_size=PAGE, logits_cols=kwargs["logits_cols"])
-            for r, i in enumerate(order):
-                blocks = ids[offs[r]:offs[r + 1]]
-                mask = np.zeros(logits.shape[1], bool)
-                for b in blocks:
-                    mask[b * PAGE:(b + 1) * PAGE] = True
-                v = int(traces[i].ctx_len[s])
-                mask[v:] = False
-                assert np.all(np.isneginf(logits[r][~mask])), "an unchosen block was scored"
-                np.testing.assert_array_equal(logits[r][mask], full[r][mask])
-                got[(i, l)].append(out[r].numpy())
-                if s > 0:  # step 0 scores every block (the prefill stand-in)
+            for b_row, i in enumerate(order):
+                blocks = ids[offs[b_row]:offs[b_row + 1]]
+                L = int(traces[i].ctx_len[s])
+                for j in range(next_n):
+                    r = b_row * next_n + j
+                    mask = np.zeros(logits.shape[1], bool)
+                    for b in blocks:
+                        mask[b * PAGE:(b + 1) * PAGE] = True
+                    mask[L - next_n + j + 1:] = False
+                    assert np.all(np.isneginf(logits[r][~mask])), "an unchosen block was scored"
+                    np.testing.assert_array_equal(logits[r][mask], full[r][mask])
+                    got[(i, l)].append(out[r].numpy())
+                v = L
+                if s > 0:  # with warm_start, step 0 scores every block (the prefill stand-in)
                     scored += blocks.size
                     visible_blocks += -(-v // PAGE)
     matches = rows = 0
     for i, t in enumerate(traces):
-        rep = spin_dsa.replay(spin_dsa.score_trace(t), "spin", SPIN["config"], keep_topk=True)
+        rep = spin_dsa.replay(spin_dsa.score_trace(t), "spin", SPIN["config"], keep_topk=True,
+                              warm_start=warm)
         for l in range(LAYERS):
             np.testing.assert_array_equal(np.stack(got[(i, l)]), rep["topk"][l])
-            matches += STEPS
-            rows += STEPS
+            matches += STEPS * next_n
+            rows += STEPS * next_n
     assert scored < 0.75 * visible_blocks  # sparsity 0.5 (plus forced sink/local blocks)
-    figures.append(f"indexer op, spin on (spin, target_sparsity 0.5): {rows} rows (2 requests x "
-                   f"{LAYERS} layers x {STEPS} steps, row order swapped every step) score "
+    figures.append(f"indexer op, spin on (spin, target_sparsity 0.5, next_n={next_n}, "
+                   f"{'warm' if warm else 'cold'} start): {rows} rows "
+                   f"(2 requests x {LAYERS} layers x {STEPS} steps x {next_n}, row order swapped "
+                   f"every step) score "
                    f"{scored}/{visible_blocks} blocks after the first step, nothing outside them; "
                    f"top-{TOPK} equal to spin_dsa.replay in {matches}/{rows}")

@@ -11,6 +11,9 @@ Keys (anything else is an error, so a typo never silently turns spin off):
 - ``config`` (dict or "key=value ..."): PredictorConfig fields (``spin_dsa.default_config()``);
   ``page_size`` and ``topk`` are set from the model and cannot be given.
 - ``max_requests`` (int, default vLLM's max_num_seqs): slots spin keeps state for.
+- ``warm_start`` (bool, default true): a request's first decode step scores every block and is
+  observed as its prefill (the prompt's own indexer row is inside vLLM's prefill kernel); false
+  starts spin cold, selecting from an empty state.
 - ``record`` (dict): score traces (DESIGN.md §6) of chosen requests and layers, see RecordConfig.
 
 Pure Python (no vLLM import), so it is tested in the main package suite.
@@ -23,7 +26,7 @@ from typing import Any, Mapping
 
 import spin_dsa
 
-_KEYS = {"enabled", "predictor", "config", "max_requests", "record"}
+_KEYS = {"enabled", "predictor", "config", "max_requests", "record", "warm_start"}
 _RECORD_KEYS = {"dir", "requests", "layers", "max_steps"}
 _MODEL_SET = {"page_size", "topk"}  # geometry comes from the model, never from the user
 
@@ -52,6 +55,7 @@ class SpinConfig:
     config: dict = field(default_factory=dict)
     max_requests: int | None = None
     record: RecordConfig | None = None
+    warm_start: bool = True
 
 
 def _fail(message: str):
@@ -115,4 +119,7 @@ def parse_spin_config(additional_config: Mapping[str, Any] | None) -> SpinConfig
                                      or max_requests < 1):
         _fail("max_requests must be an int >= 1")
     record = _record(obj["record"]) if "record" in obj else None
-    return SpinConfig(enabled, predictor, dict(config), max_requests, record)
+    warm_start = obj.get("warm_start", True)
+    if not isinstance(warm_start, bool):
+        _fail("warm_start must be true or false")
+    return SpinConfig(enabled, predictor, dict(config), max_requests, record, warm_start)

@@ -240,9 +240,11 @@ class SpinRuntime:
         per request, offsets int32 [batch + 1]) — the kernels' mask form, one set per request (the
         union of its rows).
 
-        Every block is scored (a) at a request's first decode step: the prompt's full indexer row
-        is inside vLLM's prefill kernel, so the first decode row stands in for it and is observed
-        in full (Serving.prefill; replay's warm start does the same with step 0), and (b) for
+        Every block is scored (a) at a request's first decode step (cfg.warm_start): the prompt's
+        full indexer row is inside vLLM's prefill kernel, so the step's first row (the real
+        token) stands in for it and is observed in full (Serving.prefill; replay's warm start does
+        the same with step 0, where it also observes the accepted drafts' rows: it knows them in
+        hindsight, an engine does not), and (b) for
         requests being recorded, so their traces are the true indexer output."""
         seq_lens = np.ascontiguousarray(seq_lens, np.int64).reshape(-1)
         batch = seq_lens.shape[0]
@@ -255,7 +257,8 @@ class SpinRuntime:
         if self._committed_step != self._step:
             self._commit_open(slots, seq_lens, next_n)
             self._committed_step = self._step
-        warm = np.array([self.serving.step(int(s)) == 0 for s in slots], bool)
+        warm = np.array([self.cfg.warm_start and self.serving.step(int(s)) == 0 for s in slots],
+                        bool)
         self._open_next_n[slots[warm]] = 1  # a prefill step commits with 0 accepted
         decode = ~warm
         if decode.any():
@@ -294,10 +297,10 @@ class SpinRuntime:
             rows = (np.flatnonzero(decode)[:, None] * next_n + np.arange(next_n)).reshape(-1)
             self.serving.observe(slots[decode], layer, np.ascontiguousarray(logits[rows]),
                                  None if topk is None else np.ascontiguousarray(topk[rows]))
-        if warm.any():  # the last row of each request sees its whole context
-            last = np.flatnonzero(warm) * next_n + next_n - 1
-            self.serving.prefill(slots[warm], layer, seq_lens[warm],
-                                 np.ascontiguousarray(logits[last]))
+        if warm.any():  # row 0: the real token (the others are drafts, maybe rejected)
+            first = np.flatnonzero(warm) * next_n
+            self.serving.prefill(slots[warm], layer, seq_lens[warm] - next_n + 1,
+                                 np.ascontiguousarray(logits[first]))
         if self.recorder is not None:
             for i, rid in enumerate(self._batch[:len(slots)]):
                 if self.recorder.recording(rid):

@@ -241,3 +241,53 @@ def test_spin_on_scores_only_chosen_blocks_and_matches_replay(model_dir, next_n,
                    f"every step) score "
                    f"{scored}/{visible_blocks} blocks after the first step, nothing outside them; "
                    f"top-{TOPK} equal to spin_dsa.replay in {matches}/{rows}")
+
+
+def test_gpu_glue_on_cpu(model_dir, figures):
+    """The GPU path's host-side pieces (no CUDA needed): spin's blocks as vLLM candidate_blocks
+    (one row per logits row for [B, next_n] seq_lens, -1 padded, power-of-two width) and the
+    top-k tap, around vLLM's own SparseIndexerTopk("torch")."""
+    from vllm.model_executor.layers.indexer_topk import SparseIndexerTopk
+
+    next_n = 3
+    traces = _traces(next_n)
+    paged = _paged(traces)
+    vc = _vllm_config(model_dir, {"spin": dict(SPIN, warm_start=False)}, next_n)
+    buf = torch.full((16, TOPK), -1, dtype=torch.int32)
+    ops = _build(vc, [c for c, _ in paged], buf)
+    rt = state.runtime()
+    rt.begin_step(["a", "b"])
+    seq = [int(t.ctx_len[0]) for t in traces]
+    md = _metadata(seq, paged[0][1].copy(), next_n)
+    cand, block_entries = indexer_op.gpu_candidates(ops[0], md, "cpu")
+    width = cand.shape[1]
+    assert block_entries == PAGE and width & (width - 1) == 0 and cand.shape[0] == 2 * next_n
+    for b in range(2):
+        rows = cand[b * next_n:(b + 1) * next_n].numpy()
+        assert (rows == rows[0]).all()  # every row of a request gets its union
+        valid = rows[0][rows[0] >= 0]
+        assert np.all(np.diff(valid) > 0) and np.all(rows[0][valid.size:] == -1)
+    # the tap: vLLM's top-k output unchanged; observe called once with the logits it saw
+    q, w = _step_inputs(traces, (0, 1), 0, 0)
+    full = spin_dsa.indexer_scores(paged[0][0].numpy().reshape(paged[0][0].shape[0], -1),
+                                   md.decode.block_table.numpy(), np.array(seq, np.int64),
+                                   q.view(torch.uint8).numpy().reshape(2, next_n, -1, 128),
+                                   w.numpy().reshape(2, next_n, -1), page_size=PAGE)
+    logits = torch.from_numpy(full)
+    for r in range(logits.shape[0]):  # what apply_candidate_mask leaves: the candidates only
+        keep = torch.zeros(logits.shape[1], dtype=torch.bool)
+        for c in cand[r][cand[r] >= 0].tolist():
+            keep[c * PAGE:(c + 1) * PAGE] = True
+        logits[r][~keep] = float("-inf")
+    tap, plain = indexer_op.TopkTap(SparseIndexerTopk("torch")), SparseIndexerTopk("torch")
+    a = torch.full((6, TOPK), -1, dtype=torch.int32)
+    b = a.clone()
+    plain(logits, md.decode.seq_lens, next_n, b, TOPK, max(seq))
+    indexer_op.TopkTap.active_layer = 0
+    tap(logits, md.decode.seq_lens, next_n, a, TOPK, max(seq))
+    assert torch.equal(a, b) and indexer_op.TopkTap.active_layer is None
+    with pytest.raises(RuntimeError, match="without its select"):
+        rt.observe(0, full, None)  # the tap consumed layer 0's select
+    tap(logits, md.decode.seq_lens, next_n, a, TOPK, max(seq))  # inactive: vLLM's path only
+    figures.append(f"GPU glue on CPU: candidate_blocks [{cand.shape[0]}, {width}] per row; the "
+                   f"top-k tap leaves vLLM's SparseIndexerTopk output unchanged and observes once")

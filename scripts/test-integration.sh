@@ -50,7 +50,14 @@ aarch64() {
   ctest --preset aarch64 -j"${jobs}"  # its last lines are the summary CI reads (and the time)
 }
 
+# Sections to run: all by default (CI), or the ones named: ./scripts/test-integration.sh vllm_plugin
+sections=("$@")
+[[ ${#sections[@]} -gt 0 ]] || sections=(python_package vllm_plugin aarch64)
+for s in "${sections[@]}"; do
+  case "$s" in
+    python_package|vllm_plugin|aarch64) ;;
+    *) echo "test-integration: unknown section '$s' (python_package, vllm_plugin, aarch64)" >&2; exit 2 ;;
+  esac
+done
 ./scripts/install-deps.sh
-python_package
-vllm_plugin
-aarch64
+for s in "${sections[@]}"; do "$s"; done

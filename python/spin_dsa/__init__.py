@@ -16,7 +16,8 @@ Research API (one object per request)::
 
 Serving API (one object per batch, DESIGN.md §7): :class:`Serving`.
 Traces, replay, workloads: :func:`open_trace`, :func:`score_trace`, :func:`replay`,
-:func:`generate_workload`. Kernels: :func:`indexer_scores`, :func:`topk`.
+:func:`generate_workload`, :func:`write_score_trace`. Kernels: :func:`indexer_scores`, :func:`topk`.
+The vLLM plugin: ``spin_dsa.vllm`` (README "Use spin in vLLM"; imports vLLM only when loaded).
 """
 
 from ._errors import (DataLoss, FailedPrecondition, InvalidArgument, IoError, OutOfRange,

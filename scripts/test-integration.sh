@@ -18,8 +18,8 @@ python_package() {
 # deps, then its requirements minus torch*) and transformers into a cached virtualenv outside the
 # checkout, ${SPIN_INTEGRATION_VENV:-$HOME/.cache/spin/venv-vllm}; a failed install step fails the
 # section. Then spin_dsa is installed into it from this tree (reusing build/python/) and pytest
-# runs. Measured on the shared 2-core dev VM: venv ~2.5 min cold (~5 GB, a fast mirror), spin_dsa
-# ~3.5 min cold / ~45 s warm, tests ~2 min.
+# runs. Measured on the shared 2-core dev VM (load ~10 from other work): venv 5.5 min cold without
+# a pip cache (6.2 GB), spin_dsa 3.5 min cold / 45 s warm, tests 1-3 min; a warm rerun ~2 min.
 vllm_plugin() {
   echo "=== spin tests: vllm plugin (CPU, against vLLM's own code) ==="
   local py start

@@ -351,3 +351,67 @@ def test_mixed_prefill_and_decode_batch(model_dir, traces, paged, figures):
     figures.append(f"indexer op, spin on, mixed batch (1 decode row + a {n}-token chunked "
                    f"prefill): prefill rows bit-identical to vLLM's forward_cpu, decode row equal "
                    f"to spin's decode-only result")
+
+
+def _spin_cli():
+    import os
+    import pathlib
+    import shutil
+    env = os.environ.get("SPIN_BINARY")
+    built = pathlib.Path(__file__).resolve().parents[2] / "build" / "release" / "tools" / "spin"
+    return env if env and os.path.exists(env) else str(built) if built.exists() else shutil.which("spin-cli")
+
+
+@requires_cpu_kernels
+def test_record_mode_through_the_op(model_dir, traces, paged, tmp_path, figures):
+    """Record mode: request req-1's layer-1 rows become a score trace after max_steps steps,
+    holding the full indexer's logits (the recorded request scores every block); `spin replay`
+    reads it when the command is built."""
+    import subprocess
+
+    steps = 6
+    rec = {"dir": str(tmp_path), "requests": ["req-1"], "layers": [1], "max_steps": steps}
+
+    def run(spin):
+        vc = _vllm_config(model_dir, {"spin": spin})
+        buf = torch.full((16, TOPK), -7, dtype=torch.int32)
+        ops = _build(vc, [c for c, _ in paged], buf)
+        rt = state.runtime()
+        expect, after = [], []
+        for s in range(steps + 2):  # the trace is written when step `steps` commits the last one
+            rt.begin_step(["req-0", "req-1"])
+            for l in range(LAYERS):
+                out, (_, q, w, md) = _run(vc, ops, traces, paged, buf, (0, 1), s, l)
+                if s >= steps:
+                    after.append(out.numpy())
+                if l == 1 and s < steps:
+                    full = spin_dsa.indexer_scores(
+                        paged[l][0].numpy().reshape(paged[l][0].shape[0], -1),
+                        md.decode.block_table.numpy(), md.seq_lens.numpy().astype(np.int64),
+                        q.view(torch.uint8).numpy()[:, None], w.numpy()[:, None], page_size=PAGE)
+                    expect.append(full[1, :int(traces[1].ctx_len[s])])
+        return rt, expect, after
+
+    rt, expect, after = run(dict(SPIN, record=rec))
+    _, _, plain = run(SPIN)
+    # spin observed only what its own blocks gave while req-1 was recorded: afterwards both runs
+    # select and return the same
+    np.testing.assert_array_equal(np.stack(after), np.stack(plain))
+    path = tmp_path / "req-1.safetensors"
+    assert rt.recorder.written == [str(path)]
+    r = spin_dsa.open_trace(str(path))
+    assert (r.kind, r.steps, r.num_layers, r.meta["topk"], r.meta["page_size"]) == \
+        ("scores", steps, 1, TOPK, PAGE)
+    np.testing.assert_array_equal(r.ctx_len, traces[1].ctx_len[:steps])
+    for s in range(steps):
+        np.testing.assert_array_equal(r.scores(0)[s, 0, :expect[s].size], expect[s])
+    cli = _spin_cli()
+    replayed = "not run (no built spin command)"
+    if cli:
+        out = subprocess.run([cli, "replay", str(path), "--predictor", "spin", "--sparsity", "0.5",
+                              "--json", str(tmp_path / "r.json")], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        replayed = "replayed by `spin replay`"
+    figures.append(f"record mode through the op: {steps} steps of req-1 layer 1 written as a score "
+                   f"trace equal to the full indexer's logits; the top-k after it equals a run "
+                   f"without recording; {replayed}")

@@ -150,7 +150,8 @@ class SpinRuntime:
         self.batch_slots = np.zeros(0, np.int32)
         self._step = 0             # begin_step count
         self._committed_step = -1  # the step whose lazy commits have run
-        self._last = None          # (layer, slots, seq_lens, next_n) of the last select
+        self._last = None          # (layer, slots, seq_lens, next_n, warm) of the last select
+        self._recorded_rows = []
         self.recorder = ScoreRecorder(cfg.record, model, num_layers) if cfg.record else None
         self.stats = {"decode_calls": 0, "rows": 0, "blocks_scored": 0, "blocks_visible": 0}
 
@@ -266,12 +267,17 @@ class SpinRuntime:
             counts = self.serving.counts(int(decode.sum()) * next_n)
         E = self.serving.block_entries
         ids, offsets, d = [], [0], 0
+        self._recorded_rows = []  # (request index, spin's own blocks) of recorded requests
         for i in range(batch):
             visible = -(-int(seq_lens[i]) // E)
-            if warm[i] or (self.recorder is not None and self.recorder.recording(self._batch[i])):
+            own = blocks[d * next_n, :counts[d * next_n]].copy() if decode[i] else None
+            if warm[i]:
                 b = np.arange(visible, dtype=np.int32)
+            elif self.recorder is not None and self.recorder.recording(self._batch[i]):
+                b = np.arange(visible, dtype=np.int32)
+                self._recorded_rows.append((i, own))
             else:
-                b = blocks[d * next_n, :counts[d * next_n]]
+                b = own
             d += int(decode[i])
             ids.append(b)
             offsets.append(offsets[-1] + b.shape[0])
@@ -290,6 +296,8 @@ class SpinRuntime:
             raise RuntimeError(f"spin: observe(layer {layer}) without its select")
         _, slots, seq_lens, next_n, warm = self._last
         self._last = None
+        if topk is not None and self._recorded_rows:
+            topk = self._own_topk(logits, topk, seq_lens, next_n)
         decode = ~warm
         if decode.all():
             self.serving.observe(slots, layer, logits, topk)
@@ -306,6 +314,21 @@ class SpinRuntime:
                 if self.recorder.recording(rid):
                     rows = logits[i * next_n:(i + 1) * next_n, :int(seq_lens[i])]
                     self.recorder.add_rows(rid, layer, rows)
+
+    def _own_topk(self, logits, topk, seq_lens, next_n):
+        """A recorded request scored every block (for its trace); spin observes the top-k it
+        would have got from its own blocks, so recording never changes what spin learns."""
+        topk = np.array(topk, np.int32)
+        k, E = self.topk, self.serving.block_entries
+        for i, own in self._recorded_rows:
+            rows = slice(i * next_n, (i + 1) * next_n)
+            vis = np.maximum(int(seq_lens[i]) - next_n + 1 + np.arange(next_n), 0)
+            topk[rows, :k] = spin_dsa.topk(np.ascontiguousarray(logits[rows]), k,
+                                           visible_entries=vis, block_ids=own,
+                                           block_offsets=np.array([0, own.size], np.int32),
+                                           rows_per_mask=next_n, block_entries=E)
+            topk[rows, k:] = -1
+        return topk
 
     def close(self):
         """Writes the traces of requests still recording (process exit)."""

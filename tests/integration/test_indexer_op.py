@@ -415,3 +415,22 @@ def test_record_mode_through_the_op(model_dir, traces, paged, tmp_path, figures)
     figures.append(f"record mode through the op: {steps} steps of req-1 layer 1 written as a score "
                    f"trace equal to the full indexer's logits; the top-k after it equals a run "
                    f"without recording; {replayed}")
+
+
+def test_kv_pages_of_a_layer_view_into_a_shared_cache(traces):
+    """vLLM may give a layer a strided view into a cache shared by layers: spin reads it in place
+    (physical block p → spin page p·mult + base), with the scores of a contiguous copy."""
+    t = traces[0]
+    cache, table = scatter([(t.k(0), t.k_scale(0))], np.random.default_rng(8))
+    shared = torch.zeros(cache.shape[0], 3, PAGE * 132, dtype=torch.uint8)  # 3 layers interleaved
+    shared[:, 2] = torch.from_numpy(cache)
+    view = shared[:, 2].view(cache.shape[0], PAGE, 132)
+    pages, mult, base = indexer_op.kv_pages(view, PAGE)
+    assert (mult, base) == (3, 2) and pages.data_ptr() == shared.data_ptr()
+    ctx = np.array([int(t.ctx_len[0])], np.int64)
+    q, w = t.q(0)[0][None], t.w(0)[0][None]
+    got = spin_dsa.indexer_scores(pages, table * mult + base, ctx, q, w, page_size=PAGE)
+    want = spin_dsa.indexer_scores(cache, table, ctx, q, w, page_size=PAGE)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="pages of"):
+        indexer_op.kv_pages(view, 32)

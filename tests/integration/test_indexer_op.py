@@ -434,3 +434,27 @@ def test_kv_pages_of_a_layer_view_into_a_shared_cache(traces):
     np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="pages of"):
         indexer_op.kv_pages(view, 32)
+
+
+@requires_cpu_kernels
+def test_spin_op_traces_under_torch_compile(model_dir, traces, paged):
+    """torch.compile(fullgraph=True) traces over the spin op (one opaque custom op with a fake
+    implementation) and gives the eager result, in the layer's own buffer too (the op writes the
+    functionalised buffer it is given, not the attribute)."""
+    vc = _vllm_config(model_dir, {"spin": dict(SPIN, warm_start=False)})
+    outs = []
+    for compiled in (False, True):
+        buf = torch.full((16, TOPK), -7, dtype=torch.int32)
+        ops = _build(vc, [c for c, _ in paged], buf)
+        state.runtime().begin_step(["req-0", "req-1"])
+        md = _metadata([int(t.ctx_len[0]) for t in traces], paged[0][1].copy())
+        q, w = _step_inputs(traces, (0, 1), 0, 0)
+
+        def f(hidden, q, w):
+            return ops[0].forward_cpu(hidden, q, None, w) + 0
+
+        fn = torch.compile(f, fullgraph=True, backend="aot_eager") if compiled else f
+        with set_current_vllm_config(vc), set_forward_context({_prefix(0): md}, vc):
+            outs.append(fn(torch.zeros(2, 8), q, w)[:2, :TOPK].clone())
+        assert torch.equal(buf[:2, :TOPK], outs[-1])  # the layer's buffer holds it too
+    assert torch.equal(outs[0], outs[1]) and (outs[0] >= 0).all()

@@ -147,7 +147,15 @@ def cpu_forward(op, hidden_states, q_quant, k, weights):
 def _cpu_op(prefix: str, hidden_states: torch.Tensor, q_quant: torch.Tensor,
             k: torch.Tensor | None, weights: torch.Tensor,
             topk_indices_buffer: torch.Tensor) -> None:
-    cpu_forward(_OPS[prefix], hidden_states, q_quant, k, weights)
+    # Write the buffer passed in: under torch.compile it is a functionalised copy that is copied
+    # back after the op, over anything written to the layer's own attribute.
+    op = _OPS[prefix]
+    saved = op.topk_indices_buffer
+    op.topk_indices_buffer = topk_indices_buffer
+    try:
+        cpu_forward(op, hidden_states, q_quant, k, weights)
+    finally:
+        op.topk_indices_buffer = saved
 
 
 @_cpu_op.register_fake

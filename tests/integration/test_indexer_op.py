@@ -458,3 +458,55 @@ def test_spin_op_traces_under_torch_compile(model_dir, traces, paged):
             outs.append(fn(torch.zeros(2, 8), q, w)[:2, :TOPK].clone())
         assert torch.equal(buf[:2, :TOPK], outs[-1])  # the layer's buffer holds it too
     assert torch.equal(outs[0], outs[1]) and (outs[0] >= 0).all()
+
+
+def test_cuda_forward_plumbing_on_cpu(model_dir, traces, paged, monkeypatch):
+    """The CUDA forward with spin on, with vLLM's CUDA op replaced by a CPU stand-in that does
+    what it does with candidates (dense logits, everything outside the candidate blocks -inf,
+    then vLLM's decode top-k dispatcher, which register() tapped): the layer sees spin's blocks as
+    candidate_blocks for the call only, its buffer gets the top-k, spin observes, and the top-k
+    equals the CPU path's on the same inputs."""
+    import vllm.model_executor.layers.sparse_attn_indexer as sai
+
+    vc = _vllm_config(model_dir, {"spin": dict(SPIN, warm_start=False)})
+    results = {}
+    for path in ("cpu", "cuda"):
+        buf = torch.full((16, TOPK), -7, dtype=torch.int32)
+        ops = _build(vc, [c for c, _ in paged], buf)
+        op = ops[0]
+        seen = {}
+
+        def stand_in(hidden, q, k, w):
+            cand, E = op.candidate_blocks, op.candidate_block_size
+            seen["cand"] = cand.clone()
+            md = seen["md"]
+            seq = md.decode.seq_lens[:, -1].numpy().astype(np.int64)
+            logits = torch.from_numpy(spin_dsa.indexer_scores(
+                paged[0][0].numpy().reshape(paged[0][0].shape[0], -1),
+                md.decode.block_table.numpy(), seq, q.view(torch.uint8).numpy()[:, None],
+                w.numpy()[:, None], page_size=PAGE))
+            for r in range(logits.shape[0]):
+                keep = torch.zeros(logits.shape[1], dtype=torch.bool)
+                for c in cand[r][cand[r] >= 0].tolist():
+                    keep[c * E:(c + 1) * E] = True
+                logits[r][~keep] = float("-inf")
+            sai.get_indexer_topk("torch")(logits, md.decode.seq_lens, 1, op.topk_indices_buffer[:2, :TOPK],
+                                          TOPK, int(seq.max()))
+            return op.topk_indices_buffer
+
+        monkeypatch.setattr(op, "spin_base_forward_cuda", stand_in)
+        for s in range(3):
+            state.runtime().begin_step(["req-0", "req-1"])
+            md = _metadata([int(t.ctx_len[s]) for t in traces], paged[0][1].copy())
+            seen["md"] = md
+            q, w = _step_inputs(traces, (0, 1), s, 0)
+            with set_current_vllm_config(vc), set_forward_context({_prefix(0): md}, vc):
+                if path == "cuda":
+                    op.forward_cuda(torch.zeros(2, 8), q, None, w)
+                    assert op.candidate_blocks is None  # restored after the call
+                    assert (seen["cand"][:, 0] >= 0).all()
+                else:
+                    op.forward_cpu(torch.zeros(2, 8), q, None, w)
+            results.setdefault(path, []).append(
+                [set(r.tolist()) - {-1} for r in buf[:2, :TOPK]])
+    assert results["cuda"] == results["cpu"]  # sets: vLLM's torch top-k does not sort

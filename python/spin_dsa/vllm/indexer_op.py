@@ -211,6 +211,46 @@ def gpu_call(op_or_layer, md, call):
         TopkTap.active_layer = None
 
 
+def cuda_forward(op, hidden_states, q_quant, k, weights):
+    """The op's CUDA forward with spin on: vLLM's own op, its decode logits masked to spin's
+    blocks through the V4.1 candidate arguments (set on the layer for the call)."""
+    from vllm.forward_context import get_forward_context
+
+    md = get_forward_context().attn_metadata
+    md = md.get(op.k_cache.prefix) if isinstance(md, dict) else None
+    if md is None or md.num_decodes == 0 or op.candidate_blocks is not None:
+        # no decode rows, or a V4.1 model whose own candidates already mask the logits
+        return op.spin_base_forward_cuda(hidden_states, q_quant, k, weights)
+
+    def call(cand, block_entries):
+        saved = (op.candidate_blocks, op.candidate_block_size, op.candidate_write)
+        op.candidate_blocks, op.candidate_block_size, op.candidate_write = cand, block_entries, False
+        try:
+            return op.spin_base_forward_cuda(hidden_states, q_quant, k, weights)
+        finally:
+            op.candidate_blocks, op.candidate_block_size, op.candidate_write = saved
+    return gpu_call(op, md, call)
+
+
+# The CUDA forward as one opaque torch op too (the host-side select would break a fullgraph trace).
+@torch.library.custom_op("spin_dsa::sparse_attn_indexer_cuda", mutates_args=("topk_indices_buffer",))
+def _cuda_op(prefix: str, hidden_states: torch.Tensor, q_quant: torch.Tensor,
+             k: torch.Tensor | None, weights: torch.Tensor,
+             topk_indices_buffer: torch.Tensor) -> None:
+    op = _OPS[prefix]
+    saved = op.topk_indices_buffer
+    op.topk_indices_buffer = topk_indices_buffer
+    try:
+        cuda_forward(op, hidden_states, q_quant, k, weights)
+    finally:
+        op.topk_indices_buffer = saved
+
+
+@_cuda_op.register_fake
+def _(prefix, hidden_states, q_quant, k, weights, topk_indices_buffer) -> None:
+    return None
+
+
 def make_op_class(base):
     """SpinSparseAttnIndexer as a subclass of vLLM's SparseAttnIndexer (imported by register())."""
 
@@ -237,23 +277,12 @@ def make_op_class(base):
         def forward_cuda(self, hidden_states, q_quant, k, weights):
             if not self.spin_on:
                 return super().forward_cuda(hidden_states, q_quant, k, weights)
-            from vllm.forward_context import get_forward_context
-            md = get_forward_context().attn_metadata
-            md = md.get(self.k_cache.prefix) if isinstance(md, dict) else None
-            if md is None or md.num_decodes == 0 or self.candidate_blocks is not None:
-                # no decode rows, or a V4.1 model whose own candidates already mask the logits
-                return super().forward_cuda(hidden_states, q_quant, k, weights)
+            _cuda_op(self.k_cache.prefix, hidden_states, q_quant, k, weights,
+                     self.topk_indices_buffer)
+            return self.topk_indices_buffer
 
-            def call(cand, block_entries):
-                saved = (self.candidate_blocks, self.candidate_block_size, self.candidate_write)
-                self.candidate_blocks, self.candidate_block_size = cand, block_entries
-                self.candidate_write = False
-                try:
-                    return super(SpinSparseAttnIndexer, self).forward_cuda(
-                        hidden_states, q_quant, k, weights)
-                finally:
-                    self.candidate_blocks, self.candidate_block_size, self.candidate_write = saved
-            return gpu_call(self, md, call)
+        def spin_base_forward_cuda(self, hidden_states, q_quant, k, weights):
+            return base.forward_cuda(self, hidden_states, q_quant, k, weights)
 
     SpinSparseAttnIndexer.__qualname__ = "SpinSparseAttnIndexer"
     return SpinSparseAttnIndexer

@@ -9,7 +9,8 @@ decode row (paged MQA logits), then takes the top-k. With spin on, at decode:
   GPU  select → vLLM's dense logits, masked to spin's blocks through vLLM's own V4.1 candidate
        hook (candidate_blocks / apply_candidate_mask) → vLLM's top-k → observe (logits copied
        to the host). Quality numbers, no speedup, until a CUDA block-sparse logits kernel exists.
-       Not run in this repository's tests (no GPU here).
+       Never run on a GPU yet: tests/integration checks its host side on CPU with a stand-in for
+       vLLM's CUDA op.
 
 With spin off (no "spin" in --additional-config, or "enabled": false) every call goes to vLLM's
 own code unchanged. Acceptance is not an input: SpinRuntime commits lazily from seq_len deltas.
@@ -89,9 +90,9 @@ def spin_decode_cpu(op, md, q_quant: torch.Tensor, weights: torch.Tensor,
     kv = op.k_cache.kv_cache
     page_size = int(kv.shape[1])
     rt.ensure_serving(page_size, int(op.topk_tokens))
+    pages, mult, base = kv_pages(kv, page_size)  # before select: a bad cache leaves no open step
     layer = op.spin_layer
     block_ids, offsets = rt.select(layer, seq_lens, next_n)
-    pages, mult, base = kv_pages(kv, page_size)
     bt = md.decode.block_table[:batch].to(torch.int32)
     if mult != 1 or base:
         bt = bt * mult + base

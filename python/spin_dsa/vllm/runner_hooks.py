@@ -7,7 +7,8 @@ step to the persistent batch; spin wraps it to
 - and record the batch's row order (input_batch.req_ids after vLLM's decode-first reorder),
   which is the order of the indexer's decode rows.
 MRV2 (vllm/v1/worker/gpu/, the default on GPUs with Triton) keeps requests in ModelState
-instead and is not hooked yet: there the runtime adds unknown ids as they appear and never drops.
+instead and is not hooked yet: without begin_step the first decode with spin on raises a clear
+error (run with VLLM_USE_V2_MODEL_RUNNER=0 until a SpinModelState exists).
 """
 
 from __future__ import annotations

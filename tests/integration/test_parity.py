@@ -10,7 +10,6 @@ next_n = 1 branch and DeepGEMM use, and returns NaN/garbage (an upstream bug; on
 fallback calls it). test_mtp_rows records whether that still holds.
 """
 import numpy as np
-import pytest
 import torch
 from vllm.model_executor.layers.indexer_topk import SparseIndexerTopk
 from vllm.v1.attention.ops.rocm_aiter_mla_sparse import fp8_paged_mqa_logits_torch

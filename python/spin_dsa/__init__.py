@@ -16,7 +16,8 @@ Research API (one object per request)::
 
 Serving API (one object per batch, DESIGN.md §7): :class:`Serving`.
 Traces, replay, workloads: :func:`open_trace`, :func:`score_trace`, :func:`replay`,
-:func:`generate_workload`. Kernels: :func:`indexer_scores`, :func:`topk`.
+:func:`generate_workload`, :func:`write_score_trace`. Kernels: :func:`indexer_scores`, :func:`topk`.
+The vLLM plugin: ``spin_dsa.vllm`` (README "Use spin in vLLM"; imports vLLM only when loaded).
 """
 
 from ._errors import (DataLoss, FailedPrecondition, InvalidArgument, IoError, OutOfRange,
@@ -24,7 +25,8 @@ from ._errors import (DataLoss, FailedPrecondition, InvalidArgument, IoError, Ou
 from ._core import (Predictor, ScoredTrace, Serving, Trace, TraceReader, budget_blocks,
                     check_config, default_config, diagnose, generate_workload, indexer_impls,
                     indexer_scores, make_predictor, make_trace, open_trace, predictor_names,
-                    replay, scenario_names, score_trace, topk, workload_params, write_trace)
+                    replay, scenario_names, score_trace, topk, workload_params, write_score_trace,
+                    write_trace)
 
 __version__ = "0.1.0"
 
@@ -35,6 +37,7 @@ __all__ = [
     "budget_blocks",
     "Serving",
     "TraceReader", "Trace", "ScoredTrace", "open_trace", "make_trace", "write_trace",
+    "write_score_trace",
     "score_trace", "replay", "generate_workload", "scenario_names", "workload_params",
     "indexer_scores", "topk", "indexer_impls", "diagnose",
 ]

@@ -193,6 +193,12 @@ class TraceReader:
     def w(self, layer: int) -> Annotated[NDArray[numpy.float32], dict(writable=False)]:
         """head weights, float32 [steps, next_n, heads] (a view)."""
 
+    @property
+    def kind(self) -> str: ...
+
+    def scores(self, layer: int) -> Annotated[NDArray[numpy.float32], dict(writable=False)]:
+        """A score trace's logits, float32 [steps, next_n, entries] (a view)."""
+
     def to_trace(self) -> Trace:
         """Copies the whole trace into memory."""
 
@@ -238,6 +244,11 @@ def make_trace(meta: dict, ctx_len: ArrayLike, layers: Sequence[Mapping[str, Arr
     """
 
 def write_trace(trace: Trace, path: str) -> None: ...
+
+def write_score_trace(meta: dict, ctx_len: ArrayLike, scores: Sequence[Annotated[NDArray[numpy.float32], dict(writable=False)]], path: str, accepted: ArrayLike | None = None) -> None:
+    """
+    Validates and writes a score trace (kind=scores) atomically: meta {model, next_n, page_size, topk, compress_ratio, extra}, ctx_len int64 [steps], scores [float32 [steps, next_n, entries] per layer], accepted int32 [steps] (next_n > 1).
+    """
 
 def scenario_names() -> list[str]:
     """The built-in workload scenarios."""

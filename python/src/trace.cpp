@@ -63,9 +63,9 @@ std::vector<T> copy_array(const InArray& a, const char* name, int ndim) {
   return std::vector<T>(d, d + a.size());
 }
 
-PyTrace make_trace(nb::dict meta, nb::handle ctx_len, nb::list layers, nb::handle accepted) {
-  auto t = std::make_shared<spin::Trace>();
-  spin::TraceMeta& m = t->meta;
+// TraceMeta from a Python dict: the known fields by name, anything else kept in `extra`.
+spin::TraceMeta parse_meta(nb::dict meta) {
+  spin::TraceMeta m;
   for (auto [k, v] : meta) {
     const std::string key = nb::cast<std::string>(k);
     if (key == "model") m.model = nb::cast<std::string>(v);
@@ -81,6 +81,13 @@ PyTrace make_trace(nb::dict meta, nb::handle ctx_len, nb::list layers, nb::handl
       m.extra[key] = nb::cast<std::string>(nb::str(v));
     }
   }
+  return m;
+}
+
+PyTrace make_trace(nb::dict meta, nb::handle ctx_len, nb::list layers, nb::handle accepted) {
+  auto t = std::make_shared<spin::Trace>();
+  spin::TraceMeta& m = t->meta;
+  m = parse_meta(meta);
   if (!meta.contains("num_layers")) m.num_layers = static_cast<int32_t>(nb::len(layers));
   t->ctx_len = copy_array<int64_t>(as_index_array(ctx_len, "int64"), "ctx_len", 1);
   if (!accepted.is_none()) t->accepted = copy_array<int32_t>(as_index_array(accepted, "int32"), "accepted", 1);
@@ -99,6 +106,31 @@ PyTrace make_trace(nb::dict meta, nb::handle ctx_len, nb::list layers, nb::handl
   }
   check(spin::validate_trace(*t));
   return PyTrace{std::move(t)};
+}
+
+// A score trace (kind=scores) from arrays: scores one float32 [steps, next_n, entries] per layer.
+// Validated and written atomically by the library (spin::write_score_trace).
+void write_score_trace(nb::dict meta, nb::handle ctx_len, nb::list scores, const std::string& path,
+                       nb::handle accepted) {
+  spin::ScoreTrace t;
+  t.meta = parse_meta(meta);
+  t.meta.kind = spin::TraceKind::kScores;
+  if (!meta.contains("num_layers")) t.meta.num_layers = static_cast<int32_t>(nb::len(scores));
+  t.ctx_len = copy_array<int64_t>(as_index_array(ctx_len, "int64"), "ctx_len", 1);
+  if (!accepted.is_none()) t.accepted = copy_array<int32_t>(as_index_array(accepted, "int32"), "accepted", 1);
+  for (nb::handle l : scores) {
+    InArray a = nb::cast<InArray>(l);
+    t.scores.push_back(copy_array<float>(a, "scores", 3));
+    if (a.shape(0) != t.ctx_len.size() || static_cast<int64_t>(a.shape(1)) != t.meta.next_n)
+      raise_value("scores: expected float32 [steps, next_n, entries] per layer with steps = len(ctx_len) = " +
+                  std::to_string(t.ctx_len.size()) + " and next_n = " + std::to_string(t.meta.next_n));
+    t.entries.push_back(static_cast<int64_t>(a.shape(2)));
+  }
+  const spin::Status st = [&] {
+    nb::gil_scoped_release release;
+    return spin::write_score_trace(t, path);
+  }();
+  check(st);
 }
 
 PyScored score(nb::handle trace, int threads) {
@@ -214,6 +246,15 @@ void bind_trace(nb::module_& m) {
         return view(r.w(l).data(), {static_cast<size_t>(r.steps()), static_cast<size_t>(m.next_n),
                                     static_cast<size_t>(m.num_heads)}, self);
       }, nb::arg("layer"), "head weights, float32 [steps, next_n, heads] (a view).")
+      .def_prop_ro("kind", [](const spin::TraceReader& r) { return std::string(spin::trace_kind_name(r.kind())); })
+      .def("scores", [](nb::handle self, int32_t l) {
+        auto& r = nb::cast<const spin::TraceReader&>(self);
+        check_layer(l, r.num_layers());
+        if (r.kind() != spin::TraceKind::kScores)
+          check(spin::Status(spin::StatusCode::kFailedPrecondition, "scores: " + r.path() + " is a key trace (kind=keys)"));
+        return view(r.scores(l).data(), {static_cast<size_t>(r.steps()), static_cast<size_t>(r.meta().next_n),
+                                         static_cast<size_t>(r.entries(l))}, self);
+      }, nb::arg("layer"), "A score trace's logits, float32 [steps, next_n, entries] (a view).")
       .def("to_trace", [](const spin::TraceReader& r) { return PyTrace{std::make_shared<spin::Trace>(r.to_trace())}; },
            "Copies the whole trace into memory.")
       .def("describe", [](const spin::TraceReader& r) { return spin::describe(r); });
@@ -269,6 +310,11 @@ void bind_trace(nb::module_& m) {
         "Builds a validated in-memory Trace: meta {model, num_layers, next_n, num_heads, page_size, "
         "topk, compress_ratio, extra}, ctx_len int64 [steps], layers [{k, k_scale, q, w[, k_draft, "
         "k_draft_scale]}], accepted int32 [steps] (MTP).");
+  m.def("write_score_trace", &write_score_trace, nb::arg("meta"), nb::arg("ctx_len"), nb::arg("scores"),
+        nb::arg("path"), nb::arg("accepted") = nb::none(),
+        "Validates and writes a score trace (kind=scores) atomically: meta {model, next_n, page_size, "
+        "topk, compress_ratio, extra}, ctx_len int64 [steps], scores [float32 [steps, next_n, "
+        "entries] per layer], accepted int32 [steps] (next_n > 1).");
   m.def("write_trace", [](const PyTrace& t, const std::string& path) { check(spin::write_trace(*t.t, path)); },
         nb::arg("trace"), nb::arg("path"));
 

@@ -1,0 +1,125 @@
+"""The plugin's settings: the ``"spin"`` object of vLLM's ``--additional-config``.
+
+    vllm serve ... --additional-config '{"spin": {"enabled": true, "predictor": "spin",
+        "config": {"target_sparsity": 0.5}, "record": {"dir": "traces", "requests": 4,
+        "layers": [0, 1], "max_steps": 256}}}'
+
+Keys (anything else is an error, so a typo never silently turns spin off):
+- ``enabled`` (bool, default true when the object is present): spin off means vLLM's own indexer,
+  bit for bit.
+- ``predictor`` (str, default "spin"): any ``spin_dsa.predictor_names()`` entry but oracle/hisa.
+- ``config`` (dict or "key=value ..."): PredictorConfig fields (``spin_dsa.default_config()``);
+  ``page_size`` and ``topk`` are set from the model and cannot be given.
+- ``max_requests`` (int, default vLLM's max_num_seqs): slots spin keeps state for.
+- ``warm_start`` (bool, default true): a request's first decode step scores every block and is
+  observed as its prefill (the prompt's own indexer row is inside vLLM's prefill kernel); false
+  starts spin cold, selecting from an empty state.
+- ``record`` (dict): score traces (DESIGN.md §6) of chosen requests and layers, see RecordConfig.
+
+Pure Python (no vLLM import), so it is tested in the main package suite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import spin_dsa
+
+_KEYS = {"enabled", "predictor", "config", "max_requests", "record", "warm_start"}
+_RECORD_KEYS = {"dir", "requests", "layers", "max_steps"}
+_MODEL_SET = {"page_size", "topk"}  # geometry comes from the model, never from the user
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """Which requests and layers record mode writes, and where.
+
+    dir: output folder (one ``<request id>.safetensors`` score trace per recorded request).
+    requests: an int N (the first N requests added) or a list of vLLM request ids.
+    layers: indexer layer numbers to record (default: all).
+    max_steps: decode steps per request at most; the trace is written then, or when the request
+    finishes, whichever comes first.
+    """
+
+    dir: str
+    requests: int | tuple[str, ...] = 1
+    layers: tuple[int, ...] | None = None
+    max_steps: int = 4096
+
+
+@dataclass(frozen=True)
+class SpinConfig:
+    enabled: bool = False
+    predictor: str = "spin"
+    config: dict = field(default_factory=dict)
+    max_requests: int | None = None
+    record: RecordConfig | None = None
+    warm_start: bool = True
+
+
+def _fail(message: str):
+    raise ValueError(f"--additional-config spin: {message}")
+
+
+def _record(obj: Any) -> RecordConfig:
+    if not isinstance(obj, Mapping):
+        _fail(f"record must be an object, got {type(obj).__name__}")
+    unknown = set(obj) - _RECORD_KEYS
+    if unknown:
+        _fail(f"record: unknown keys {sorted(unknown)} (known: {sorted(_RECORD_KEYS)})")
+    if not isinstance(obj.get("dir"), str) or not obj["dir"]:
+        _fail("record.dir must be a non-empty path")
+    requests = obj.get("requests", 1)
+    if isinstance(requests, bool) or not isinstance(requests, (int, list)):
+        _fail("record.requests must be a count or a list of request ids")
+    if isinstance(requests, int) and requests < 0:
+        _fail("record.requests must be >= 0")
+    if isinstance(requests, list):
+        requests = tuple(str(r) for r in requests)
+    layers = obj.get("layers")
+    if layers is not None:
+        if not isinstance(layers, list) or not all(isinstance(l, int) and l >= 0 for l in layers):
+            _fail("record.layers must be a list of layer numbers >= 0")
+        layers = tuple(sorted(set(layers)))
+    max_steps = obj.get("max_steps", 4096)
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        _fail("record.max_steps must be an int >= 1")
+    return RecordConfig(obj["dir"], requests, layers, max_steps)
+
+
+def parse_spin_config(additional_config: Mapping[str, Any] | None) -> SpinConfig:
+    """SpinConfig from vLLM's additional_config; no "spin" key means off."""
+    if not additional_config or "spin" not in additional_config:
+        return SpinConfig()
+    obj = additional_config["spin"]
+    if not isinstance(obj, Mapping):
+        _fail(f"expected an object, got {type(obj).__name__}")
+    unknown = set(obj) - _KEYS
+    if unknown:
+        _fail(f"unknown keys {sorted(unknown)} (known: {sorted(_KEYS)})")
+    enabled = obj.get("enabled", True)
+    if not isinstance(enabled, bool):
+        _fail("enabled must be true or false")
+    predictor = obj.get("predictor", "spin")
+    if predictor not in spin_dsa.predictor_names() or predictor in ("oracle", "hisa"):
+        _fail(f"predictor '{predictor}' cannot serve (choose from "
+              f"{[p for p in spin_dsa.predictor_names() if p not in ('oracle', 'hisa')]})")
+    config = obj.get("config", {})
+    if isinstance(config, str):
+        config = {k: v for k, v in (kv.split("=", 1) for kv in config.replace(",", " ").split())}
+    if not isinstance(config, Mapping):
+        _fail("config must be an object or a 'key=value ...' string")
+    given = _MODEL_SET & set(config)
+    if given:
+        _fail(f"config: {sorted(given)} come from the model and cannot be set")
+    spin_dsa.check_config(dict(config))  # raises InvalidArgument naming the field
+    max_requests = obj.get("max_requests")
+    if max_requests is not None and (isinstance(max_requests, bool) or not isinstance(max_requests, int)
+                                     or max_requests < 1):
+        _fail("max_requests must be an int >= 1")
+    record = _record(obj["record"]) if "record" in obj else None
+    warm_start = obj.get("warm_start", True)
+    if not isinstance(warm_start, bool):
+        _fail("warm_start must be true or false")
+    return SpinConfig(enabled, predictor, dict(config), max_requests, record, warm_start)

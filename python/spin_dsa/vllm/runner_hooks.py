@@ -1,0 +1,54 @@
+"""Request lifecycle from vLLM's model runner (MRV1: GPUModelRunner and its CPU subclass).
+
+Attention backends never see request ids, the runner does. _update_states applies a scheduler
+step to the persistent batch; spin wraps it to
+- drop finished and preempted requests (before: their slots are freed for this step's new ones),
+- add new and resumed requests (after),
+- and record the batch's row order (input_batch.req_ids after vLLM's decode-first reorder),
+  which is the order of the indexer's decode rows.
+MRV2 (vllm/v1/worker/gpu/, the default on GPUs with Triton) keeps requests in ModelState
+instead and is not hooked yet: without begin_step the first decode with spin on raises a clear
+error (run with VLLM_USE_V2_MODEL_RUNNER=0 until a SpinModelState exists).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from . import state
+
+_HOOKED = "_spin_hooked"
+
+
+def _lifecycle_before(rt, out):
+    gone = set(out.finished_req_ids) | set(getattr(out, "preempted_req_ids", None) or ())
+    for req_id in sorted(gone):  # sorted: every TP rank frees slots in the same order
+        rt.drop(req_id)
+
+
+def _lifecycle_after(rt, out, runner):
+    for new in sorted(out.scheduled_new_reqs, key=lambda r: r.req_id):
+        rt.add(new.req_id)
+    for req_id in sorted(getattr(out.scheduled_cached_reqs, "resumed_req_ids", ()) or ()):
+        rt.add(req_id)  # a preempted request back: its state was dropped, start it empty
+    rt.begin_step(list(runner.input_batch.req_ids))
+
+
+def hook_model_runner(cls):
+    """Wraps cls._update_states once (idempotent)."""
+    original = cls._update_states
+    if getattr(original, _HOOKED, False):
+        return
+
+    @functools.wraps(original)
+    def _update_states(self, scheduler_output):
+        rt = state.runtime_or_none()
+        if rt is not None:
+            _lifecycle_before(rt, scheduler_output)
+        result = original(self, scheduler_output)
+        if rt is not None:
+            _lifecycle_after(rt, scheduler_output, self)
+        return result
+
+    setattr(_update_states, _HOOKED, True)
+    cls._update_states = _update_states

@@ -1,0 +1,337 @@
+"""SpinRuntime: what the plugin keeps between indexer calls, one object per vLLM worker process.
+
+It owns the batched ``spin_dsa.Serving`` object and maps vLLM's world onto it:
+- request ids (strings) → spin slots (0..max_requests-1, lowest free first) and the 63-bit key
+  exploration is drawn with (a hash of the id, so every tensor-parallel rank agrees);
+- the batch rows of the current step → slots (``begin_step``, from the model runner's batch order);
+- commits: vLLM tells the indexer nothing about acceptance, so the step a slot opened is closed
+  lazily at its next step, from the seq_len delta: with L the tokens cached before a step's rows,
+  L' = L + 1 + accepted (the bonus token plus the accepted drafts). That holds under async
+  scheduling too, where the host-side counts run ahead.
+- record mode (ScoreRecorder): the full logits of chosen requests and layers as score traces.
+
+No torch and no vLLM here: numpy in, numpy out, so the package suite tests it without either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import os
+import re
+
+import numpy as np
+
+import spin_dsa
+
+from .config import RecordConfig, SpinConfig
+
+
+def request_key(request_id: str) -> int:
+    """The exploration key of a vLLM request id: 63 bits of its BLAKE2b digest (stable across
+    processes and ranks, unlike Python's salted hash())."""
+    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+class ScoreRecorder:
+    """Collects the logits rows of chosen requests and layers; writes one score trace per request
+    (spin_dsa.write_score_trace: validated, atomic) when it finishes or reaches max_steps."""
+
+    def __init__(self, record: RecordConfig, model: str, num_layers: int):
+        self.record = record
+        self.model = model
+        self.layers = record.layers if record.layers is not None else tuple(range(num_layers))
+        self._taken = 0  # requests chosen so far when record.requests is a count
+        self._live: dict[str, dict] = {}
+        self.written: list[str] = []
+
+    def on_add(self, request_id: str):
+        r = self.record.requests
+        chosen = request_id in r if isinstance(r, tuple) else self._taken < r
+        if chosen:
+            self._taken += 1
+            self._live[request_id] = {"ctx_len": [], "accepted": [], "next_n": None,
+                                      "rows": {l: [] for l in self.layers}, "done": False}
+
+    def recording(self, request_id: str) -> bool:
+        t = self._live.get(request_id)
+        return t is not None and not t["done"]
+
+    def open_step(self, request_id: str, seq_len: int, next_n: int):
+        t = self._live[request_id]
+        if t["next_n"] is None:
+            t["next_n"] = next_n
+        if next_n != t["next_n"]:  # a trace has one next_n: keep what was recorded
+            self._finish(request_id)
+            return
+        t["ctx_len"].append(int(seq_len))
+        t["accepted"].append(0)
+
+    def set_accepted(self, request_id: str, accepted: int):
+        t = self._live.get(request_id)
+        if t is not None and not t["done"] and t["accepted"]:
+            t["accepted"][-1] = int(accepted)
+
+    def add_rows(self, request_id: str, layer: int, rows: np.ndarray):
+        """rows: float32 [next_n, >= the last row's visible entries] of the open step."""
+        t = self._live[request_id]
+        if layer in t["rows"] and not t["done"]:
+            t["rows"][layer].append(np.array(rows, np.float32))
+
+    def end_step(self, request_id: str, page_size: int, topk: int):
+        t = self._live.get(request_id)
+        if t is not None and not t["done"] and len(t["ctx_len"]) >= self.record.max_steps:
+            self._write(request_id, page_size, topk)
+
+    def on_drop(self, request_id: str, page_size: int, topk: int):
+        if self.recording(request_id):
+            self._write(request_id, page_size, topk)
+        self._live.pop(request_id, None)
+
+    def _finish(self, request_id: str):
+        self._live[request_id]["done"] = True
+
+    def _write(self, request_id: str, page_size: int, topk: int):
+        t = self._live[request_id]
+        self._finish(request_id)
+        steps = min(len(t["ctx_len"]), *(len(v) for v in t["rows"].values()))
+        if steps == 0:
+            return
+        next_n = t["next_n"]
+        entries = max(r.shape[1] for v in t["rows"].values() for r in v[:steps])
+        scores = []
+        for l in self.layers:
+            out = np.full((steps, next_n, entries), -np.inf, np.float32)
+            for s, r in enumerate(t["rows"][l][:steps]):
+                out[s, :, :r.shape[1]] = r
+            scores.append(out)
+        meta = {"model": self.model, "next_n": next_n, "page_size": page_size, "topk": topk,
+                "compress_ratio": 1,
+                "extra": {"source": "spin_dsa.vllm record", "request_id": request_id,
+                          "layers": ",".join(map(str, self.layers))}}
+        os.makedirs(self.record.dir, exist_ok=True)
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", request_id) + ".safetensors"
+        path = os.path.join(self.record.dir, name)
+        accepted = np.array(t["accepted"][:steps], np.int32) if next_n > 1 else None
+        spin_dsa.write_score_trace(meta, np.array(t["ctx_len"][:steps], np.int64), scores, path,
+                                   accepted)
+        self.written.append(path)
+
+
+class SpinRuntime:
+    """Slots, lazy commits and the Serving object for one worker.
+
+    Per step: begin_step(batch request ids) once (the runner hook), then for every indexer layer
+    select(layer, seq_lens, next_n) → score the blocks → observe(layer, logits, topk).
+    seq_lens are vLLM's (entries cached per request, including the step's next_n rows).
+    """
+
+    def __init__(self, cfg: SpinConfig, *, num_layers: int, max_entries: int, max_requests: int,
+                 max_next_n: int = 1, model: str = "vllm"):
+        if num_layers < 1 or max_entries < 1 or max_requests < 1 or max_next_n < 1:
+            raise ValueError("SpinRuntime: num_layers, max_entries, max_requests and max_next_n "
+                             "must be >= 1")
+        self.cfg = cfg
+        self.num_layers = num_layers
+        self.max_entries = max_entries
+        self.max_requests = cfg.max_requests or max_requests
+        self.max_next_n = max_next_n
+        self.model = model
+        self.serving: spin_dsa.Serving | None = None  # made at the first decode (geometry known)
+        self.page_size = self.topk = 0
+        self._slot: dict[str, int] = {}
+        self._key: dict[int, int] = {}  # slot → exploration key
+        self._free = list(range(self.max_requests))
+        self._open = np.zeros(self.max_requests, bool)        # slot has an uncommitted step
+        self._base = np.zeros(self.max_requests, np.int64)    # its L (cached before its rows)
+        self._open_next_n = np.ones(self.max_requests, np.int64)
+        self._batch: list[str] = []
+        self.batch_slots = np.zeros(0, np.int32)
+        self._step = 0             # begin_step count
+        self._committed_step = -1  # the step whose lazy commits have run
+        self._last = None          # (layer, slots, seq_lens, next_n, warm) of the last select
+        self._recorded_rows = []
+        self.recorder = ScoreRecorder(cfg.record, model, num_layers) if cfg.record else None
+        self.stats = {"decode_calls": 0, "rows": 0, "blocks_scored": 0, "blocks_visible": 0}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def add(self, request_id: str, key: int | None = None):
+        """A new or resumed request: a free slot with empty state. key: the exploration key
+        (default request_key(request_id); tests pass replay's 0)."""
+        if request_id in self._slot:
+            self.drop(request_id)  # resumed after a preemption we did not see: start over
+        if not self._free:
+            raise RuntimeError(f"spin: no free slot for request {request_id!r} "
+                               f"(max_requests={self.max_requests}; raise spin.max_requests)")
+        slot = heapq.heappop(self._free)
+        self._slot[request_id] = slot
+        self._key[slot] = request_key(request_id) if key is None else int(key)
+        self._open[slot] = False
+        if self.serving is not None:
+            self.serving.add(slot, self._key[slot])
+        if self.recorder is not None:
+            self.recorder.on_add(request_id)
+
+    def drop(self, request_id: str):
+        """A finished or preempted request; unknown ids are ignored (never scheduled here)."""
+        slot = self._slot.pop(request_id, None)
+        if slot is None:
+            return
+        if self.serving is not None and self.serving.active(slot):
+            self.serving.drop(slot)
+        self._open[slot] = False
+        heapq.heappush(self._free, slot)
+        if self.recorder is not None:
+            self.recorder.on_drop(request_id, self.page_size, self.topk)
+
+    def slot(self, request_id: str) -> int:
+        return self._slot[request_id]
+
+    def begin_step(self, request_ids):
+        """The batch's request ids in row order (decodes first, as vLLM orders them)."""
+        self._batch = [r for r in request_ids if r is not None]
+        for r in self._batch:
+            if r not in self._slot:
+                self.add(r)
+        self.batch_slots = np.array([self._slot[r] for r in self._batch], np.int32)
+        self._step += 1
+
+    # -- the decode step -------------------------------------------------------------------------
+    def ensure_serving(self, page_size: int, topk: int):
+        if self.serving is not None:
+            if (page_size, topk) != (self.page_size, self.topk):
+                raise RuntimeError(f"spin: indexer layers disagree on geometry (page_size "
+                                   f"{page_size} vs {self.page_size}, topk {topk} vs {self.topk})")
+            return
+        config = dict(self.cfg.config, page_size=page_size, topk=topk)
+        self.serving = spin_dsa.Serving(self.max_requests, self.num_layers, self.max_entries,
+                                        predictor=self.cfg.predictor, config=config,
+                                        max_next_n=self.max_next_n)
+        self.page_size, self.topk = page_size, topk
+        for slot in sorted(self._slot.values()):
+            self.serving.add(slot, self._key[slot])
+
+    def _commit_open(self, slots: np.ndarray, seq_lens: np.ndarray, next_n: int):
+        """Closes the previous step of every slot of this batch that has one (accepted drafts
+        from the seq_len delta), and opens this step's bookkeeping."""
+        base = seq_lens - next_n
+        was_open = self._open[slots]
+        if was_open.any():
+            s = slots[was_open]
+            acc = base[was_open] - self._base[s] - 1
+            acc = np.clip(acc, 0, self._open_next_n[s] - 1).astype(np.int32)
+            self.serving.commit(s, acc)
+            self._open[s] = False
+            if self.recorder is not None:
+                for slot, a in zip(s, acc):
+                    rid = self._batch[int(np.flatnonzero(slots == slot)[0])]
+                    self.recorder.set_accepted(rid, int(a))
+                    self.recorder.end_step(rid, self.page_size, self.topk)
+        self._open[slots] = True
+        self._base[slots] = base
+        self._open_next_n[slots] = next_n
+        if self.recorder is not None:
+            for i, rid in enumerate(self._batch[:len(slots)]):
+                if self.recorder.recording(rid):
+                    self.recorder.open_step(rid, int(seq_lens[i]), next_n)
+
+    def select(self, layer: int, seq_lens, next_n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Blocks to score for the batch's first len(seq_lens) requests: (block ids int32 sorted
+        per request, offsets int32 [batch + 1]) — the kernels' mask form, one set per request (the
+        union of its rows).
+
+        Every block is scored (a) at a request's first decode step (cfg.warm_start): the prompt's
+        full indexer row is inside vLLM's prefill kernel, so the step's first row (the real
+        token) stands in for it and is observed in full (Serving.prefill; replay's warm start does
+        the same with step 0, where it also observes the accepted drafts' rows: it knows them in
+        hindsight, an engine does not), and (b) for
+        requests being recorded, so their traces are the true indexer output."""
+        seq_lens = np.ascontiguousarray(seq_lens, np.int64).reshape(-1)
+        batch = seq_lens.shape[0]
+        if batch > self.batch_slots.shape[0]:
+            raise RuntimeError(f"spin: {batch} decode requests but the runner reported "
+                               f"{self.batch_slots.shape[0]} (no begin_step: vLLM's model runner V2 is not "
+                               f"hooked yet, run with VLLM_USE_V2_MODEL_RUNNER=0)")
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"spin: layer {layer} outside [0, {self.num_layers})")
+        slots = self.batch_slots[:batch]
+        if self._committed_step != self._step:
+            self._commit_open(slots, seq_lens, next_n)
+            self._committed_step = self._step
+        warm = np.array([self.cfg.warm_start and self.serving.step(int(s)) == 0 for s in slots],
+                        bool)
+        self._open_next_n[slots[warm]] = 1  # a prefill step commits with 0 accepted
+        decode = ~warm
+        if decode.any():
+            blocks = self.serving.select(slots[decode], layer, seq_lens[decode], next_n)
+            counts = self.serving.counts(int(decode.sum()) * next_n)
+        E = self.serving.block_entries
+        ids, offsets, d = [], [0], 0
+        self._recorded_rows = []  # (request index, spin's own blocks) of recorded requests
+        for i in range(batch):
+            visible = -(-int(seq_lens[i]) // E)
+            own = blocks[d * next_n, :counts[d * next_n]].copy() if decode[i] else None
+            if warm[i]:
+                b = np.arange(visible, dtype=np.int32)
+            elif self.recorder is not None and self.recorder.recording(self._batch[i]):
+                b = np.arange(visible, dtype=np.int32)
+                self._recorded_rows.append((i, own))
+            else:
+                b = own
+            d += int(decode[i])
+            ids.append(b)
+            offsets.append(offsets[-1] + b.shape[0])
+            self.stats["blocks_scored"] += b.shape[0]
+            self.stats["blocks_visible"] += visible
+        self.stats["decode_calls"] += 1
+        self.stats["rows"] += batch * next_n
+        self._last = (layer, slots, seq_lens, next_n, warm)
+        block_ids = np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32)
+        return block_ids, np.array(offsets, np.int32)
+
+    def observe(self, layer: int, logits: np.ndarray, topk: np.ndarray | None):
+        """The rows' logits (float32 [rows, cols], -inf where not scored) and top-k (int32
+        [rows, >= topk] or None) of the last select, which must be of `layer`."""
+        if self._last is None or self._last[0] != layer:
+            raise RuntimeError(f"spin: observe(layer {layer}) without its select")
+        _, slots, seq_lens, next_n, warm = self._last
+        self._last = None
+        if topk is not None and self._recorded_rows:
+            topk = self._own_topk(logits, topk, seq_lens, next_n)
+        decode = ~warm
+        if decode.all():
+            self.serving.observe(slots, layer, logits, topk)
+        elif decode.any():
+            rows = (np.flatnonzero(decode)[:, None] * next_n + np.arange(next_n)).reshape(-1)
+            self.serving.observe(slots[decode], layer, np.ascontiguousarray(logits[rows]),
+                                 None if topk is None else np.ascontiguousarray(topk[rows]))
+        if warm.any():  # row 0: the real token (the others are drafts, maybe rejected)
+            first = np.flatnonzero(warm) * next_n
+            self.serving.prefill(slots[warm], layer, seq_lens[warm] - next_n + 1,
+                                 np.ascontiguousarray(logits[first]))
+        if self.recorder is not None:
+            for i, rid in enumerate(self._batch[:len(slots)]):
+                if self.recorder.recording(rid):
+                    rows = logits[i * next_n:(i + 1) * next_n, :int(seq_lens[i])]
+                    self.recorder.add_rows(rid, layer, rows)
+
+    def _own_topk(self, logits, topk, seq_lens, next_n):
+        """A recorded request scored every block (for its trace); spin observes the top-k it
+        would have got from its own blocks, so recording never changes what spin learns."""
+        topk = np.array(topk, np.int32)
+        k, E = self.topk, self.serving.block_entries
+        for i, own in self._recorded_rows:
+            rows = slice(i * next_n, (i + 1) * next_n)
+            vis = np.maximum(int(seq_lens[i]) - next_n + 1 + np.arange(next_n), 0)
+            topk[rows, :k] = spin_dsa.topk(np.ascontiguousarray(logits[rows]), k,
+                                           visible_entries=vis, block_ids=own,
+                                           block_offsets=np.array([0, own.size], np.int32),
+                                           rows_per_mask=next_n, block_entries=E)
+            topk[rows, k:] = -1
+        return topk
+
+    def close(self):
+        """Writes the traces of requests still recording (process exit)."""
+        for request_id in list(self._slot):
+            self.drop(request_id)

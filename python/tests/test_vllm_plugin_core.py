@@ -1,0 +1,135 @@
+"""The vLLM plugin's pure-Python parts (spin_dsa.vllm.config / runtime) and the score-trace
+writer they use; no vLLM or torch needed. The plugin against vLLM itself: tests/integration/."""
+import numpy as np
+import pytest
+
+import spin_dsa
+from spin_dsa.vllm.config import parse_spin_config
+from spin_dsa.vllm.runtime import SpinRuntime, request_key
+
+
+def test_write_score_trace_round_trip(tmp_path):
+    rng = np.random.default_rng(1)
+    scores = [rng.normal(size=(4, 2, 300)).astype(np.float32) for _ in range(2)]
+    path = str(tmp_path / "s.safetensors")
+    spin_dsa.write_score_trace({"model": "m", "next_n": 2, "page_size": 64, "topk": 32},
+                               [200, 202, 205, 207], scores, path, accepted=[0, 1, 0, 1])
+    r = spin_dsa.open_trace(path)
+    assert (r.kind, r.steps, r.num_layers) == ("scores", 4, 2)
+    np.testing.assert_array_equal(r.scores(1), scores[1])
+    np.testing.assert_array_equal(r.accepted, [0, 1, 0, 1])
+
+
+def test_write_score_trace_refuses_bad_input(tmp_path):
+    path = tmp_path / "bad.safetensors"
+    short = np.zeros((2, 1, 100), np.float32)
+    with pytest.raises(spin_dsa.SpinError, match="columns"):  # ctx_len beyond the columns
+        spin_dsa.write_score_trace({"model": "m", "next_n": 1}, [50, 150], [short], str(path))
+    with pytest.raises(ValueError, match="steps"):
+        spin_dsa.write_score_trace({"model": "m", "next_n": 1}, [50], [short], str(path))
+    assert not path.exists()  # nothing half-written
+    key_trace = spin_dsa.generate_workload("doc-qa-10k", prompt_tokens=300, steps=2, layers=1)
+    kp = str(tmp_path / "k.safetensors")
+    key_trace.write(kp)
+    with pytest.raises(spin_dsa.FailedPrecondition, match="key trace"):
+        spin_dsa.open_trace(kp).scores(0)
+
+
+def test_config_off_unless_asked_and_strict():
+    assert not parse_spin_config({}).enabled
+    assert not parse_spin_config({"other": 1}).enabled
+    on = parse_spin_config({"spin": {"config": {"target_sparsity": 0.5}}})
+    assert on.enabled and on.predictor == "spin" and on.config == {"target_sparsity": 0.5}
+    assert not parse_spin_config({"spin": {"enabled": False}}).enabled
+    assert on.warm_start and not parse_spin_config({"spin": {"warm_start": False}}).warm_start
+    for bad, msg in [({"enable": True}, "unknown keys"), ({"predictor": "oracle"}, "cannot serve"),
+                     ({"config": {"topk": 8}}, "come from the model"),
+                     ({"record": {"dir": ""}}, "record.dir"),
+                     ({"max_requests": 0}, "max_requests"), ({"warm_start": 1}, "warm_start")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_spin_config({"spin": bad})
+    with pytest.raises(spin_dsa.InvalidArgument):
+        parse_spin_config({"spin": {"config": {"target_sparsity": 2}}})
+
+
+def test_request_key_is_stable():
+    assert request_key("cmpl-1") == request_key("cmpl-1") != request_key("cmpl-2")
+    assert 0 <= request_key("x") < 1 << 63
+
+
+def _runtime(**spin):
+    cfg = parse_spin_config({"spin": dict({"config": {"target_sparsity": 0.5}}, **spin)})
+    rt = SpinRuntime(cfg, num_layers=2, max_entries=4096, max_requests=4, max_next_n=2)
+    rt.ensure_serving(page_size=64, topk=64)
+    return rt
+
+
+def _scores(rows, cols, seed):
+    return np.random.default_rng(seed).normal(size=(rows, cols)).astype(np.float32)
+
+
+def test_runtime_lazy_commit_from_seq_len_delta(tmp_path):
+    rt = _runtime(record={"dir": str(tmp_path), "requests": ["a"]})
+    rt.add("a")
+    rt.add("b")
+    slots = [rt.slot("a"), rt.slot("b")]
+    seq = np.array([1000, 2000])
+    # a grows by 1 + the drafts the previous step accepted: +2 closes step 0 (a prefill stand-in:
+    # committed with 0 whatever it grew), +1 closes step 1 with 0, +2 closes step 2 with 1
+    for step, grow in enumerate([None, [2, 1], [1, 2], [2, 2]]):
+        if grow is not None:
+            seq = seq + grow
+        rt.begin_step(["a", "b"])
+        for layer in range(2):
+            ids, offs = rt.select(layer, seq, 2)
+            assert offs.shape == (3,) and ids.shape[0] == offs[-1]
+            every_b = offs[2] - offs[1] == -(-seq[1] // 64)
+            assert every_b == (step == 0)  # b scores all blocks only at its first step
+            rt.observe(layer, _scores(4, int(seq.max()), layer), None)
+        assert [rt.serving.step(s) for s in slots] == [step, step]  # committed lazily
+    rt.drop("a")  # writes a's trace: the accepted counts the seq_len deltas gave
+    r = spin_dsa.open_trace(rt.recorder.written[0])
+    np.testing.assert_array_equal(r.accepted, [0, 0, 1, 0])  # the open last step: 0
+    np.testing.assert_array_equal(r.ctx_len, [1000, 1002, 1003, 1005])
+    assert not rt.serving.active(slots[0])
+    rt.add("c")
+    assert rt.slot("c") == slots[0]  # the lowest free slot is reused
+
+
+def test_runtime_errors_are_clear():
+    rt = _runtime(max_requests=1)
+    rt.add("a")
+    with pytest.raises(RuntimeError, match="no free slot"):
+        rt.add("b")
+    rt.begin_step(["a"])
+    with pytest.raises(RuntimeError, match="runner reported"):
+        rt.select(0, np.array([100, 100]), 1)
+    with pytest.raises(RuntimeError, match="without its select"):
+        rt.observe(1, _scores(1, 100, 0), None)
+
+
+def test_record_mode_writes_exact_score_traces(tmp_path):
+    rt = _runtime(record={"dir": str(tmp_path), "requests": ["r/1"], "layers": [1], "max_steps": 3})
+    rt.begin_step(["r/1", "other"])
+    seq = np.array([700, 900])
+    written = {}
+    for step in range(4):
+        if step:
+            rt.begin_step(["r/1", "other"])
+        for layer in range(2):
+            ids, offs = rt.select(layer, seq, 1)
+            # while recorded, a request scores every block (its trace is the true indexer output);
+            # after max_steps it is back on spin's budget
+            every = np.array_equal(ids[offs[0]:offs[1]], np.arange(-(-seq[0] // 64)))
+            assert every == (step < 3)
+            logits = _scores(2, int(seq.max()), 10 * step + layer)
+            if layer == 1 and step < 3:
+                written[step] = logits[0, :seq[0]].copy()
+            rt.observe(layer, logits, None)
+        seq = seq + 1
+    assert rt.recorder.written == [str(tmp_path / "r_1.safetensors")]
+    r = spin_dsa.open_trace(rt.recorder.written[0])
+    assert (r.kind, r.steps, r.num_layers, r.meta["extra"]["layers"]) == ("scores", 3, 1, "1")
+    np.testing.assert_array_equal(r.ctx_len, [700, 701, 702])
+    for s in range(3):
+        np.testing.assert_array_equal(r.scores(0)[s, 0, :700 + s], written[s])

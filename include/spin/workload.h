@@ -103,8 +103,8 @@ struct WorkloadParams {
   int32_t burst_steps = 0;
   int64_t tool_tokens = 0;
   double tool_focus_prob = 0.7;    // chance the focus jumps to the new tool output
-  // Fields from here on are left out of to_string() while at their defaults, so that the traces of
-  // the scenarios that predate them (whose metadata holds to_string()) keep their bytes.
+  // Fields from here on are left out of to_string() while all are at their defaults, so that the
+  // traces of the scenarios that predate them (whose metadata holds to_string()) keep their bytes.
   double segment_own = 0.7;        // weight of a segment's own direction next to its topic's 0.7
   // Retrieval targets (see the model above); the defaults switch them off.
   int32_t needles = 0;             // asked needles (0 = no needles)
@@ -119,7 +119,8 @@ struct WorkloadParams {
   Status validate() const;
   // Sets one field by name (the names above) from text.
   Status set(const std::string& key, const std::string& value);
-  // "key=value ..." of every field, in order (those from segment_own on only when not default).
+  // "key=value ..." of every field, in order (those from segment_own on only when one of them is
+  // not at its default).
   std::string to_string() const;
 };
 

@@ -7,6 +7,7 @@
 # and per scenario one "facts" row: the open-loop prev-iter top-k recall and block Pearson (the
 # all-keep churn statistics the calibration targets).
 # Usage: scripts/measure-targets.sh [-s SPIN] [-d WORKDIR] SCENARIO...   (seed 1)
+# SPARSITIES (default "0.3 0.5") and PREDICTORS (default: the eight below) override the grid.
 set -euo pipefail
 spin=build/release/tools/spin
 work=${TMPDIR:-/tmp}/spin-targets
@@ -16,7 +17,7 @@ done
 shift $((OPTIND - 1))
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$work"
-predictors="all-keep oracle spin prev-iter step-reuse hisa indexcache-2 random"
+predictors=${PREDICTORS:-all-keep oracle spin prev-iter step-reuse hisa indexcache-2 random}
 for scenario in "$@"; do
   trace=$work/$scenario.st
   "$spin" trace gen --scenario "$scenario" --out "$trace" > /dev/null
@@ -27,7 +28,7 @@ d = json.load(open(sys.argv[1]))
 print(f"{sys.argv[2]}\tfacts\tprev_iter_topk_recall={d['topk_recall_mean']:.4f}\t"
       f"prev_iter_block_pearson={d['pearson_mean']:.4f}\ttopk_block_share={d['topk_block_share']:.4f}")
 PY
-  for sparsity in 0.3 0.5; do
+  for sparsity in ${SPARSITIES:-0.3 0.5}; do
     for p in $predictors; do
       base=$work/$scenario.$p.$sparsity
       "$spin" replay "$trace" --predictor "$p" --sparsity "$sparsity" --json "$base.json" \

@@ -37,7 +37,7 @@
 // Retrieval targets (the tasks that break pooled indexers; off by default):
 //   needles: needles + needle_distractors spans of needle_tokens tokens (far shorter than a
 //     block, so a block's mean-pooled key dilutes them) laid at random depths over the prompt;
-//     their keys are key_topic·d_i + rope + noise, without salience, where
+//     their keys are needle_key·d_i + rope + noise, without salience, where
 //     d_i = √needle_similarity·v_needle + √(1-needle_similarity)·own_i: every needle shares the
 //     needle direction (the template "the magic number for X is"), each has its own key X.
 //     Distractors are never asked for: they make the task multi-key (RULER MK-NIAH).
@@ -111,6 +111,7 @@ struct WorkloadParams {
   int32_t needle_distractors = 0;  // look-alike needles never asked for
   int32_t needle_tokens = 8;       // tokens per needle span
   double needle_similarity = 0.5;  // cosine between two needles' key directions, in [0, 1)
+  double needle_key = 1.0;         // weight of d_i in a needle's key (key_topic's counterpart)
   int32_t target_period = 0;       // steps per retrieval episode (0 = no targets)
   int32_t target_dwell = 0;        // steps of an episode whose query asks for the target (0 = all)
   double target_query = 8.0;       // weight of the target's direction in the query

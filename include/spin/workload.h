@@ -34,7 +34,7 @@
 //   agentic scenarios append tool_tokens tokens of a fresh segment every burst_steps steps.
 //   segment directions mix topic and own as 0.7·topic + segment_own·own: a small segment_own
 //   makes the turns of one topic near-identical look-alikes (MRCR's repeated requests).
-// Retrieval targets (the tasks that break pooled indexers; off by default):
+// Retrieval targets (RULER-like multi-key needles, MRCR-like rounds; off by default):
 //   needles: needles + needle_distractors spans of needle_tokens tokens (far shorter than a
 //     block, so a block's mean-pooled key dilutes them) laid at random depths over the prompt;
 //     their keys are needle_key·d_i + rope + noise, without salience, where

@@ -16,6 +16,7 @@ struct GenArgs {
   int64_t context = 0;
   int32_t steps = 0, layers = 0, next_n = 0;  // 0: not given, the scenario's own value
   uint64_t seed = 1;
+  std::vector<std::string> settings;  // --set: workload fields, key=value, after the options above
 };
 
 // Bytes of the trace the generator holds in memory (and then writes): per layer the keys and
@@ -36,6 +37,11 @@ int run_gen(const GenArgs& a) {
   if (a.layers > 0) params->layers = a.layers;
   if (a.next_n > 0) params->next_n = a.next_n;
   params->seed = a.seed;
+  for (const std::string& kv : a.settings) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) return usage_error(fmt::format("--set {}: expected key=value", kv));
+    if (Status s = params->set(kv.substr(0, eq), kv.substr(eq + 1)); !s.ok()) return usage_error(s.message());
+  }
   if (Status s = params->validate(); !s.ok()) return usage_error(s.message());
   const double bytes = trace_bytes(params.value());
   // The trace is built whole in memory and then written; twice its size covers the working set.
@@ -114,6 +120,7 @@ std::vector<Command> add_trace_commands(CLI::App& app) {
   gen_cmd->add_option("--next-n", gen->next_n, "rows per step, 1 + draft tokens (default: the scenario's)")
       ->check(int_range(1, 4));
   gen_cmd->add_option("--seed", gen->seed, "seed (any 64-bit value)");
+  gen_cmd->add_option("--set", gen->settings, "other workload fields, key=value (e.g. target_query=12)");
   auto info_file = std::make_shared<std::string>();
   CLI::App* info_cmd = trace->add_subcommand("info", "describe and validate a trace file");
   info_cmd->add_option("file", *info_file, "trace file")->required();

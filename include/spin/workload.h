@@ -32,6 +32,21 @@
 //              per layer by layer_volatility (real layers churn at different rates).
 //   decoding appends one entry per accepted token, drawn from the current focus of layer 0;
 //   agentic scenarios append tool_tokens tokens of a fresh segment every burst_steps steps.
+//   segment directions mix topic and own as 0.7·topic + segment_own·own: a small segment_own
+//   makes the turns of one topic near-identical look-alikes (MRCR's repeated requests).
+// Retrieval targets (RULER-like multi-key needles, MRCR-like rounds; off by default):
+//   needles: needles + needle_distractors spans of needle_tokens tokens (far shorter than a
+//     block, so a block's mean-pooled key dilutes them) laid at random depths over the prompt;
+//     their keys are needle_key·d_i + rope + noise, without salience, where
+//     d_i = √needle_similarity·v_needle + √(1-needle_similarity)·own_i: every needle shares the
+//     needle direction (the template "the magic number for X is"), each has its own key X.
+//     Distractors are never asked for: they make the task multi-key (RULER MK-NIAH).
+//   the schedule: every target_period steps an episode starts with a target drawn uniformly
+//     (never the previous one) among the asked needles, or, without needles, among the prompt's
+//     segments (MRCR's "the k-th poem about tapirs": one turn among look-alikes); for the first
+//     target_dwell steps of the episode (0 = all of them) every head and row of every layer adds
+//     target_query·d_target to its query (the question), the rest is ordinary haystack attention.
+//     workload_targets() lists each step's target span; traces carry it as metadata "targets".
 // Head weights are 1 + 0.3·N(0,1) per (layer, head); queries are quantised with
 // quantize_queries (q scale and 128^-0.5·64^-0.5 folded into the weights).
 #pragma once
@@ -88,22 +103,46 @@ struct WorkloadParams {
   int32_t burst_steps = 0;
   int64_t tool_tokens = 0;
   double tool_focus_prob = 0.7;    // chance the focus jumps to the new tool output
+  // Fields from here on are left out of to_string() while all are at their defaults, so that the
+  // traces of the scenarios that predate them (whose metadata holds to_string()) keep their bytes.
+  double segment_own = 0.7;        // weight of a segment's own direction next to its topic's 0.7
+  // Retrieval targets (see the model above); the defaults switch them off.
+  int32_t needles = 0;             // asked needles (0 = no needles)
+  int32_t needle_distractors = 0;  // look-alike needles never asked for
+  int32_t needle_tokens = 8;       // tokens per needle span
+  double needle_similarity = 0.5;  // cosine between two needles' key directions, in [0, 1)
+  double needle_key = 1.0;         // weight of d_i in a needle's key (key_topic's counterpart)
+  int32_t target_period = 0;       // steps per retrieval episode (0 = no targets)
+  int32_t target_dwell = 0;        // steps of an episode whose query asks for the target (0 = all)
+  double target_query = 8.0;       // weight of the target's direction in the query
   uint64_t seed = 1;
 
   Status validate() const;
   // Sets one field by name (the names above) from text.
   Status set(const std::string& key, const std::string& value);
-  // "key=value ..." of every field, in order.
+  // "key=value ..." of every field, in order (those from segment_own on only when one of them is
+  // not at its default).
   std::string to_string() const;
 };
 
-// The built-in scenarios: doc-qa-10k, doc-qa-94k, agentic, needle-shift, cached-507k, each also
-// with an "-mtp" suffix (next_n 3, acceptance 0.7). Parameters come from the calibration table
+// The built-in scenarios: doc-qa-10k, doc-qa-94k, agentic, needle-shift, cached-507k, niah-mk-128k
+// (multi-key needles), mrcr-256k and mrcr-1m (multi-round co-reference), each also with an "-mtp"
+// suffix (next_n 3, acceptance 0.7). Parameters come from the calibration table
 // that `spin calibrate` writes (data/calibration.json, compiled in).
 const std::vector<std::string>& scenario_names();
 Result<WorkloadParams> scenario_params(std::string_view name);
 
 // Generates the trace (deterministic per seed, independent of thread count).
 Result<Trace> generate_workload(const WorkloadParams& params);
+
+// The span a decode step's query asks for (needle or turn), entries [begin, end).
+struct WorkloadTarget {
+  int32_t step = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+// Every asking step's target, in step order (empty when target_period is 0); cheap: no keys are
+// built. The same list generate_workload() writes as metadata "targets" ("step:begin:end,...").
+Result<std::vector<WorkloadTarget>> workload_targets(const WorkloadParams& params);
 
 }  // namespace spin

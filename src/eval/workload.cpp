@@ -29,7 +29,7 @@ constexpr int kRopePairs = 32;  // dims [0, 32) and [32, 64) form the NeoX half-
 // Stream tags: one counter-based stream per decision, so adding a draw never shifts another.
 enum : uint64_t {
   kTagTopic = 1, kTagSegment, kTagSalience, kTagKeyNoise, kTagFocus, kTagHead, kTagQueryNoise,
-  kTagWeights, kTagAccept, kTagGlobal,
+  kTagWeights, kTagAccept, kTagGlobal, kTagNeedle, kTagTarget,
 };
 
 using Vec = std::array<float, kDim>;
@@ -137,10 +137,11 @@ struct Field {
   const char* name;
   std::function<std::string(const WorkloadParams&)> get;
   std::function<bool(WorkloadParams&, const std::string&)> put;
+  bool quiet = false;  // to_string() leaves it out while it holds its default
 };
 
 template <typename T>
-Field field(const char* name, T WorkloadParams::*member) {
+Field field(const char* name, T WorkloadParams::*member, bool quiet = false) {
   return {name,
           [member](const WorkloadParams& p) {
             if constexpr (std::is_same_v<T, std::string>) {
@@ -163,7 +164,14 @@ Field field(const char* name, T WorkloadParams::*member) {
               p.*member = v;
               return true;
             }
-          }};
+          },
+          quiet};
+}
+
+// A field added after traces were published: see WorkloadParams (to_string keeps their bytes).
+template <typename T>
+Field quiet_field(const char* name, T WorkloadParams::*member) {
+  return field(name, member, /*quiet=*/true);
 }
 
 const std::vector<Field>& fields() {
@@ -186,6 +194,14 @@ const std::vector<Field>& fields() {
       field("head_noise", &WorkloadParams::head_noise),
       field("layer_volatility", &WorkloadParams::layer_volatility), field("burst_steps", &WorkloadParams::burst_steps),
       field("tool_tokens", &WorkloadParams::tool_tokens), field("tool_focus_prob", &WorkloadParams::tool_focus_prob),
+      quiet_field("segment_own", &WorkloadParams::segment_own), quiet_field("needles", &WorkloadParams::needles),
+      quiet_field("needle_distractors", &WorkloadParams::needle_distractors),
+      quiet_field("needle_tokens", &WorkloadParams::needle_tokens),
+      quiet_field("needle_similarity", &WorkloadParams::needle_similarity),
+      quiet_field("needle_key", &WorkloadParams::needle_key),
+      quiet_field("target_period", &WorkloadParams::target_period),
+      quiet_field("target_dwell", &WorkloadParams::target_dwell),
+      quiet_field("target_query", &WorkloadParams::target_query),
       field("seed", &WorkloadParams::seed),
   };
   return table;
@@ -208,10 +224,55 @@ Status WorkloadParams::set(const std::string& key, const std::string& value) {
 }
 
 std::string WorkloadParams::to_string() const {
+  static const WorkloadParams defaults;
+  // The quiet fields go together: all of them as soon as one is set, so a trace that uses them
+  // says how, and none while all hold their defaults (the traces that predate them).
+  bool any_quiet_set = false;
+  for (const Field& f : fields()) any_quiet_set = any_quiet_set || (f.quiet && f.get(*this) != f.get(defaults));
   std::string out;
-  for (const Field& f : fields()) out += std::string(out.empty() ? "" : " ") + f.name + "=" + f.get(*this);
+  for (const Field& f : fields()) {
+    const std::string value = f.get(*this);
+    if (f.quiet && !any_quiet_set) continue;
+    out += std::string(out.empty() ? "" : " ") + f.name + "=" + value;
+  }
   return out;
 }
+
+namespace {
+
+// The retrieval-target fields (needles, MRCR rounds).
+Status validate_targets(const WorkloadParams& p) {
+  if (!(p.segment_own >= 0 && p.segment_own <= 10)) {
+    return invalid_argument("segment_own must be in [0, 10], got {}", p.segment_own);
+  }
+  if (p.needles < 0 || p.needle_distractors < 0) return invalid_argument("needles and needle_distractors must be ≥ 0");
+  if (p.needle_tokens < 1) return invalid_argument("needle_tokens must be ≥ 1, got {}", p.needle_tokens);
+  if (!(p.needle_similarity >= 0 && p.needle_similarity < 1)) {
+    return invalid_argument("needle_similarity must be in [0, 1), got {}", p.needle_similarity);
+  }
+  // Every needle gets its own stretch of the prompt after the sinks, with room to move in it.
+  const int64_t spans = int64_t{p.needles} + p.needle_distractors;
+  if (spans > 0 && (p.prompt_tokens - p.sink_tokens) / spans <= p.needle_tokens) {
+    return invalid_argument("{} needles of {} tokens do not fit in a prompt of {} tokens", spans, p.needle_tokens,
+                            p.prompt_tokens);
+  }
+  if (p.needle_distractors > 0 && p.needles == 0) {
+    return invalid_argument("needle_distractors need needles ≥ 1 to ask for");
+  }
+  if (p.target_period < 0 || p.target_dwell < 0 || p.target_dwell > p.target_period) {
+    return invalid_argument("target_period must be ≥ 0 and target_dwell in [0, target_period], got {} and {}",
+                            p.target_period, p.target_dwell);
+  }
+  if (p.needles > 0 && p.target_period == 0) return invalid_argument("needles need target_period ≥ 1 (when to ask)");
+  for (double v : {p.target_query, p.needle_key}) {
+    if (!(v >= 0 && std::isfinite(v))) {
+      return invalid_argument("target_query and needle_key must be finite and ≥ 0 (got {})", v);
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
 
 Status WorkloadParams::validate() const {
   if (prompt_tokens < 1) return invalid_argument("prompt_tokens must be ≥ 1, got {}", prompt_tokens);
@@ -243,8 +304,9 @@ Status WorkloadParams::validate() const {
     return invalid_argument("layer_volatility must be in [0, 3], got {}", layer_volatility);
   }
   if (burst_steps < 0 || tool_tokens < 0) return invalid_argument("burst_steps and tool_tokens must be ≥ 0");
-  return ok_status();
+  return validate_targets(*this);
 }
+
 
 namespace {
 
@@ -263,6 +325,23 @@ constexpr ScenarioDef kScenarios[] = {
     {"needle-shift", "prompt_tokens=32000 steps=64 layers=4 segment_tokens=1000 num_topics=32 shift_prob=0.15 "
                      "needle_prob=0.9"},
     {"cached-507k", "prompt_tokens=507000 steps=12 layers=2 segment_tokens=4000 num_topics=48"},
+    // RULER-like multi-key NIAH at 128K, where pooled indexers fell (0.93 / 1.0 / 1.0 at 32K →
+    // 0.43 / 0.36 / 0.21 at 128K): 8 asked needles of 8 tokens among 56 look-alike distractors;
+    // a new needle every 6 steps, asked for 4 of them. The bar a needle entry must clear (the
+    // k-th score) moves ~4× from step to step with the shared query noise; target_query 40 with
+    // needle_key 3 clears it at every step (needle_key 1 lost whole episodes, ~0.78 of the asked
+    // entries in the all-keep top-k); needle_similarity 0.3 keeps the other needles below it.
+    {"niah-mk-128k", "prompt_tokens=128000 steps=48 layers=4 segment_tokens=3000 num_topics=24 needles=8 "
+                     "needle_distractors=56 needle_tokens=8 needle_similarity=0.3 needle_key=3 target_period=6 "
+                     "target_dwell=4 target_query=40"},
+    // MRCR-like multi-round co-reference: 2000-token turns on 8 topics (~16 look-alikes each,
+    // cosine 0.66 with segment_own 0.5); every 4 steps a round asks for one earlier turn. The
+    // question pulls the top-k toward all the look-alikes, the asked one holding ~35 % of it
+    // (target_query 28; above that the look-alikes grow with it).
+    {"mrcr-256k", "prompt_tokens=256000 steps=48 layers=4 segment_tokens=2000 num_topics=8 segment_own=0.5 "
+                  "target_period=4 target_query=28"},
+    {"mrcr-1m", "prompt_tokens=1000000 steps=24 layers=2 segment_tokens=4000 num_topics=16 segment_own=0.5 "
+                "target_period=4 target_query=28"},
 };
 constexpr const char* kMtpSuffix = "-mtp";
 constexpr const char* kMtpSettings = "next_n=3 acceptance_rate=0.7";
@@ -360,10 +439,18 @@ namespace {
 // ---- generate_workload's stages, in the order it runs them ----------------------------------
 
 // The fixed directions of the indexer space and the segments laid over the context.
+struct Needle {
+  int64_t begin = 0;
+  int64_t end = 0;
+  Vec direction{};
+  bool asked = false;  // a target; otherwise a look-alike distractor
+};
+
 struct World {
   Vec v_sink{}, v_sal{};
   std::vector<Vec> topics;
   std::vector<Segment> segments;
+  std::vector<Needle> needles;  // in position order
 
   // A segment [begin, end): a topic direction mixed with its own.
   void add_segment(const WorkloadParams& P, int64_t begin, int64_t end, bool focusable) {
@@ -374,11 +461,42 @@ struct World {
     seg.begin = begin;
     seg.end = end;
     seg.focusable = focusable;
-    for (int k = 0; k < kDim; ++k) seg.direction[k] = 0.7f * topic[k] + 0.7f * own[k];
+    const auto own_w = static_cast<float>(P.segment_own);  // 0.7 by default: the same float as 0.7f
+    for (int k = 0; k < kDim; ++k) seg.direction[k] = 0.7f * topic[k] + own_w * own[k];
     normalise(seg.direction);
     segments.push_back(seg);
   }
 };
+
+// Needles at random depths: the prompt after the sinks is cut into one stretch per needle and each
+// needle lands at a random offset in its own stretch (so they never overlap and cover every depth);
+// which of them are asked for is a random choice of `needles` among all of them.
+void place_needles(const WorkloadParams& P, World& w) {
+  const int32_t total = P.needles + P.needle_distractors;
+  if (total == 0) return;
+  CounterRng rng(stream_key(P.seed, kTagNeedle));
+  const Vec shared = random_unit(rng);
+  const int64_t stretch = (P.prompt_tokens - P.sink_tokens) / total;
+  const auto shared_w = static_cast<float>(std::sqrt(P.needle_similarity));
+  const auto own_w = static_cast<float>(std::sqrt(1.0 - P.needle_similarity));
+  for (int32_t i = 0; i < total; ++i) {
+    CounterRng needle_rng(stream_key(P.seed, kTagNeedle, i));
+    Needle n;
+    n.begin = P.sink_tokens + i * stretch + static_cast<int64_t>(needle_rng.below(stretch - P.needle_tokens + 1));
+    n.end = n.begin + P.needle_tokens;
+    const Vec own = random_unit(needle_rng);
+    for (int k = 0; k < kDim; ++k) n.direction[k] = shared_w * shared[k] + own_w * own[k];
+    normalise(n.direction);
+    w.needles.push_back(n);
+  }
+  // A partial Fisher–Yates shuffle picks the asked ones.
+  std::vector<int32_t> order(static_cast<size_t>(total));
+  for (int32_t i = 0; i < total; ++i) order[i] = i;
+  for (int32_t i = 0; i < P.needles; ++i) {
+    std::swap(order[i], order[i + rng.below(static_cast<uint64_t>(total - i))]);
+    w.needles[order[i]].asked = true;
+  }
+}
 
 // Shared directions, then the prompt: the sinks, then segments of 0.5–1.5× the mean length.
 World make_prompt(const WorkloadParams& P) {
@@ -399,6 +517,7 @@ World make_prompt(const WorkloadParams& P) {
     w.add_segment(P, pos, end, true);
     pos = end;
   }
+  place_needles(P, w);
   return w;
 }
 
@@ -406,7 +525,57 @@ World make_prompt(const WorkloadParams& P) {
 struct Timeline {
   std::vector<std::vector<Vec>> focus_at;            // [layer][step]
   std::vector<std::pair<int64_t, Vec>> decode_spans;  // (begin, direction) per step
+  std::vector<WorkloadTarget> targets;               // the asking steps' targets, in step order
+  std::vector<Vec> target_direction;                 // d_target of each of them
 };
+
+// A span the queries can ask for, and the direction the question carries.
+struct TargetSpan {
+  int64_t begin = 0;
+  int64_t end = 0;
+  const Vec* direction = nullptr;
+};
+
+// The candidates: the asked needles, or without needles the prompt's segments (MRCR's turns).
+std::vector<TargetSpan> target_candidates(const World& w) {
+  std::vector<TargetSpan> spans;
+  for (const Needle& n : w.needles) {
+    if (n.asked) spans.push_back({n.begin, n.end, &n.direction});
+  }
+  if (!w.needles.empty()) return spans;
+  for (const Segment& g : w.segments) {
+    if (g.focusable) spans.push_back({g.begin, g.end, &g.direction});
+  }
+  return spans;
+}
+
+// The retrieval schedule: episodes of target_period steps, each asking for a new target (never
+// the previous one) during its first target_dwell steps (0 = the whole episode). The same target
+// for every layer and MTP row: it is the question, not the layer's focus.
+void schedule_targets(const WorkloadParams& P, const World& w, Timeline& tl) {
+  if (P.target_period == 0) return;
+  const std::vector<TargetSpan> candidates = target_candidates(w);
+  if (candidates.empty()) return;
+  const int32_t dwell = P.target_dwell == 0 ? P.target_period : P.target_dwell;
+  int64_t current = -1;
+  for (int32_t s = 0; s < P.steps; ++s) {
+    const int32_t episode = s / P.target_period;
+    if (s % P.target_period == 0) {
+      CounterRng rng(stream_key(P.seed, kTagTarget, episode));
+      if (candidates.size() == 1) {
+        current = 0;
+      } else {  // uniform over the others: draw among n-1 and skip past the current one
+        auto pick = static_cast<int64_t>(rng.below(candidates.size() - (current >= 0 ? 1 : 0)));
+        if (current >= 0 && pick >= current) ++pick;
+        current = pick;
+      }
+    }
+    if (s % P.target_period >= dwell) continue;
+    const TargetSpan& t = candidates[static_cast<size_t>(current)];
+    tl.targets.push_back({s, t.begin, t.end});
+    tl.target_direction.push_back(*t.direction);
+  }
+}
 
 // The step-by-step timeline: tool outputs appended between bursts, focus shifts (correlated across
 // adjacent layers, sometimes onto never-attended needles) and drift, accepted drafts. Fills the
@@ -468,6 +637,7 @@ Timeline simulate_steps(const WorkloadParams& P, World& w, Trace& trace) {
     tl.decode_spans.emplace_back(pos, tl.focus_at[0].back());
     pos += (s + 1 < P.steps) ? accepted + 1 : next_n;  // the last step's rows all stay in the trace
   }
+  schedule_targets(P, w, tl);
   return tl;
 }
 
@@ -478,6 +648,9 @@ std::vector<const Vec*> entry_directions(const WorkloadParams& P, const World& w
   for (int64_t e = 0; e < std::min<int64_t>(P.sink_tokens, entries); ++e) dir[e] = &w.v_sink;
   for (const Segment& seg : w.segments) {
     for (int64_t e = seg.begin; e < std::min(seg.end, entries); ++e) dir[e] = &seg.direction;
+  }
+  for (const Needle& n : w.needles) {  // a needle replaces the haystack it sits in
+    for (int64_t e = n.begin; e < n.end; ++e) dir[e] = &n.direction;
   }
   const auto& spans = tl.decode_spans;
   for (size_t i = 0; i < spans.size(); ++i) {
@@ -506,6 +679,13 @@ void make_keys(const WorkloadParams& P, const World& w, const std::vector<const 
     const double g = run_weight * run_rng.normal() + own_weight * rng.normal();  // unit variance
     salience[e] = static_cast<float>(std::exp(P.salience_sigma * g - 0.5 * P.salience_sigma * P.salience_sigma));
   }
+  // A needle's score comes from the question alone: without salience it is in nobody's top-k
+  // until it is asked for, so history cannot know it beforehand.
+  std::vector<uint8_t> needle(static_cast<size_t>(entries), 0);
+  for (const Needle& n : w.needles) {
+    std::fill(salience.begin() + n.begin, salience.begin() + n.end, 0.0f);
+    std::fill(needle.begin() + n.begin, needle.begin() + n.end, uint8_t{1});
+  }
   for (int32_t l = 0; l < P.layers; ++l) {
     TraceLayer& layer = trace.layers[l];
     layer.k.resize(static_cast<size_t>(entries) * kDim);
@@ -517,7 +697,7 @@ void make_keys(const WorkloadParams& P, const World& w, const std::vector<const 
       normal_fill(rng, k, kDim, P.key_noise / std::sqrt(double{kDim}));
       const Vec& dir = *entry_direction[e];
       const bool sink = e < P.sink_tokens;
-      const float topic_w = static_cast<float>(P.key_topic);
+      const float topic_w = static_cast<float>(needle[e] ? P.needle_key : P.key_topic);
       const float sal_w = sink ? 0.0f : static_cast<float>(P.key_salience) * salience[e];
       for (int d = 0; d < kDim; ++d) k[d] += topic_w * dir[d] + sal_w * w.v_sal[d];
       add_rope(k, e, P.rope_weight);
@@ -545,6 +725,14 @@ std::vector<double> layer_noise_scales(const WorkloadParams& P) {
   return scale;
 }
 
+// The direction step s's question asks for, or null on a step that asks nothing.
+const Vec* asked_direction(const Timeline& tl, int32_t s) {
+  const auto it = std::lower_bound(tl.targets.begin(), tl.targets.end(), s,
+                                   [](const WorkloadTarget& t, int32_t step) { return t.step < step; });
+  if (it == tl.targets.end() || it->step != s) return nullptr;
+  return &tl.target_direction[static_cast<size_t>(it - tl.targets.begin())];
+}
+
 void make_queries(const WorkloadParams& P, const World& w, const Timeline& tl, Trace& trace) {
   const int32_t num_heads = P.num_heads;
   const int32_t next_n = P.next_n;
@@ -565,6 +753,8 @@ void make_queries(const WorkloadParams& P, const World& w, const Timeline& tl, T
       std::vector<float> q(static_cast<size_t>(next_n) * num_heads * kDim);
       std::vector<float> weights(static_cast<size_t>(next_n) * num_heads);
       const Vec& f = tl.focus_at[l][s];
+      const Vec* target = asked_direction(tl, s);
+      const auto target_w = static_cast<float>(P.target_query);
       for (int32_t j = 0; j < next_n; ++j) {
         // Each MTP row is its own token, so it draws its own per-step noise (the part that makes
         // top-k churn between tokens); otherwise draft rows would be row 0 shifted by a rope step
@@ -584,6 +774,9 @@ void make_queries(const WorkloadParams& P, const World& w, const Timeline& tl, T
                     static_cast<float>(P.query_salience) * w.v_sal[d] + static_cast<float>(P.sink_query) * w.v_sink[d] +
                     shared_noise[d];
           }
+          if (target != nullptr) {
+            for (int d = 0; d < kDim; ++d) v[d] += target_w * (*target)[d];
+          }
           add_rope(v, position, P.rope_weight);
           weights[int64_t{j} * num_heads + h] = raw_w[h];
         }
@@ -594,6 +787,15 @@ void make_queries(const WorkloadParams& P, const World& w, const Timeline& tl, T
       (void)st;  // inputs are finite by construction
     }
   }
+}
+
+// "step:begin:end,..." — the metadata form of the targets (metadata values are strings).
+std::string targets_text(const std::vector<WorkloadTarget>& targets) {
+  std::string out;
+  for (const WorkloadTarget& t : targets) {
+    out += fmt::format("{}{}:{}:{}", out.empty() ? "" : ",", t.step, t.begin, t.end);
+  }
+  return out;
 }
 
 }  // namespace
@@ -615,8 +817,16 @@ Result<Trace> generate_workload(const WorkloadParams& P) {
   trace.layers.resize(static_cast<size_t>(P.layers));
   make_keys(P, world, directions, trace);
   make_queries(P, world, timeline, trace);
+  if (P.target_period > 0) trace.meta.extra["targets"] = targets_text(timeline.targets);
   SPIN_RETURN_IF_ERROR(validate_trace(trace));
   return trace;
+}
+
+Result<std::vector<WorkloadTarget>> workload_targets(const WorkloadParams& P) {
+  SPIN_RETURN_IF_ERROR(P.validate());
+  World world = make_prompt(P);
+  Trace trace;  // simulate_steps fills its ctx_len; no keys or queries are built
+  return simulate_steps(P, world, trace).targets;
 }
 
 }  // namespace spin

@@ -29,7 +29,9 @@
 namespace spin {
 
 struct EvalOptions {
-  std::vector<std::string> scenarios;  // empty = the built-in set (base and -mtp), unless traces are given
+  // Empty = the built-in set (base and -mtp) but the long-context tasks (niah-*, mrcr-*: by name),
+  // unless traces are given.
+  std::vector<std::string> scenarios;
   // Recorded trace files (key or score traces, spin/trace.h), each evaluated like a scenario with
   // one request; on a score trace the predictors that need keys (hisa) are skipped, and the
   // report says so.

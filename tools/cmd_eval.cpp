@@ -86,7 +86,7 @@ int run_config_command() {
 std::vector<Command> add_eval_commands(CLI::App& app) {
   auto eval = std::make_shared<EvalArgs>();
   CLI::App* eval_cmd = app.add_subcommand("eval", "the main job: predictors vs all-keep on the built-in scenarios");
-  eval_cmd->add_option("--scenario", eval->options.scenarios, "scenarios to run (default: all built-in)")
+  eval_cmd->add_option("--scenario", eval->options.scenarios, "scenarios to run (default: all built-in but the long-context niah-*/mrcr-*)")
       ->check(one_of(scenario_names(), "scenario"));
   eval_cmd->add_option("--trace", eval->options.traces,
                        "recorded trace files (key or score traces) to evaluate as well (alone, without --scenario)");
@@ -97,6 +97,9 @@ std::vector<Command> add_eval_commands(CLI::App& app) {
       ->check(output_dir());
   eval_cmd->add_option("--seed", eval->options.seed, "workload seed (any 64-bit value)");
   eval_cmd->add_option("--threads", eval->options.threads, "threads (0 = all)")->check(threads());
+  eval_cmd->add_option("--requests", eval->options.requests,
+                       "requests (seeds) per scenario (default 3, 1 with --quick)")
+      ->check(CLI::Range(1, 64));
   eval_cmd->add_option("--set", eval->sets, "predictor config overrides, key=value (see `spin config`)");
 
   auto calibrate_options = std::make_shared<CalibrationOptions>();

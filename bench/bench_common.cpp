@@ -110,13 +110,16 @@ __attribute__((noinline)) double neon_fma_loop(int64_t iterations) {
 #if defined(__clang__)
 __attribute__((noinline, target("bf16")))
 #else
-__attribute__((noinline, target("+bf16")))
+__attribute__((noinline, target("arch=armv8.2-a+bf16")))  // arm_neon.h's target for bf16
 #endif
 double neon_bf16_dot_loop(int64_t iterations) {
   float32x4_t acc[16];
   for (auto& a : acc) a = vdupq_n_f32(0.0f);
-  const bfloat16x8_t x = vreinterpretq_bf16_u16(vdupq_n_u16(0x3F80));  // 1.0
-  const bfloat16x8_t y = vreinterpretq_bf16_u16(vdupq_n_u16(0x3400));  // ~1.2e-7
+  // Read through volatile: GCC 12 would materialise the bf16 constants with an fp16 FMOV, which
+  // the v8.2-a + bf16 target lacks (the assembler refuses it).
+  volatile uint16_t one = 0x3F80, tiny = 0x3400;  // 1.0, ~1.2e-7
+  const bfloat16x8_t x = vreinterpretq_bf16_u16(vdupq_n_u16(one));
+  const bfloat16x8_t y = vreinterpretq_bf16_u16(vdupq_n_u16(tiny));
   for (int64_t i = 0; i < iterations; ++i) {
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) acc[j] = vbfdotq_f32(acc[j], x, y);

@@ -1,8 +1,10 @@
 // The Arm NEON BF16 indexer kernel for cores with FEAT_BF16 (BFDOT: Neoverse V1/V2/N2, Graviton
 // 3/4, Grace, Apple M2 and later), chosen at run time by cpu_has_neon_bf16() (HWCAP2_BF16); the
-// plain fp32 NEON kernel (simd_neon.cpp) serves every other aarch64 core. Only this file is
-// compiled with the extension (`#pragma GCC target("+bf16")`, base Armv8-A otherwise), so nothing
-// outside it can emit a BF16 instruction.
+// plain fp32 NEON kernel (simd_neon.cpp) serves every other aarch64 core. Only this file's own
+// functions are compiled for Armv8.2-A + BF16 (`#pragma GCC target`: GCC 12's arm_neon.h declares
+// the bf16 intrinsics for exactly that target; base Armv8-A everywhere else), so nothing outside
+// it can emit a BF16 or v8.2 instruction — the cross build's second qemu run (a Cortex-A72, v8.0)
+// would trap on one.
 //
 // Same math as the AVX-512 BF16 kernel (indexer_avx512.cpp): e4m3 → bf16 is exact, a bf16 × bf16
 // product of two e4m3 values is exact in fp32, and BFDOT adds two such products to an fp32
@@ -35,7 +37,7 @@
 #pragma clang attribute push(__attribute__((target("bf16"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("+bf16")
+#pragma GCC target("arch=armv8.2-a+bf16")  // arm_neon.h declares the bf16 intrinsics for this target
 #endif
 
 namespace spin::detail {

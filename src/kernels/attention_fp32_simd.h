@@ -216,6 +216,16 @@ struct Fp32AttentionScratch {
         alpha(width) {}
 };
 
+// The task's queries as fp32 [dim][width] (heads past `real` zero: their outputs are never stored).
+inline void transpose_task_queries(const SparseAttentionParams& p, int64_t row, int32_t h0, int32_t width,
+                                   int32_t real, float* qt) {
+  std::fill_n(qt, static_cast<size_t>(kMlaHeadDim) * width, 0.0f);
+  for (int32_t j = 0; j < real; ++j) {
+    const uint16_t* qh = p.q + (row * p.num_heads + h0 + j) * kMlaHeadDim;
+    for (int32_t d = 0; d < kMlaHeadDim; ++d) qt[static_cast<size_t>(d) * width + j] = bf16_to_float(qh[d]);
+  }
+}
+
 // One task: row `row`, padded heads [h0, h0 + width) of its n selected entries.
 template <class V>
 void fp32_attention_task(const SparseAttentionParams& p, int64_t row, int32_t h0, int32_t width, int32_t n,
@@ -224,11 +234,7 @@ void fp32_attention_task(const SparseAttentionParams& p, int64_t row, int32_t h0
   const int32_t b = static_cast<int32_t>(row / p.next_n);
   const int32_t real = std::min(width, heads - h0);
   constexpr int32_t kTile = kAttentionTileEntries;
-  std::fill_n(w.qt.begin(), static_cast<size_t>(kMlaHeadDim) * width, 0.0f);
-  for (int32_t j = 0; j < real; ++j) {
-    const uint16_t* qh = p.q + (row * heads + h0 + j) * kMlaHeadDim;
-    for (int32_t d = 0; d < kMlaHeadDim; ++d) w.qt[static_cast<size_t>(d) * width + j] = bf16_to_float(qh[d]);
-  }
+  transpose_task_queries(p, row, h0, width, real, w.qt.data());
   std::fill_n(w.m.begin(), width, -std::numeric_limits<float>::infinity());
   std::fill_n(w.l.begin(), width, 0.0f);
   std::fill_n(w.o.begin(), static_cast<size_t>(width) * kMlaLatentDim, 0.0f);

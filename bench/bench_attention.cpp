@@ -6,6 +6,8 @@
 // 512-dim latent); bytes: selected · entry bytes (656 fp8, 1152 bf16), read once per row.
 // peak_fraction is against the machine peak measured in the same run on the same threads;
 // path_peak_fraction ("own") against the peak of the path's own instruction (bench_common.h).
+// --probabilities picks AttentionOptions::bf16_probabilities; the header and records say which P
+// precision the path actually computed (only avx512bf16 rounds P to bf16).
 // Reproduce with: spin bench attention --json attention.json
 #include <fmt/format.h>
 #include <omp.h>
@@ -106,8 +108,11 @@ int run_attention_bench(const AttentionBenchOptions& options) {
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   const MachinePeak peak = measure_peak(threads);
   const MachinePeak own = measure_path_peak(attention_impl_name(resolved), threads);
-  fmt::print("spin bench attention — {} heads, top-k {}, latent {}, page {}, impl {}, {} threads\n", options.heads,
-             options.topk, latent_dtype_name(dtype), kPageSize, attention_impl_name(resolved), threads);
+  const bool bf16_p = options.probabilities == "bf16" && resolved == AttentionImpl::kAvx512Bf16;
+  const char* p_precision = bf16_p ? "bf16" : "fp32";  // what the path computes, not what was asked
+  fmt::print("spin bench attention — {} heads, top-k {}, latent {}, page {}, impl {}, P {}, {} threads\n",
+             options.heads, options.topk, latent_dtype_name(dtype), kPageSize, attention_impl_name(resolved),
+             p_precision, threads);
   fmt::print("cpu: {}\n", cpu_model());
   std::fflush(stdout);
   print_peaks(peak, own);
@@ -143,6 +148,7 @@ int run_attention_bench(const AttentionBenchOptions& options) {
     AttentionOptions kernel_options;
     kernel_options.impl = impl;
     kernel_options.num_threads = threads;
+    kernel_options.bf16_probabilities = options.probabilities == "bf16";
     const Timing t = time_it([&] { (void)sparse_attention(params, kernel_options); }, options.min_seconds);
     const double flop = 2.0 * options.heads * options.topk * (kMlaHeadDim + kMlaLatentDim) * rows;
     const double gflops = flop / (t.median_us * 1e3);
@@ -153,7 +159,7 @@ int run_attention_bench(const AttentionBenchOptions& options) {
     std::fflush(stdout);
     nlohmann::json record = machine_json(threads);
     record.update({{"bench", "attention"}, {"impl", attention_impl_name(resolved)}, {"heads", options.heads},
-                   {"topk", options.topk}, {"latent", latent_dtype_name(dtype)}, {"rows", rows},
+                   {"topk", options.topk}, {"latent", latent_dtype_name(dtype)}, {"probabilities", p_precision}, {"rows", rows},
                    {"time_us", t.median_us}, {"time_us_min", t.min_us}, {"runs", t.runs}, {"gflops", gflops},
                    {"gbps", gbps}, {"peak_gflops", peak.gflops}, {"peak_instruction", peak.instruction},
                    {"peak_fraction", gflops / peak.gflops}, {"path_peak_gflops", own.gflops},

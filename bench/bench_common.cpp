@@ -2,6 +2,7 @@
 #include "bench_common.h"
 
 #include "spin/files.h"
+#include "spin/indexer.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -104,6 +105,29 @@ __attribute__((noinline)) double neon_fma_loop(int64_t iterations) {
   for (int j = 1; j < 16; ++j) sum = vaddq_f32(sum, acc[j]);
   return vgetq_lane_f32(sum, 0);
 }
+
+// BFDOT (FEAT_BF16), the neon_bf16 indexer's instruction: 4 lanes × 2 products, summed, per op.
+#if defined(__clang__)
+__attribute__((noinline, target("bf16")))
+#else
+__attribute__((noinline, target("arch=armv8.2-a+bf16")))  // arm_neon.h's target for bf16
+#endif
+double neon_bf16_dot_loop(int64_t iterations) {
+  float32x4_t acc[16];
+  for (auto& a : acc) a = vdupq_n_f32(0.0f);
+  // Read through volatile: GCC 12 would materialise the bf16 constants with an fp16 FMOV, which
+  // the v8.2-a + bf16 target lacks (the assembler refuses it).
+  volatile uint16_t one = 0x3F80, tiny = 0x3400;  // 1.0, ~1.2e-7
+  const bfloat16x8_t x = vreinterpretq_bf16_u16(vdupq_n_u16(one));
+  const bfloat16x8_t y = vreinterpretq_bf16_u16(vdupq_n_u16(tiny));
+  for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] = vbfdotq_f32(acc[j], x, y);
+  }
+  float32x4_t sum = acc[0];
+  for (int j = 1; j < 16; ++j) sum = vaddq_f32(sum, acc[j]);
+  return vgetq_lane_f32(sum, 0);
+}
 #endif  // __aarch64__
 
 struct PeakLoop {
@@ -119,6 +143,7 @@ constexpr PeakLoop kPeakLoops[] = {
     {"fp32 fma (ymm)", "avx2", 12 * 16.0, fma_loop},
 #endif
 #if defined(__aarch64__)
+    {"bf16 bfdot (neon q)", "neon_bf16", 16 * 16.0, neon_bf16_dot_loop},
     {"fp32 fmla (neon q)", "neon", 16 * 8.0, neon_fma_loop},
 #endif
 };
@@ -130,6 +155,9 @@ bool cpu_supports(const char* path) {
   if (f == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
   if (f == "avx512f") return __builtin_cpu_supports("avx512f");
   if (f == "avx2") return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+#endif
+#if defined(__aarch64__)
+  if (f == "neon_bf16") return indexer_impl_supported(IndexerImpl::kNeonBf16);  // HWCAP2_BF16
 #endif
   return f == "neon";  // a loop is only compiled for its own ISA, and NEON is base aarch64
 }

@@ -86,6 +86,7 @@ struct AttentionBenchOptions {
   int32_t topk = 2048;
   std::string latent = "fp8";
   std::string impl = "auto";
+  std::string probabilities = "bf16";  // AttentionOptions::bf16_probabilities
   int threads = 0;
   double min_seconds = 0.5;
   std::string json_path;

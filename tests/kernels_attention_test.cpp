@@ -442,7 +442,9 @@ TEST(AttentionKernel, BitwiseDeterministicAcrossRerunsThreadsAndHeadGroups) {
   for (AttentionImpl impl : fast_impls()) {
     const AttnRun first = testing::expect_deterministic_across_threads(
         [&](int threads) { return run(c, impl, {.threads = threads}); }, attention_impl_name(impl));
-    if (impl != AttentionImpl::kAvx512Bf16) continue;
+    // Head grouping (every SIMD kernel splits a row's heads into tasks) moves heads between
+    // threads and micro-tiles, never changes their arithmetic.
+    if (impl == AttentionImpl::kPortable) continue;
     for (int group : {16, 32, 64, 128}) {
       for (int threads : {1, 2, 3}) {
         const AttnRun again = run(c, impl, {.threads = threads, .heads_per_task = group});

@@ -2,6 +2,8 @@
 // shapes; masks, -inf positions and guard bytes exact; reruns and thread counts bitwise identical.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "kernel_harness.h"
 #include "spin/numerics.h"
 #include "test_util.h"
@@ -304,10 +306,15 @@ TEST(IndexerDispatch, PathsThisCpuLacksAreRefusedByName) {
   }
   EXPECT_GE(refused, 1);
 #if defined(__aarch64__)
+  // Both Arm paths are tested wherever BFDOT exists (fast_impls holds every supported path); the
+  // cross build also runs this suite on a qemu CPU model without BF16 (tests/CMakeLists.txt).
   EXPECT_TRUE(indexer_impl_supported(IndexerImpl::kNeon));
-  EXPECT_EQ(indexer_best_impl(), IndexerImpl::kNeon);
+  EXPECT_EQ(indexer_best_impl(), indexer_impl_supported(IndexerImpl::kNeonBf16) ? IndexerImpl::kNeonBf16
+                                                                                   : IndexerImpl::kNeon);
+  std::printf("aarch64: neon_bf16 %s\n", indexer_impl_supported(IndexerImpl::kNeonBf16) ? "supported" : "not supported");
 #else
   EXPECT_FALSE(indexer_impl_supported(IndexerImpl::kNeon));
+  EXPECT_FALSE(indexer_impl_supported(IndexerImpl::kNeonBf16));
 #endif
 }
 

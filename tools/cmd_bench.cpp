@@ -125,6 +125,10 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
   attention_cmd->add_option("--latent", attention->latent, "latent cache format")->check(one_of({"fp8", "bf16"}, "--latent"));
   attention_cmd->add_option("--impl", attention->impl, "kernel path (a path this CPU lacks is refused)")
       ->check(attention_paths());
+  attention_cmd->add_option("--probabilities", attention->probabilities,
+                            "P precision before P·V: bf16 (FlashMLA's; only the avx512bf16 path rounds P, every "
+                            "other path computes P·V in fp32 either way) or fp32")
+      ->check(one_of({"bf16", "fp32"}, "--probabilities"));
   attention_cmd->add_option("--min-time", attention->min_seconds, "seconds of timed runs per point")
       ->check(positive_seconds());
   add_common(attention_cmd, attention->threads, attention->json_path);

@@ -93,10 +93,12 @@ const char* attention_impl_name(AttentionImpl impl);
 struct AttentionOptions {
   AttentionImpl impl = AttentionImpl::kAuto;
   int num_threads = 0;     // 0 = OpenMP default; results are bitwise identical for any value
-  // Heads per parallel task of the AVX-512 kernel: 0 = auto (the largest that still gives every
-  // thread two tasks), or 16, 32, 64, 128. Every head's arithmetic is independent of its task, so
-  // results are bitwise identical for any value; it only trades parallelism against gathering
-  // (dequantising) the same entries once per task.
+  // Heads per parallel task of the SIMD kernels: 0 = auto (avx512bf16: the largest that still
+  // gives every thread two tasks; the fp32-FMA paths: the largest that loads the threads evenly —
+  // two tasks per thread or a multiple of the thread count), or 16, 32, 64, 128 (the fp32 paths
+  // round it up to their head chunk: 16 heads on AVX2 and NEON, 64 on AVX-512F). Every head's
+  // arithmetic is independent of its task, so results are bitwise identical for any value; it only
+  // trades parallelism against gathering (dequantising) the same entries once per task.
   int heads_per_task = 0;
   // Round the softmax probabilities to bf16 before P·V, as FlashMLA does, so that P·V also runs on
   // vdpbf16ps (half the instructions of fp32 FMAs; measured +25–30 % for the whole kernel). Each

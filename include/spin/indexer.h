@@ -59,6 +59,7 @@ enum class IndexerImpl {
   kAvx512Bf16,   // AVX-512 BF16 dot products (vdpbf16ps), fp32 accumulation
   kAvx512F,      // AVX-512F fp32 FMA (Skylake-X, Cascade Lake: AVX-512 without BF16)
   kAvx2,         // AVX2 + FMA + F16C fp32 FMA (Zen 2/3, Haswell and later)
+  kNeonBf16,     // Arm NEON BF16 dot products (BFDOT; FEAT_BF16: Neoverse V1/V2/N2, Graviton 3/4, Grace)
   kNeon,         // Arm NEON fp32 FMA (every aarch64 CPU)
   kPortable,     // plain C++ fp32, auto-vectorised; any x86-64 / any ISA
   kReference,    // scalar, double accumulation: the ground truth

@@ -170,11 +170,11 @@ Status sparse_attention(const SparseAttentionParams& params, const AttentionOpti
     case AttentionImpl::kAvx512Bf16:
       detail::attention_run_avx512bf16(params, threads, options.heads_per_task, options.bf16_probabilities);
       break;
-    case AttentionImpl::kAvx512F: detail::attention_run_avx512f(params, threads); break;
-    case AttentionImpl::kAvx2: detail::attention_run_avx2(params, threads); break;
+    case AttentionImpl::kAvx512F: detail::attention_run_avx512f(params, threads, options.heads_per_task); break;
+    case AttentionImpl::kAvx2: detail::attention_run_avx2(params, threads, options.heads_per_task); break;
 #endif
 #if SPIN_NEON_KERNELS
-    case AttentionImpl::kNeon: detail::attention_run_neon(params, threads); break;
+    case AttentionImpl::kNeon: detail::attention_run_neon(params, threads, options.heads_per_task); break;
 #endif
     default: detail::attention_run_portable(params, threads); break;
   }

@@ -44,8 +44,9 @@ void attention_run_portable(const SparseAttentionParams& params, int num_threads
 void attention_run_avx512bf16(const SparseAttentionParams& params, int num_threads, int heads_per_task,
                               bool bf16_probabilities);
 // The fp32-FMA kernel (attention_fp32_simd.h) for CPUs without a bf16 dot.
-void attention_run_avx512f(const SparseAttentionParams& params, int num_threads);
-void attention_run_avx2(const SparseAttentionParams& params, int num_threads);
-void attention_run_neon(const SparseAttentionParams& params, int num_threads);  // aarch64 only
+// heads_per_task as AttentionOptions (0 = auto), rounded up to whole head chunks of the target.
+void attention_run_avx512f(const SparseAttentionParams& params, int num_threads, int heads_per_task);
+void attention_run_avx2(const SparseAttentionParams& params, int num_threads, int heads_per_task);
+void attention_run_neon(const SparseAttentionParams& params, int num_threads, int heads_per_task);  // aarch64 only
 
 }  // namespace spin::detail

@@ -23,6 +23,6 @@ bool cpu_has_avx512f();     // AVX-512F (Skylake-X and later)
 bool cpu_has_avx2_fma();    // AVX2 + FMA + F16C (Haswell, Zen 1 and later)
 bool cpu_is_intel();
 bool cpu_has_neon();        // AdvSIMD with fp16 conversions: every aarch64 CPU
-bool cpu_has_neon_bf16();   // FEAT_BF16 (BFDOT): Neoverse V1/N2, Graviton 3, Apple M2; no kernel uses it yet
+bool cpu_has_neon_bf16();   // FEAT_BF16 (BFDOT): Neoverse V1/N2, Graviton 3, Apple M2 (the neon_bf16 indexer)
 
 }  // namespace spin::detail

@@ -19,6 +19,7 @@ const char* indexer_impl_name(IndexerImpl impl) {
     case IndexerImpl::kAvx512Bf16: return "avx512bf16";
     case IndexerImpl::kAvx512F: return "avx512f";
     case IndexerImpl::kAvx2: return "avx2";
+    case IndexerImpl::kNeonBf16: return "neon_bf16";
     case IndexerImpl::kNeon: return "neon";
     case IndexerImpl::kPortable: return "portable";
     case IndexerImpl::kReference: return "reference";
@@ -161,6 +162,7 @@ bool indexer_impl_supported(IndexerImpl impl) {
     case IndexerImpl::kAvx512Bf16: return detail::cpu_has_avx512bf16();
     case IndexerImpl::kAvx512F: return detail::cpu_has_avx512f();
     case IndexerImpl::kAvx2: return detail::cpu_has_avx2_fma();
+    case IndexerImpl::kNeonBf16: return detail::cpu_has_neon_bf16();
     case IndexerImpl::kNeon: return detail::cpu_has_neon();
     default: return true;
   }
@@ -168,7 +170,8 @@ bool indexer_impl_supported(IndexerImpl impl) {
 
 const std::vector<IndexerImpl>& indexer_impls() {
   static const std::vector<IndexerImpl> impls = {IndexerImpl::kAvx512Bf16, IndexerImpl::kAvx512F, IndexerImpl::kAvx2,
-                                                 IndexerImpl::kNeon, IndexerImpl::kPortable, IndexerImpl::kReference};
+                                                 IndexerImpl::kNeonBf16, IndexerImpl::kNeon, IndexerImpl::kPortable,
+                                                 IndexerImpl::kReference};
   return impls;
 }
 
@@ -210,6 +213,7 @@ Status indexer_scores(const IndexerParams& params, const IndexerOptions& options
     case IndexerImpl::kAvx2: detail::indexer_run_avx2(params, tiles, threads); break;
 #endif
 #if SPIN_NEON_KERNELS
+    case IndexerImpl::kNeonBf16: detail::indexer_run_neon_bf16(params, tiles, threads); break;
     case IndexerImpl::kNeon: detail::indexer_run_neon(params, tiles, threads); break;
 #endif
     default: detail::indexer_run_portable(params, tiles, threads); break;

@@ -1,6 +1,6 @@
 // Internal interface between the indexer front end (validation, tiling, dispatch: indexer.cpp)
 // and its implementations (indexer_reference.cpp, indexer_portable.cpp, indexer_avx512.cpp,
-// and the fp32-FMA kernels of simd_avx512f.cpp, simd_avx2.cpp and simd_neon.cpp). CPU checks: cpu_features.h.
+// and the fp32-FMA kernels of simd_avx512f.cpp, simd_avx2.cpp and simd_neon.cpp; simd_neon_bf16.cpp). CPU checks: cpu_features.h.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +40,8 @@ void indexer_run_avx512bf16(const IndexerParams& params, const std::vector<Index
 void indexer_run_avx512f(const IndexerParams& params, const std::vector<IndexerTile>& tiles, int num_threads);
 void indexer_run_avx2(const IndexerParams& params, const std::vector<IndexerTile>& tiles, int num_threads);
 void indexer_run_neon(const IndexerParams& params, const std::vector<IndexerTile>& tiles, int num_threads);
+// BFDOT on FEAT_BF16 cores (simd_neon_bf16.cpp).
+void indexer_run_neon_bf16(const IndexerParams& params, const std::vector<IndexerTile>& tiles, int num_threads);
 
 // Scalar ground truth with double accumulation; plans nothing, walks entries directly.
 void indexer_run_reference(const IndexerParams& params);

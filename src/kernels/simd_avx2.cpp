@@ -1,6 +1,6 @@
 // The AVX2 + FMA + F16C kernels (Zen 2/3, Haswell and later Intel client parts): the fp32-FMA
 // indexer (indexer_fp32_simd.h: 6 entries × 16 heads per tile, 12 accumulators) and sparse MLA
-// attention (attention_fp32_simd.h: QK^T 6 entries × 16 heads, P·V 4 heads × 16 dims) on 8-lane
+// attention (attention_fp32_simd.h: QK^T 6 entries × 16 heads, P·V 6 heads × 16 dims) on 8-lane
 // ymm registers, compiled for this ISA only inside this file (`#pragma GCC target`) and namespace.
 #if defined(__x86_64__)  // x86 only: the file is empty on other ISAs (see simd_neon.cpp)
 #include <immintrin.h>
@@ -34,6 +34,7 @@ struct V {
   static constexpr int kLanes = 8;
   static constexpr int kHeadVectors = 2;  // head vectors per QK tile
   static constexpr int kPvVectors = 2;    // dim vectors per P·V tile
+  static constexpr int kPvHeads = 6;      // heads per P·V tile: 12 accumulators + 2 values + 1 P of 16
   static Reg zero() { return _mm256_setzero_ps(); }
   static Reg set1(float x) { return _mm256_set1_ps(x); }
   static Reg load(const float* p) { return _mm256_loadu_ps(p); }
@@ -62,6 +63,13 @@ struct V {
     _mm256_storeu_ps(dst, _mm256_cvtph_ps(_mm256_castsi256_si128(h)));
     _mm256_storeu_ps(dst + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
   }
+  static void bf16x16(const uint8_t* src, float* dst) {  // 16 bf16 → fp32: exact (a 16-bit shift)
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(x)), 16);
+    const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(x, 1)), 16);
+    _mm256_storeu_ps(dst, _mm256_castsi256_ps(lo));
+    _mm256_storeu_ps(dst + 8, _mm256_castsi256_ps(hi));
+  }
 };
 
 #include "kernels/fp32_simd_tiles.h"
@@ -74,8 +82,8 @@ void indexer_run_avx2(const IndexerParams& params, const std::vector<IndexerTile
   avx2::run_fp32_indexer<avx2::V>(params, tiles, num_threads);
 }
 
-void attention_run_avx2(const SparseAttentionParams& params, int num_threads) {
-  avx2::run_fp32_attention<avx2::V>(params, num_threads);
+void attention_run_avx2(const SparseAttentionParams& params, int num_threads, int heads_per_task) {
+  avx2::run_fp32_attention<avx2::V>(params, num_threads, heads_per_task);
 }
 
 }  // namespace spin::detail

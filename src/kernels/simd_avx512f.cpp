@@ -39,6 +39,7 @@ struct V {
   static constexpr int kLanes = 16;
   static constexpr int kHeadVectors = 4;  // head vectors per QK tile
   static constexpr int kPvVectors = 4;    // dim vectors per P·V tile
+  static constexpr int kPvHeads = 4;      // heads per P·V tile (16 accumulators)
   static Reg zero() { return _mm512_setzero_ps(); }
   static Reg set1(float x) { return _mm512_set1_ps(x); }
   static Reg load(const float* p) { return _mm512_loadu_ps(p); }
@@ -60,6 +61,10 @@ struct V {
     const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x7F)), 7);
     _mm512_storeu_ps(dst, _mm512_cvtph_ps(_mm256_or_si256(sign, mag)));
   }
+  static void bf16x16(const uint8_t* src, float* dst) {  // 16 bf16 → fp32: exact (a 16-bit shift)
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    _mm512_storeu_ps(dst, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16)));
+  }
 };
 
 #include "kernels/fp32_simd_tiles.h"
@@ -72,8 +77,8 @@ void indexer_run_avx512f(const IndexerParams& params, const std::vector<IndexerT
   avx512f::run_fp32_indexer<avx512f::V>(params, tiles, num_threads);
 }
 
-void attention_run_avx512f(const SparseAttentionParams& params, int num_threads) {
-  avx512f::run_fp32_attention<avx512f::V>(params, num_threads);
+void attention_run_avx512f(const SparseAttentionParams& params, int num_threads, int heads_per_task) {
+  avx512f::run_fp32_attention<avx512f::V>(params, num_threads, heads_per_task);
 }
 
 }  // namespace spin::detail

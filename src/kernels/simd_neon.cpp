@@ -32,6 +32,7 @@ struct V {
   static constexpr int kLanes = 4;
   static constexpr int kHeadVectors = 4;  // head vectors per QK tile (6 × 4 accumulators + 4 + 1 of 32)
   static constexpr int kPvVectors = 4;    // dim vectors per P·V tile (4 × 4 accumulators)
+  static constexpr int kPvHeads = 4;      // heads per P·V tile (not measured on Arm yet: kept at 4)
   static Reg zero() { return vdupq_n_f32(0.0f); }
   static Reg set1(float x) { return vdupq_n_f32(x); }
   static Reg load(const float* p) { return vld1q_f32(p); }
@@ -58,6 +59,13 @@ struct V {
       vst1q_f32(dst + 8 * half + 4, vcvt_high_f32_f16(h));
     }
   }
+  static void bf16x16(const uint8_t* src, float* dst) {  // 16 bf16 → fp32: exact (a 16-bit shift)
+    for (int half = 0; half < 2; ++half) {
+      const uint16x8_t x = vreinterpretq_u16_u8(vld1q_u8(src + 16 * half));
+      vst1q_f32(dst + 8 * half, vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(x), 16)));
+      vst1q_f32(dst + 8 * half + 4, vreinterpretq_f32_u32(vshll_high_n_u16(x, 16)));
+    }
+  }
 };
 
 #include "kernels/fp32_simd_tiles.h"
@@ -70,8 +78,8 @@ void indexer_run_neon(const IndexerParams& params, const std::vector<IndexerTile
   neon::run_fp32_indexer<neon::V>(params, tiles, num_threads);
 }
 
-void attention_run_neon(const SparseAttentionParams& params, int num_threads) {
-  neon::run_fp32_attention<neon::V>(params, num_threads);
+void attention_run_neon(const SparseAttentionParams& params, int num_threads, int heads_per_task) {
+  neon::run_fp32_attention<neon::V>(params, num_threads, heads_per_task);
 }
 
 }  // namespace spin::detail

@@ -1,6 +1,7 @@
 // `spin bench predictor`: what SPIN itself costs per (request, indexer layer, step) — select +
 // observe + commit on a realistic row — next to the full indexer kernel at the same context
-// (overhead_fraction = predictor time / full-indexer time, rows 1, V3.2 shape).
+// (overhead_fraction = predictor time / full-indexer time, rows 1, V3.2 shape; cost_fraction = the
+// entries its selection scores over the full indexer's, plus that overhead).
 // Reproduce with: spin bench predictor --json predictor.json
 #include <fmt/format.h>
 #include <omp.h>
@@ -54,6 +55,7 @@ int run_predictor_bench(const PredictorBenchOptions& options) {
     Selection sel;
     const int steps = options.steps;
     double select_us = 0, observe_us = 0;
+    int64_t scored_entries = 0;  // over the timed steps: the work the selection causes
     for (int step = 0; step < steps + 3; ++step) {  // 3 warm-up steps
       StepInput in;
       in.step = step;
@@ -80,6 +82,7 @@ int run_predictor_bench(const PredictorBenchOptions& options) {
       if (Status s = predictor->commit(0); !s.ok()) return report_failure(s);
       const auto t3 = std::chrono::steady_clock::now();
       if (step >= 3) {
+        for (int32_t b : sel.blocks) scored_entries += std::min<int64_t>(64, context - int64_t{b} * 64);
         select_us += std::chrono::duration<double, std::micro>(t1 - t0).count();
         observe_us += std::chrono::duration<double, std::micro>(t3 - t2).count();
       }
@@ -89,6 +92,8 @@ int run_predictor_bench(const PredictorBenchOptions& options) {
     const double indexer_us = time_full_indexer_us(context, threads, options.min_seconds);
     const double total = select_us + observe_us;
     const double overhead = total / indexer_us;
+    // cost_fraction (DESIGN.md §8): entries scored over the full indexer's, plus the overhead.
+    const double work = static_cast<double>(scored_entries) / (static_cast<double>(context) * steps);
     fmt::print("{:>8} {:>7} {:>12.1f} {:>12.1f} {:>12.1f} {:>14.1f} {:>10.4f}\n", context, n_blocks, select_us,
                observe_us, total, indexer_us, overhead);
     std::fflush(stdout);
@@ -96,7 +101,8 @@ int run_predictor_bench(const PredictorBenchOptions& options) {
     record.update({{"bench", "predictor"}, {"predictor", options.predictor}, {"context", context}, {"rows", 1},
                    {"blocks", n_blocks}, {"sparsity", options.sparsity}, {"select_us", select_us},
                    {"observe_us", observe_us}, {"time_us", total}, {"indexer_full_us", indexer_us},
-                   {"overhead_fraction", overhead}, {"state_bytes", predictor->memory_bytes()},
+                   {"overhead_fraction", overhead}, {"work_fraction", work}, {"cost_fraction", work + overhead},
+                   {"state_bytes", predictor->memory_bytes()},
                    {"config", config.to_string()}});
     records.push_back(record);
   }

@@ -2,7 +2,7 @@
 //
 // Exposes: the typed predictor config, the budget arithmetic, the row scores a predictor observes,
 // and every predictor (all-keep, random, prev-iter, prev-layer, ema-slot, ema-offset, spin, oracle,
-// step-reuse, hisa, indexcache-2/4) behind one interface: budgeted selection (forced → exploration
+// step-reuse, hisa, indexcache-2/4, spin-hybrid, spin-ic2, spin-hybrid-ic2) behind one interface: budgeted selection (forced → exploration
 // → prediction), observation, and the speculative-decoding (MTP) pending buffers and their replay.
 // The per-(request, layer) state (slot EMA, last_seen, relative-offset EMA: predict/block_state.h)
 // and the pooling of scores into per-block observations (predict/pooling.h) stay behind src/. It
@@ -258,12 +258,15 @@ class BlockPredictor {
 const std::vector<std::string>& predictor_names();
 
 // True for predictors that read the indexer's keys and the step's query (StepInput::hisa), or a
-// probe made from them (StepInput::block_probe), not only scores (hisa): they replay a score trace
-// only when it carries the probe (spin/trace.h, layer.{l}.probe).
+// probe made from them (StepInput::block_probe), not only scores (hisa, spin-hybrid,
+// spin-hybrid-ic2): they replay a score trace only when it carries the probe (spin/trace.h,
+// layer.{l}.probe).
 bool predictor_needs_keys(std::string_view name);
 
 // Creates a predictor by name: all-keep, random, prev-iter, prev-layer, ema-slot, ema-offset,
-// spin, oracle, step-reuse, hisa, indexcache-2, indexcache-4. Validates the config.
+// spin, oracle, step-reuse, hisa, indexcache-2, indexcache-4, spin-hybrid (spin's history plus the
+// pooled-key probe, config probe_*), spin-ic2 and spin-hybrid-ic2 (stacked on IndexCache's layer
+// sharing: odd layers reuse layer l-1's top-k blocks, even layers predict). Validates the config.
 Result<std::unique_ptr<BlockPredictor>> make_predictor(std::string_view name,
                                                        const PredictorConfig& config,
                                                        int32_t num_layers, int64_t request_id);

@@ -72,6 +72,23 @@ const PooledRow* PredictorBase::current_observation(int32_t layer, int32_t row,
   return &l.pending[static_cast<size_t>(row)];
 }
 
+Status PredictorBase::check_layer_observed(int32_t full, int32_t layer, const StepInput& in) const {
+  for (int32_t j = 0; j < in.next_n; ++j)
+    if (!current_observation(full, j, in.step))
+      return failed_precondition(
+          "{}: layer {} reuses full layer {}'s top-k at step {}, but its row {} has not been "
+          "observed yet; run layers in increasing order",
+          name_, layer, full, in.step, j);
+  return ok_status();
+}
+
+void PredictorBase::rank_by_layer_topk(const RowContext& row, int32_t full, float* p) const {
+  fill_unknown(p, row.n_blocks);
+  const PooledRow* obs = current_observation(full, row.row, row.step);
+  for (size_t i = 0; i < obs->blocks.size() && obs->blocks[i] < row.n_blocks; ++i)
+    if (obs->topk_hits[i] > 0) p[obs->blocks[i]] = static_cast<float>(obs->topk_hits[i]);
+}
+
 const BlockState& PredictorBase::state(int32_t layer) const {
   static const BlockState kEmpty;
   if (layer < 0 || layer >= num_layers_) return kEmpty;

@@ -99,6 +99,12 @@ class PredictorBase : public BlockPredictor {
   // This step's pooled observation of (layer, row) if it was observed in the open step `step`
   // (pending, not committed); nullptr otherwise.
   const PooledRow* current_observation(int32_t layer, int32_t row, int64_t step) const;
+  // Layer sharing (indexcache, the stacks): `layer` reuses `full`'s rows of the open step, so
+  // they must have been observed; kFailedPrecondition naming both otherwise.
+  Status check_layer_observed(int32_t full, int32_t layer, const StepInput& in) const;
+  // p = the recency default, raised to the hit count of every block holding `full`'s top-k of
+  // this step (same row): most hits first.
+  void rank_by_layer_topk(const RowContext& row, int32_t full, float* p) const;
   // Blocks holding the last committed step's top-k of `layer` (from the last replayed row), with
   // their hit counts; ascending.
   const std::vector<int32_t>& previous_topk_blocks(int32_t layer) const {

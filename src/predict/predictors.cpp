@@ -108,7 +108,7 @@ class EmaPredictor final : public PredictorBase {
   bool shared(int32_t layer) const { return parts_.share_freq > 0 && layer % parts_.share_freq != 0; }
 
   Status prepare(int32_t layer, const StepInput& in) override {
-    if (shared(layer)) return check_full_layer_observed(layer, in);
+    if (shared(layer)) return check_layer_observed(layer - layer % parts_.share_freq, layer, in);
     if (!parts_.probe) return ok_status();
     if (in.hisa == nullptr && in.block_probe == nullptr)
       return invalid_argument(
@@ -126,7 +126,10 @@ class EmaPredictor final : public PredictorBase {
     return keys_[static_cast<size_t>(layer)].update(*in.hisa, visible_entries(in, 0));
   }
   Status rank(const RowContext& row, float* p) override {
-    if (shared(row.layer)) return rank_from_full_layer(row, p);
+    if (shared(row.layer)) {
+      rank_by_layer_topk(row, row.layer - row.layer % parts_.share_freq, p);
+      return ok_status();
+    }
     ema_rank(layer_state(row.layer), config(), row.n_blocks, parts_.slot, parts_.offset, p);
     if (probes(row) && config().probe_blend > 0) blend_with_probe(row, p);
     return ok_status();
@@ -206,25 +209,6 @@ class EmaPredictor final : public PredictorBase {
   }
 
  private:
-  Status check_full_layer_observed(int32_t layer, const StepInput& in) const {
-    const int32_t full = layer - layer % parts_.share_freq;
-    for (int32_t j = 0; j < in.next_n; ++j)
-      if (!current_observation(full, j, in.step))
-        return failed_precondition(
-            "{}: layer {} reuses full layer {}'s top-k at step {}, but its row {} has not been "
-            "observed yet; run layers in increasing order",
-            name(), layer, full, in.step, j);
-    return ok_status();
-  }
-  Status rank_from_full_layer(const RowContext& row, float* p) const {
-    fill_unknown(p, row.n_blocks);
-    const PooledRow* obs =
-        current_observation(row.layer - row.layer % parts_.share_freq, row.row, row.step);
-    for (size_t i = 0; i < obs->blocks.size() && obs->blocks[i] < row.n_blocks; ++i)
-      if (obs->topk_hits[i] > 0) p[obs->blocks[i]] = static_cast<float>(obs->topk_hits[i]);
-    return ok_status();
-  }
-
   EmaParts parts_;
   std::vector<HisaKeys> keys_;  // [layers] when parts_.probe
   std::vector<float> query_scratch_;
@@ -347,21 +331,14 @@ class IndexCachePredictor final : public PredictorBase {
   }
   Status prepare(int32_t layer, const StepInput& in) override {
     if (layer % freq_ == 0) return ok_status();
-    const int32_t full = layer - layer % freq_;
-    for (int32_t j = 0; j < in.next_n; ++j)
-      if (!current_observation(full, j, in.step))
-        return failed_precondition(
-            "{}: layer {} reuses full layer {}'s top-k at step {}, but its row {} has not been "
-            "observed yet; run layers in increasing order",
-            name(), layer, full, in.step, j);
-    return ok_status();
+    return check_layer_observed(layer - layer % freq_, layer, in);
   }
   Status rank(const RowContext& row, float* p) override {
-    fill_unknown(p, row.n_blocks);
-    if (row.layer % freq_ == 0) return ok_status();
-    const PooledRow* obs = current_observation(row.layer - row.layer % freq_, row.row, row.step);
-    for (size_t i = 0; i < obs->blocks.size() && obs->blocks[i] < row.n_blocks; ++i)
-      if (obs->topk_hits[i] > 0) p[obs->blocks[i]] = static_cast<float>(obs->topk_hits[i]);
+    if (row.layer % freq_ == 0) {
+      fill_unknown(p, row.n_blocks);
+      return ok_status();
+    }
+    rank_by_layer_topk(row, row.layer - row.layer % freq_, p);
     return ok_status();
   }
   std::unique_ptr<PredictorBase> clone() const override {

@@ -29,6 +29,7 @@ PredictorConfig hybrid_config() {
   c.topk = 8;
   c.target_sparsity = 0.5;
   c.probe_share = 0.3;
+  c.probe_adapt = 0;
   return c;
 }
 
@@ -100,7 +101,10 @@ TEST(PredictHybrid, DeterministicInsideTheBudgetWithTheForcedBlocksAndItsProbeCh
         const int64_t pools = pool == 0 ? blocks_for_entries(c, committed) : (committed + pool - 1) / pool;
         const int64_t want = step % 2 == 0 ? std::min(pools, n * per_block) : 0;
         EXPECT_EQ(sa.row_probed[static_cast<size_t>(j)], want) << "step " << step << " pool " << pool;
-        EXPECT_EQ(sa.row_explored[static_cast<size_t>(j)] > 0, step % 2 != 0);
+        // Exploration's share: uniform draws in between, the probe's picks on probe steps.
+        const int64_t share = std::llround((step % 2 == 0 ? c.probe_share : c.explore_ratio) *
+                                           static_cast<double>(budget_blocks(c, n)));
+        EXPECT_EQ(sa.row_explored[static_cast<size_t>(j)], share) << "step " << step;
       }
       std::vector<std::vector<float>> full;
       for (int32_t j = 0; j < next_n; ++j) full.push_back(focus_scores(entries, step, 0, 8, 3, 0.5));
@@ -159,9 +163,61 @@ TEST(PredictHybrid, TheProbeFindsABlockHistoryHasNeverSeen) {
   EXPECT_NE(s.message().find("pooled block keys"), std::string::npos);
 }
 
+TEST(PredictHybrid, AdaptiveShareMovesTowardTheSourceThatPays) {
+  // Every step the top-k moves to a block history has never seen (block 4 + step) and the query
+  // points at that block's keys: the probe's picks pay, history's marginal picks do not, so the
+  // probe's share — the exploration count — grows.
+  PredictorConfig c = hybrid_config();
+  c.probe_adapt = 1;
+  c.probe_share = 0.2;
+  CounterRng rng(stream_key(13));
+  constexpr int64_t kEntries = 200;  // 25 blocks of 8
+  std::vector<std::vector<float>> dir(25, std::vector<float>(128));
+  for (auto& d : dir)
+    for (float& x : d) x = static_cast<float>(rng.normal());
+  std::vector<std::vector<float>> raw(kEntries, std::vector<float>(128));
+  for (size_t pos = 0; pos < raw.size(); ++pos)
+    for (size_t d = 0; d < 128; ++d)
+      raw[pos][d] = static_cast<float>(rng.normal()) * 0.2f + 2.0f * dir[pos / 8][d];
+  const Cache cache(4, raw, 14);
+  const std::vector<float> w(kHeads, 1.0f);
+  auto p = make_checked("spin-hybrid", c, 1, 0);
+  std::vector<int32_t> explored;
+  for (int64_t step = 0; step < 8; ++step) {
+    const int64_t target = 4 + step;
+    std::vector<uint8_t> q(kHeads * 128);
+    for (int h = 0; h < kHeads; ++h)
+      for (int d = 0; d < 128; ++d)
+        q[static_cast<size_t>(h * 128 + d)] = e4m3_from_float(dir[static_cast<size_t>(target)][static_cast<size_t>(d)]);
+    HisaView view{cache.bytes.data(), 4, cache.table.data(), kEntries, q.data(), w.data(), kHeads,
+                  static_cast<int64_t>(cache.table.size())};
+    StepInput in{step, kEntries, 1};
+    in.hisa = &view;
+    Selection sel;
+    ASSERT_TRUE(p->select(0, in, &sel).ok());
+    explored.push_back(sel.row_explored[0]);
+    std::vector<float> scores(static_cast<size_t>(kEntries), 0.0f);
+    for (int64_t e = target * 8; e < target * 8 + 8; ++e) scores[static_cast<size_t>(e)] = 5.0f;
+    ASSERT_TRUE(observe_union(*p, 0, sel, {scores}, kEntries, 1).ok());
+    ASSERT_TRUE(p->commit(0).ok());
+  }
+  EXPECT_GT(explored.back(), explored.front());
+  // Without adaptation the share stays where the config put it.
+  c.probe_adapt = 0;
+  auto fixed = make_checked("spin-hybrid", c, 1, 0);
+  Selection sel;
+  const std::vector<uint8_t> q(kHeads * 128, 0x30);
+  HisaView view{cache.bytes.data(), 4, cache.table.data(), kEntries, q.data(), w.data(), kHeads,
+                static_cast<int64_t>(cache.table.size())};
+  StepInput in{0, kEntries, 1};
+  in.hisa = &view;
+  ASSERT_TRUE(fixed->select(0, in, &sel).ok());
+  EXPECT_EQ(sel.row_explored[0], explored.front());
+}
+
 TEST(PredictHybrid, ConfigRangesAreChecked) {
   PredictorConfig c = hybrid_config();
-  for (const char* bad : {"probe_share=1.5", "probe_interval=0", "probe_entries=3", "probe_blend=-0.1",
+  for (const char* bad : {"probe_adapt=2", "probe_share=1.5", "probe_interval=0", "probe_entries=3", "probe_blend=-0.1",
                           "budget_move_max=1", "budget_moves=sideways"}) {
     PredictorConfig x = c;
     const Status s = x.parse(bad);

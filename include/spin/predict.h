@@ -104,6 +104,10 @@ struct PredictorConfig {
   // On probe steps history's own ranking mixes in the probe: (1 - blend)·z(history) +
   // blend·z(probe), z standardised over the row's known blocks (0 = history alone).
   double probe_blend = 0.0;
+  // 1: each layer's probe share moves (±0.05 a step, within [0.05, 0.95]) toward whichever paid
+  // more top-k hits per block at the last step: the probe's picks, or history's as many
+  // lowest-ranked picks — the blocks the share trades between them. Starts at probe_share.
+  int32_t probe_adapt = 1;
   int32_t probe_interval = 1;
   int32_t probe_entries = 0;
   // Budgets that move at the same mean (spin, spin-hybrid): between the layers of a step (layers
@@ -194,6 +198,7 @@ struct Selection {
   std::vector<std::vector<int32_t>> row_blocks;  // [next_n] each row's set, sorted unique
   std::vector<int32_t> row_budget;               // [next_n] = row_blocks[j].size()
   std::vector<int32_t> row_explored;             // [next_n] blocks that came from exploration
+                                                 // (uniform draws, or the probe's picks)
   // [next_n] probe work of the row in entry-equivalents: each pooled key scored with the row's
   // query costs heads·128 multiply-adds, the work of scoring one entry (hisa, spin-hybrid).
   std::vector<int64_t> row_probed;

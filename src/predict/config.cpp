@@ -144,6 +144,8 @@ Status PredictorConfig::validate() const {
     return invalid_argument("probe_share {} is outside [0, 1]", probe_share);
   if (!(probe_blend >= 0.0 && probe_blend <= 1.0))
     return invalid_argument("probe_blend {} is outside [0, 1]", probe_blend);
+  if (probe_adapt != 0 && probe_adapt != 1)
+    return invalid_argument("probe_adapt {} must be 0 or 1", probe_adapt);
   if (probe_interval < 1) return invalid_argument("probe_interval {} must be ≥ 1", probe_interval);
   if (probe_entries < 0 || (probe_entries > 0 && block_entries() % probe_entries != 0))
     return invalid_argument(
@@ -174,11 +176,11 @@ std::string PredictorConfig::to_string() const {
   return fmt::format(
       "target_sparsity={} explicit_budget_blocks={} sink_blocks={} local_blocks={} "
       "explore_ratio={} explore_policy={} alpha={} beta={} combine={} combine_weight={} "
-      "pooling={} mtp_update={} probe_share={} probe_blend={} probe_interval={} probe_entries={} "
+      "pooling={} mtp_update={} probe_share={} probe_blend={} probe_adapt={} probe_interval={} probe_entries={} "
       "budget_moves={} budget_move_max={} page_size={} block_pages={} topk={} seed={}",
       target_sparsity, explicit_budget_blocks, sink_blocks, local_blocks, explore_ratio,
       explore_policy_name(explore_policy), alpha, beta, combine_name(combine), combine_weight,
-      pooling_name(pooling), mtp_update_name(mtp_update), probe_share, probe_blend, probe_interval,
+      pooling_name(pooling), mtp_update_name(mtp_update), probe_share, probe_blend, probe_adapt, probe_interval,
       probe_entries, budget_moves_name(budget_moves), budget_move_max, page_size, block_pages,
       topk, seed);
 }
@@ -198,6 +200,7 @@ Status PredictorConfig::set(const std::string& key, const std::string& value) {
   if (key == "mtp_update") return parse_enum(mtp_update_from_name(value), &mtp_update);
   if (key == "probe_share") return parse_double(key, value, &probe_share);
   if (key == "probe_blend") return parse_double(key, value, &probe_blend);
+  if (key == "probe_adapt") return parse_int(key, value, &probe_adapt);
   if (key == "probe_interval") return parse_int(key, value, &probe_interval);
   if (key == "probe_entries") return parse_int(key, value, &probe_entries);
   if (key == "budget_moves") return parse_enum(budget_moves_from_name(value), &budget_moves);
@@ -209,7 +212,7 @@ Status PredictorConfig::set(const std::string& key, const std::string& value) {
   return invalid_argument(
       "unknown predictor config key '{}'; supported: target_sparsity, explicit_budget_blocks, "
       "sink_blocks, local_blocks, explore_ratio, explore_policy, alpha, beta, combine, "
-      "combine_weight, pooling, mtp_update, probe_share, probe_blend, probe_interval, probe_entries, "
+      "combine_weight, pooling, mtp_update, probe_share, probe_blend, probe_adapt, probe_interval, probe_entries, "
       "budget_moves, budget_move_max, page_size, block_pages, topk, seed",
       key);
 }

@@ -283,6 +283,9 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
     *probe_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     mark_ranked(q_.data(), n_explore + n_history, n_cand - n_explore - n_history, n_probe, 4);
+    *explored = static_cast<int32_t>(n_probe);  // the probe spends the exploration share
+    if (config_.probe_adapt && ctx.row == 0 && n_history > 0)
+      record_picks(&layers_[static_cast<size_t>(ctx.layer)], n_explore, n_history, n_probe);
   }
 
   blocks->resize(static_cast<size_t>(n));
@@ -419,6 +422,51 @@ int64_t PredictorBase::row_budget(const RowContext& row) const {
   return std::min(std::max({moved, blocks_for_topk(config_), forced}), row.n_blocks);
 }
 
+double PredictorBase::probe_share(int32_t layer) const {
+  const double s = layers_[static_cast<size_t>(layer)].probe_share;
+  return config_.probe_adapt && s >= 0 ? s : config_.probe_share;
+}
+
+// After a probing select of row 0: keys_[first, first + n_history) hold history's choice (keys
+// ~order(p) << 32 | block) and the n_probe keys after them the probe's.
+void PredictorBase::record_picks(Layer* l, int64_t first, int64_t n_history, int64_t n_probe) {
+  const uint64_t* keys = keys_.data();
+  l->probe_picked.clear();
+  for (int64_t i = first + n_history; i < first + n_history + n_probe; ++i)
+    l->probe_picked.push_back(static_cast<int32_t>(keys[i] & 0xFFFFFFFFu));
+  // History's lowest-ranked blocks are its largest keys: the smallest of the inverted keys.
+  margin_.assign(keys + first, keys + first + n_history);
+  for (uint64_t& k : margin_) k = ~(k | 0xFFFFFFFFu) | (k & 0xFFFFFFFFu);
+  const int64_t m = std::min(n_history, n_probe);
+  select_smallest(margin_.data(), n_history, m);
+  l->margin_picked.clear();
+  for (int64_t i = 0; i < m; ++i) l->margin_picked.push_back(static_cast<int32_t>(margin_[i] & 0xFFFFFFFFu));
+  std::sort(l->probe_picked.begin(), l->probe_picked.end());
+  std::sort(l->margin_picked.begin(), l->margin_picked.end());
+}
+
+// Top-k hits per block of the probe's picks against history's marginal picks, in row 0's
+// observation: the share moves 0.05 toward whichever paid more per block, within [0.05, 0.95].
+void PredictorBase::update_probe_share(Layer* l, const PooledRow& row0) {
+  if (l->probe_picked.empty() || l->margin_picked.empty()) return;
+  const auto hits_in = [&](const std::vector<int32_t>& picked) {
+    int64_t hits = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < row0.blocks.size(); ++i) {
+      while (k < picked.size() && picked[k] < row0.blocks[i]) ++k;
+      if (k < picked.size() && picked[k] == row0.blocks[i]) hits += row0.topk_hits[i];
+    }
+    return static_cast<double>(hits);
+  };
+  const double rp = hits_in(l->probe_picked) / static_cast<double>(l->probe_picked.size());
+  const double rm = hits_in(l->margin_picked) / static_cast<double>(l->margin_picked.size());
+  l->probe_picked.clear();
+  l->margin_picked.clear();
+  if (rp + rm <= 0) return;
+  const double s = l->probe_share >= 0 ? l->probe_share : config_.probe_share;
+  l->probe_share = std::clamp(s + 0.15 * (rp - rm) / (rp + rm), 0.05, 0.95);
+}
+
 // Called at commit with the newest replayed row, before prev_topk_blocks moves on to it.
 void PredictorBase::update_churn(Layer* l, const PooledRow& newest) {
   int64_t now = 0, kept = 0;
@@ -508,6 +556,7 @@ Status PredictorBase::commit(int32_t accepted) {
     // step-reuse reads the top-k of the newest replayed row: the last token the model kept.
     const PooledRow& newest = l.pending[static_cast<size_t>(last)];
     update_churn(&l, newest);
+    if (config_.probe_adapt) update_probe_share(&l, l.pending[0]);
     l.prev_topk_blocks.clear();
     l.prev_topk_hits.clear();
     for (size_t i = 0; i < newest.blocks.size(); ++i) {
@@ -562,6 +611,9 @@ void PredictorBase::reset() {
     l.prev_topk_hits.clear();
     l.churn = l.churn_ema = -1;
     l.borrowed = 0;
+    l.probe_picked.clear();
+    l.margin_picked.clear();
+    l.probe_share = -1;
   }
   open_ = false;
   open_step_ = -1;

@@ -65,6 +65,9 @@ class PredictorBase : public BlockPredictor {
   virtual bool explores() const { return false; }
   // Whether config().budget_moves applies (spin, spin-hybrid); the others keep the fixed budget.
   virtual bool moves_budget() const { return false; }
+  // The probe's share of `layer`'s budget: config().probe_share, or with probe_adapt where the last
+  // steps' top-k fell (see update_probe_share).
+  double probe_share(int32_t layer) const;
   // Blocks of the row's budget the probe chooses (hisa: all of them, spin-hybrid: its share on
   // probe steps), after the forced blocks and history's choice; 0 = no probe this row. `left` is
   // the budget after the forced blocks. On a probing row there is no uniform exploration.
@@ -141,6 +144,10 @@ class PredictorBase : public BlockPredictor {
     double churn = -1;      // -1: not measured yet
     double churn_ema = -1;
     double borrowed = 0;    // extra budget share spent after a shift, paid back on calm steps
+    // Adaptive probe share (probe_adapt): row 0's blocks the probe chose and the as many
+    // lowest-ranked blocks history chose (what the share trades), both ascending; the share now.
+    std::vector<int32_t> probe_picked, margin_picked;
+    double probe_share = -1;  // -1: config().probe_share
   };
 
   Status check_step_input(int32_t layer, const StepInput& in) const;
@@ -149,6 +156,8 @@ class PredictorBase : public BlockPredictor {
                     int64_t* probed, double* probe_seconds, std::vector<float>* scores);
   double budget_factor(const RowContext& row) const;
   void update_churn(Layer* l, const PooledRow& newest);
+  void record_picks(Layer* l, int64_t first_history, int64_t n_history, int64_t n_probe);
+  void update_probe_share(Layer* l, const PooledRow& row0);
   // select_row's stages over mark_ (0 = not selected, 1 forced, 2 explored, 3 predicted) and the
   // candidate keys_ (ordering value << 32 | block). mark_forced returns the candidates' count.
   int64_t mark_forced(int64_t n);
@@ -173,6 +182,7 @@ class PredictorBase : public BlockPredictor {
   // Scratch reused across calls (sized to the largest context seen).
   std::vector<float> p_;
   std::vector<float> q_;  // the probe's scores
+  std::vector<uint64_t> margin_;  // record_picks' scratch
   std::vector<uint8_t> mark_;
   std::vector<uint64_t> keys_;  // (ordering key << 32 | block) of the candidates
   PoolScratch pool_scratch_;

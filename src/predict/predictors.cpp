@@ -140,7 +140,7 @@ class EmaPredictor final : public PredictorBase {
   int64_t probe_quota(const RowContext& row, int64_t budget, int64_t left) const override {
     (void)left;
     if (!probes(row)) return 0;
-    return std::llround(config().probe_share * static_cast<double>(budget));
+    return std::llround(probe_share(row.layer) * static_cast<double>(budget));
   }
   Status probe(const RowContext& row, float* q, int64_t* work) override {
     score_probe(row);

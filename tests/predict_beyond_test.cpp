@@ -29,7 +29,6 @@ PredictorConfig hybrid_config() {
   c.topk = 8;
   c.target_sparsity = 0.5;
   c.probe_share = 0.3;
-  c.probe_adapt = 0;
   return c;
 }
 

@@ -78,7 +78,7 @@ void add_beyond_ablations(const PredictorConfig& base, std::vector<Job>* jobs) {
   hybrid("probe_entries=16", "probe_entries=16");
   hybrid("probe_interval=4", "probe_interval=4");
   hybrid("probe_blend=0.5", "probe_blend=0.5");
-  hybrid("probe_adapt=0", "probe_adapt=0");
+  hybrid("probe_adapt=1", "probe_adapt=1");
   for (BudgetMoves moves : {BudgetMoves::kLayers, BudgetMoves::kSteps, BudgetMoves::kBoth}) {
     PredictorConfig c = base;
     c.budget_moves = moves;

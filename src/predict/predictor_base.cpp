@@ -446,7 +446,8 @@ void PredictorBase::record_picks(Layer* l, int64_t first, int64_t n_history, int
 }
 
 // Top-k hits per block of the probe's picks against history's marginal picks, in row 0's
-// observation: the share moves 0.05 toward whichever paid more per block, within [0.05, 0.95].
+// observation: the share moves by up to 0.15 toward whichever paid more per block, within
+// [probe_share / 2, 0.95]: never so low that a jump of the top-k finds no probe.
 void PredictorBase::update_probe_share(Layer* l, const PooledRow& row0) {
   if (l->probe_picked.empty() || l->margin_picked.empty()) return;
   const auto hits_in = [&](const std::vector<int32_t>& picked) {
@@ -464,7 +465,7 @@ void PredictorBase::update_probe_share(Layer* l, const PooledRow& row0) {
   l->margin_picked.clear();
   if (rp + rm <= 0) return;
   const double s = l->probe_share >= 0 ? l->probe_share : config_.probe_share;
-  l->probe_share = std::clamp(s + 0.15 * (rp - rm) / (rp + rm), 0.05, 0.95);
+  l->probe_share = std::clamp(s + 0.15 * (rp - rm) / (rp + rm), 0.5 * config_.probe_share, 0.95);
 }
 
 // Called at commit with the newest replayed row, before prev_topk_blocks moves on to it.

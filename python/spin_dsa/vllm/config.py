@@ -7,7 +7,9 @@
 Keys (anything else is an error, so a typo never silently turns spin off):
 - ``enabled`` (bool, default true when the object is present): spin off means vLLM's own indexer,
   bit for bit.
-- ``predictor`` (str, default "spin"): any ``spin_dsa.predictor_names()`` entry but oracle/hisa.
+- ``predictor`` (str, default "spin"): any ``spin_dsa.predictor_names()`` entry but those in
+  ``_CANNOT_SERVE`` (oracle reads the true top-k; hisa and spin-hybrid read pooled keys, which the
+  serving API does not keep yet).
 - ``config`` (dict or "key=value ..."): PredictorConfig fields (``spin_dsa.default_config()``);
   ``page_size`` and ``topk`` are set from the model and cannot be given.
 - ``max_requests`` (int, default vLLM's max_num_seqs): slots spin keeps state for.
@@ -58,6 +60,10 @@ class SpinConfig:
     warm_start: bool = True
 
 
+# Predictors the serving API cannot run: the oracle needs the step's true top-k, the probers
+# (hisa, spin-hybrid) pooled block keys that serving does not keep yet.
+_CANNOT_SERVE = ("oracle", "hisa", "spin-hybrid", "spin-hybrid-ic2")
+
 def _fail(message: str):
     raise ValueError(f"--additional-config spin: {message}")
 
@@ -102,9 +108,9 @@ def parse_spin_config(additional_config: Mapping[str, Any] | None) -> SpinConfig
     if not isinstance(enabled, bool):
         _fail("enabled must be true or false")
     predictor = obj.get("predictor", "spin")
-    if predictor not in spin_dsa.predictor_names() or predictor in ("oracle", "hisa"):
+    if predictor not in spin_dsa.predictor_names() or predictor in _CANNOT_SERVE:
         _fail(f"predictor '{predictor}' cannot serve (choose from "
-              f"{[p for p in spin_dsa.predictor_names() if p not in ('oracle', 'hisa')]})")
+              f"{[p for p in spin_dsa.predictor_names() if p not in _CANNOT_SERVE]})")
     config = obj.get("config", {})
     if isinstance(config, str):
         config = {k: v for k, v in (kv.split("=", 1) for kv in config.replace(",", " ").split())}

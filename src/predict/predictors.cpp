@@ -110,6 +110,7 @@ class EmaPredictor final : public PredictorBase {
   Status prepare(int32_t layer, const StepInput& in) override {
     if (shared(layer)) return check_layer_observed(layer - layer % parts_.share_freq, layer, in);
     if (!parts_.probe) return ok_status();
+    probe_row_ = {-1, -1, -1};  // a new select: steps repeat after reset, rebind or fork
     if (in.hisa == nullptr && in.block_probe == nullptr)
       return invalid_argument(
           "{}: StepInput has neither hisa nor block_probe; its probe scores pooled block keys with "

@@ -565,6 +565,7 @@ struct Results {
   json calibration = json::array(), predictors = json::array(), sweep = json::array(), mtp = json::array(),
        pooling = json::array(), beyond = json::array(), timing = json::object(), scenarios = json::object(),
        real_model = json::array();
+  json equal_cost = json::array();  // equal_cost_json(sweep), once every scenario is in
 };
 
 void add_results(const ScenarioRun& run, int requests, const std::map<std::string, CalibrationTarget>& targets,
@@ -918,14 +919,15 @@ std::string render_report(const EvalOptions& o, int requests, const Results& res
     if (!sc["skipped_predictors"].empty()) {
       std::string list;
       for (const auto& p : sc["skipped_predictors"]) list += (list.empty() ? "" : ", ") + p.get<std::string>();
-      md += fmt::format(" Not run on it: {} (needs the indexer's keys and queries; a score trace has only scores).", list);
+      md += fmt::format(" Not run on it: {} (they need the indexer's keys and queries, or a block probe at their "
+                        "block size, which this score trace lacks; or a geometry this trace does not have).", list);
     }
     md += "\n\n";
   }
   md += render_calibration(res.calibration);
   md += render_predictors(res.predictors);
   md += render_sweep(res.sweep, o.quick);
-  md += render_equal_cost(equal_cost_json(res.sweep), res.sweep);
+  md += render_equal_cost(res.equal_cost, res.sweep);
   md += render_mtp(res.mtp);
   md += render_pooling(res.pooling);
   md += render_beyond(res.beyond);
@@ -993,12 +995,13 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
     if (!runs.ok()) return runs.status();
     for (const RealRun& rr : runs.value()) add_real_results(rr, &res);
   }
+  res.equal_cost = equal_cost_json(res.sweep);
   json results = {{"seed", o.seed}, {"quick", o.quick}, {"config", o.base_config.to_string()}};
   if (!res.scenarios.empty()) results["scenarios"] = res.scenarios;
   results["calibration"] = res.calibration;
   results["predictors"] = res.predictors;
   results["sweep"] = res.sweep;
-  results["equal_cost"] = equal_cost_json(res.sweep);
+  results["equal_cost"] = res.equal_cost;
   results["beyond"] = res.beyond;
   results["mtp"] = res.mtp;
   results["pooling"] = res.pooling;

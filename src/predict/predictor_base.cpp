@@ -380,6 +380,11 @@ Status PredictorBase::probe(const RowContext& row, float* q, int64_t* work) {
 //           until nothing is borrowed — the same budget over time, within one step's loan;
 //   both:   the product.
 // Everything reads committed steps only, so every row of a step and every replay agree.
+// The last committed step shifted: its churn rose above 1.5 × the layer's EMA.
+bool PredictorBase::shifted(const Layer& l) {
+  return l.churn >= 0 && l.churn_ema > 0 && l.churn > 1.5 * l.churn_ema;
+}
+
 double PredictorBase::budget_factor(const RowContext& row) const {
   const BudgetMoves mode = config_.budget_moves;
   if (!moves_budget() || mode == BudgetMoves::kNone) return 1.0;
@@ -403,7 +408,7 @@ double PredictorBase::budget_factor(const RowContext& row) const {
   }
   if (mode == BudgetMoves::kSteps || mode == BudgetMoves::kBoth) {
     const Layer& l = layers_[static_cast<size_t>(row.layer)];
-    if (l.churn >= 0 && l.churn_ema > 0 && l.churn > 1.5 * l.churn_ema) {
+    if (shifted(l)) {
       factor *= 1.0 + m;
     } else if (l.borrowed > 0) {
       factor *= 1.0 - std::min(m, l.borrowed);
@@ -483,8 +488,7 @@ void PredictorBase::update_churn(Layer* l, const PooledRow& newest) {
   const double churn = 1.0 - static_cast<double>(kept) / static_cast<double>(now);
   // Steps mode's loan: a shift step borrows budget_move_max, a calm step repays up to as much.
   const double m = config_.budget_move_max;
-  const bool shift = l->churn >= 0 && l->churn_ema > 0 && l->churn > 1.5 * l->churn_ema;
-  if (shift) {
+  if (shifted(*l)) {  // the condition budget_factor() spent the loan on
     l->borrowed += m;
   } else if (l->borrowed > 0) {
     l->borrowed = std::max(0.0, l->borrowed - m);

@@ -155,6 +155,7 @@ class PredictorBase : public BlockPredictor {
   Status select_row(const RowContext& ctx, Fill f, std::vector<int32_t>* blocks, int32_t* explored,
                     int64_t* probed, double* probe_seconds, std::vector<float>* scores);
   double budget_factor(const RowContext& row) const;
+  static bool shifted(const Layer& l);
   void update_churn(Layer* l, const PooledRow& newest);
   void record_picks(Layer* l, int64_t first_history, int64_t n_history, int64_t n_probe);
   void update_probe_share(Layer* l, const PooledRow& row0);

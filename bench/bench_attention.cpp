@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "spin/cpu.h"
 #include "spin/attention.h"
 #include "spin/rng.h"
 
@@ -99,7 +100,7 @@ int run_attention_bench(const AttentionBenchOptions& options) {
     return 2;
   }
   if (!attention_impl_supported(impl)) {
-    fmt::print(stderr, "spin: error: --impl {}: this CPU lacks it (it runs {})\n", options.impl,
+    fmt::print(stderr, "spin: error: --impl {}: {} (it runs {})\n", options.impl, cpu_lacks_note(options.impl),
                attention_impl_name(attention_best_impl()));
     return 2;
   }
@@ -113,7 +114,7 @@ int run_attention_bench(const AttentionBenchOptions& options) {
   fmt::print("spin bench attention — {} heads, top-k {}, latent {}, page {}, impl {}, P {}, {} threads\n",
              options.heads, options.topk, latent_dtype_name(dtype), kPageSize, attention_impl_name(resolved),
              p_precision, threads);
-  fmt::print("cpu: {}\n", cpu_model());
+  fmt::print("cpu: {}\n", cpu_summary());
   std::fflush(stdout);
   print_peaks(peak, own);
   fmt::print("{:>5} {:>6} {:>6} {:>11} {:>9} {:>8} {:>6} {:>6}\n", "rows", "heads", "topk", "time_us", "GFLOP/s",
@@ -154,15 +155,15 @@ int run_attention_bench(const AttentionBenchOptions& options) {
     const double gflops = flop / (t.median_us * 1e3);
     const double gbps = static_cast<double>(options.topk) * rows * static_cast<double>(layout.entry_bytes()) /
                         (t.median_us * 1e3);
-    fmt::print("{:>5} {:>6} {:>6} {:>11.1f} {:>9.1f} {:>8.2f} {:>5.1f}% {}\n", rows, options.heads, options.topk,
-               t.median_us, gflops, gbps, 100 * gflops / peak.gflops, own_peak_cell(gflops, own));
+    fmt::print("{:>5} {:>6} {:>6} {:>11.1f} {:>9.1f} {:>8.2f} {} {}\n", rows, options.heads, options.topk,
+               t.median_us, gflops, gbps, own_peak_cell(gflops, peak), own_peak_cell(gflops, own));
     std::fflush(stdout);
     nlohmann::json record = machine_json(threads);
     record.update({{"bench", "attention"}, {"impl", attention_impl_name(resolved)}, {"heads", options.heads},
                    {"topk", options.topk}, {"latent", latent_dtype_name(dtype)}, {"probabilities", p_precision}, {"rows", rows},
                    {"time_us", t.median_us}, {"time_us_min", t.min_us}, {"runs", t.runs}, {"gflops", gflops},
                    {"gbps", gbps}, {"peak_gflops", peak.gflops}, {"peak_instruction", peak.instruction},
-                   {"peak_fraction", gflops / peak.gflops}, {"path_peak_gflops", own.gflops},
+                   {"peak_fraction", peak.gflops > 0 ? gflops / peak.gflops : 0.0}, {"path_peak_gflops", own.gflops},
                    {"path_peak_instruction", own.instruction},
                    {"path_peak_fraction", own.gflops > 0 ? gflops / own.gflops : 0.0}});
     records.push_back(record);

@@ -1,6 +1,7 @@
 // Benchmark plumbing: timing loop, machine peak, machine description, atomic JSON output.
 #include "bench_common.h"
 
+#include "spin/cpu.h"
 #include "spin/files.h"
 #include "spin/indexer.h"
 
@@ -148,18 +149,13 @@ constexpr PeakLoop kPeakLoops[] = {
 #endif
 };
 
+// Whether this process may run `path`'s instruction: the kernel front ends' own answer, so the
+// SPIN_CPU cap (spin/cpu.h) holds here too and a capped bench states the smaller machine's peak.
 bool cpu_supports(const char* path) {
-  const std::string f = path;
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (f == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
-  if (f == "avx512f") return __builtin_cpu_supports("avx512f");
-  if (f == "avx2") return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
-#endif
-#if defined(__aarch64__)
-  if (f == "neon_bf16") return indexer_impl_supported(IndexerImpl::kNeonBf16);  // HWCAP2_BF16
-#endif
-  return f == "neon";  // a loop is only compiled for its own ISA, and NEON is base aarch64
+  for (IndexerImpl impl : indexer_impls()) {
+    if (std::string(path) == indexer_impl_name(impl)) return indexer_impl_supported(impl);
+  }
+  return false;
 }
 
 double seconds_of(const PeakLoop& l, int64_t iterations, int threads, std::vector<double>& sink) {
@@ -225,21 +221,9 @@ std::string own_peak_cell(double gflops, const MachinePeak& own) {
   return cell;
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "unknown";
-}
-
 nlohmann::json machine_json(int threads) {
-  return {{"commit", SPIN_GIT_COMMIT}, {"cpu", cpu_model()}, {"threads", threads},
-          {"hardware_threads", omp_get_num_procs()}};
+  return {{"commit", SPIN_GIT_COMMIT}, {"cpu", cpu_model_name()}, {"kernels", cpu_summary()},
+          {"spin_cpu", cpu_cap_name()}, {"threads", threads}, {"hardware_threads", omp_get_num_procs()}};
 }
 
 int finish_records(const std::string& path, const nlohmann::json& records) {

@@ -38,12 +38,11 @@ MachinePeak measure_peak(int threads);
 MachinePeak measure_path_peak(const std::string& path, int threads);
 // "peak: …" lines of a kernel bench's header: the machine peak, and the path's own when it has one.
 void print_peaks(const MachinePeak& machine, const MachinePeak& own);
-// The "own" column: percent of the path's own peak, or "-" when it has none.
+// A peak column ("peak", "own"): percent of that peak, or "-" when there is none.
 std::string own_peak_cell(double gflops, const MachinePeak& own);
 
-// Fields every record carries: commit, cpu model, threads.
+// Fields every record carries: commit, cpu model, the kernel ISAs it may use (SPIN_CPU), threads.
 nlohmann::json machine_json(int threads);
-std::string cpu_model();
 
 // Writes `records` (a JSON array) atomically to `path` unless it is empty; the exit code.
 int finish_records(const std::string& path, const nlohmann::json& records);

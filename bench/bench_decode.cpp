@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "spin/cpu.h"
 #include "spin/engine.h"
 #include "spin/trace.h"
 #include "spin/workload.h"
@@ -284,7 +285,7 @@ int run_decode_bench(const DecodeBenchOptions& o) {
              "heads, latent {}, next_n {}, batch {}, {} timed steps (+{} warm-up)\n",
              model.name, o.layers, model.indexer_layers, model.model_layers, model.topk, model.attn_heads,
              o.latent, next_n, o.batch, o.steps, o.warmup);
-  fmt::print("kernels: {}\n", kernels_of(o).to_string());
+  fmt::print("cpu: {}\nkernels: {}\n", cpu_summary(), kernels_of(o).to_string());
   if (src.replayed()) {
     fmt::print("source: {} ({}; page {}, top-k {}, {} heads): the indexer replays its keys, queries and acceptance; "
                "latents and attention queries are random, every request replays the same inputs\n",

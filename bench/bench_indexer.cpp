@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "spin/cpu.h"
 #include "spin/cache.h"
 #include "spin/indexer.h"
 #include "spin/rng.h"
@@ -115,7 +116,7 @@ int run_indexer_bench(const IndexerBenchOptions& options) {
     return 2;
   }
   if (!indexer_impl_supported(impl)) {
-    fmt::print(stderr, "spin: error: --impl {}: this CPU lacks it (it runs {})\n", options.impl,
+    fmt::print(stderr, "spin: error: --impl {}: {} (it runs {})\n", options.impl, cpu_lacks_note(options.impl),
                indexer_impl_name(indexer_best_impl()));
     return 2;
   }
@@ -125,7 +126,7 @@ int run_indexer_bench(const IndexerBenchOptions& options) {
   const MachinePeak own = measure_path_peak(indexer_impl_name(resolved), threads);
   fmt::print("spin bench indexer — V3.2 shape: {} heads × {} dims, page {}, impl {}, {} threads\n", kHeads,
              kIndexerHeadDim, kPageSize, indexer_impl_name(resolved), threads);
-  fmt::print("cpu: {}\n", cpu_model());
+  fmt::print("cpu: {}\n", cpu_summary());
   std::fflush(stdout);
   print_peaks(peak, own);
   fmt::print("{:>8} {:>4} {:>8} {:>8} {:>11} {:>9} {:>8} {:>6} {:>6} {:>9} {:>7}\n", "context", "rows", "sparsity",
@@ -165,8 +166,8 @@ int run_indexer_bench(const IndexerBenchOptions& options) {
         const double realised = 1.0 - static_cast<double>(scored) / static_cast<double>(context);
         const double speedup = full_us > 0 ? full_us / t.median_us : 0.0;
         const double ideal = 1.0 / (1.0 - realised);
-        fmt::print("{:>8} {:>4} {:>8.2f} {:>8.3f} {:>11.1f} {:>9.1f} {:>8.2f} {:>5.1f}% {} {:>8.3f}x {:>6.3f}x\n",
-                   context, rows, sparsity, realised, t.median_us, gflops, gbps, 100 * gflops / peak.gflops,
+        fmt::print("{:>8} {:>4} {:>8.2f} {:>8.3f} {:>11.1f} {:>9.1f} {:>8.2f} {} {} {:>8.3f}x {:>6.3f}x\n",
+                   context, rows, sparsity, realised, t.median_us, gflops, gbps, own_peak_cell(gflops, peak),
                    own_peak_cell(gflops, own), sparsity > 0 ? speedup : 1.0, ideal);
         std::fflush(stdout);
         nlohmann::json record = machine_json(threads);
@@ -174,7 +175,7 @@ int run_indexer_bench(const IndexerBenchOptions& options) {
                        {"page_size", kPageSize}, {"context", context}, {"rows", rows}, {"sparsity", sparsity},
                        {"sparsity_realised", realised}, {"time_us", t.median_us}, {"time_us_min", t.min_us},
                        {"runs", t.runs}, {"gflops", gflops}, {"gbps", gbps}, {"peak_gflops", peak.gflops},
-                       {"peak_instruction", peak.instruction}, {"peak_fraction", gflops / peak.gflops},
+                       {"peak_instruction", peak.instruction}, {"peak_fraction", peak.gflops > 0 ? gflops / peak.gflops : 0.0},
                        {"path_peak_gflops", own.gflops}, {"path_peak_instruction", own.instruction},
                        {"path_peak_fraction", own.gflops > 0 ? gflops / own.gflops : 0.0},
                        {"speedup_vs_full", sparsity > 0 ? speedup : 1.0}, {"ideal_speedup", ideal}});

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "spin/cpu.h"
 #include "spin/indexer.h"
 #include "spin/predict.h"
 #include "spin/rng.h"
@@ -29,8 +30,9 @@ static int report_failure(const Status& s) {
 
 int run_predictor_bench(const PredictorBenchOptions& options) {
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
-  fmt::print("spin bench predictor — {} at sparsity {:.2f}, page 64, top-k 2048, rows 1; indexer on {} threads\n\n",
+  fmt::print("spin bench predictor — {} at sparsity {:.2f}, page 64, top-k 2048, rows 1; indexer on {} threads\n",
              options.predictor, options.sparsity, threads);
+  fmt::print("cpu: {}\n\n", cpu_summary());
   fmt::print("{:>8} {:>7} {:>12} {:>12} {:>12} {:>14} {:>10}\n", "context", "blocks", "select_us", "observe_us",
              "total_us", "indexer_us", "overhead");
   nlohmann::json records = nlohmann::json::array();

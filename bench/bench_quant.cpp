@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "spin/cpu.h"
 #include "spin/cache.h"
 #include "spin/numerics.h"
 #include "spin/rng.h"
@@ -60,7 +61,7 @@ void print_row(const Row& r, int64_t entries) {
 int run_quant_bench(const QuantBenchOptions& options) {
   const int64_t entries = options.entries;
   fmt::print("spin bench quant — {} entries of 128 dims, 1 thread; reference = the scalar quantiser\n", entries);
-  fmt::print("cpu: {}\n\n", cpu_model());
+  fmt::print("cpu: {}\n\n", cpu_summary());
   fmt::print("{:<7} {:>9} {:>11} {:>10} {:>11} {:>10} {:>9} {:>9}\n", "path", "entries", "fast_ns", "fast_GB/s",
              "ref_ns", "ref_GB/s", "speedup", "bitwise");
   const std::vector<float> x = make_keys(entries);

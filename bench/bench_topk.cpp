@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "spin/cpu.h"
 #include "spin/rng.h"
 #include "spin/topk.h"
 
@@ -64,7 +65,7 @@ std::vector<int32_t> realistic_mask(const std::vector<float>& scores, double spa
 }  // namespace
 
 int run_topk_bench(const TopkBenchOptions& options) {
-  fmt::print("spin bench topk — k = {}, one row, {} thread(s)\n\n", options.topk, options.threads);
+  fmt::print("spin bench topk — k = {}, one row, {} thread(s)\ncpu: {}\n\n", options.topk, options.threads, cpu_summary());
   const bool masked = options.sparsity > 0;
   fmt::print("{:>8} {:>12} {:>14} {:>12} {:>10} {:>12}", "context", "radix_us", "nth_element_us", "sort_ref_us",
              "vs_nth", "Mentries/s");

@@ -3,10 +3,19 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "kernel_harness.h"
+#include "spin/attention.h"
+#include "spin/cpu.h"
 #include "spin/numerics.h"
 #include "test_util.h"
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 
 namespace spin {
 namespace {
@@ -316,6 +325,75 @@ TEST(IndexerDispatch, PathsThisCpuLacksAreRefusedByName) {
   EXPECT_FALSE(indexer_impl_supported(IndexerImpl::kNeon));
   EXPECT_FALSE(indexer_impl_supported(IndexerImpl::kNeonBf16));
 #endif
+}
+
+// --- The SPIN_CPU cap (spin/cpu.h). ctest runs this file again under SPIN_CPU=avx512f, avx2 and
+// portable (aarch64: neon and portable; tests/CMakeLists.txt); each run checks the cap against the
+// CPU's own features, read here independently of the library.
+
+// A path's place among its ISA's levels (higher = wider); 0 for the paths every CPU runs.
+int level_rank(const std::string& name) {
+  if (name == "avx512bf16") return 3;
+  if (name == "avx512f") return 2;
+  if (name == "avx2") return 1;
+  if (name == "neon_bf16") return 2;
+  if (name == "neon") return 1;
+  return 0;
+}
+
+bool cpu_itself_has(const std::string& name) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (name == "avx512bf16") return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi");
+  if (name == "avx512f") return __builtin_cpu_supports("avx512f");
+  if (name == "avx2") return avx2;
+  return name == "portable" || name == "reference";
+#elif defined(__aarch64__)
+#if defined(__linux__) && defined(HWCAP2_BF16)
+  if (name == "neon_bf16") return (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
+#endif
+  return name == "neon" || name == "portable" || name == "reference";
+#else
+  return name == "portable" || name == "reference";
+#endif
+}
+
+TEST(CpuCap, EveryPathRunsExactlyWhereTheCpuHasItAndTheCapAllowsIt) {
+  const char* env = std::getenv("SPIN_CPU");
+  const std::string cap = env != nullptr && *env != '\0' ? env : "native";
+  ASSERT_TRUE(cpu_cap_status().ok()) << cpu_cap_status().message();
+  EXPECT_EQ(cpu_cap_name(), cap);
+  const int ceiling = cap == "native" ? 99 : level_rank(cap);
+  auto allowed = [&](const std::string& name) { return cpu_itself_has(name) && level_rank(name) <= ceiling; };
+  for (IndexerImpl impl : indexer_impls()) {
+    EXPECT_EQ(indexer_impl_supported(impl), allowed(indexer_impl_name(impl))) << indexer_impl_name(impl);
+  }
+  for (AttentionImpl impl : attention_impls()) {
+    EXPECT_EQ(attention_impl_supported(impl), allowed(attention_impl_name(impl))) << attention_impl_name(impl);
+  }
+  EXPECT_TRUE(indexer_impl_supported(indexer_best_impl()));
+  EXPECT_TRUE(attention_impl_supported(attention_best_impl()));
+  std::printf("SPIN_CPU=%s: indexer auto = %s, attention auto = %s\n%s\n", cap.c_str(),
+              indexer_impl_name(indexer_best_impl()), attention_impl_name(attention_best_impl()), cpu_summary().c_str());
+  if (cap == "native") {
+    EXPECT_EQ(cpu_summary().find("SPIN_CPU"), std::string::npos) << cpu_summary();
+    return;
+  }
+  EXPECT_NE(cpu_summary().find("SPIN_CPU=" + cap), std::string::npos) << cpu_summary();
+  // A path the CPU has but the cap leaves out is refused naming the cap, and writes nothing.
+  IndexerCase c;
+  c.name = "capped";
+  c.context_lens = {100};
+  testing::build_case(c, 5);
+  for (IndexerImpl impl : indexer_impls()) {
+    if (!cpu_itself_has(indexer_impl_name(impl)) || allowed(indexer_impl_name(impl))) continue;
+    std::vector<float> out(static_cast<size_t>(c.max_entries) + 1, 7.0f);
+    const Status status = indexer_scores(c.params(out.data(), c.max_entries + 1), {impl, 1});
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << indexer_impl_name(impl);
+    EXPECT_NE(status.message().find("SPIN_CPU=" + cap), std::string::npos) << status.message();
+    EXPECT_EQ(out[0], 7.0f) << indexer_impl_name(impl) << " wrote before refusing";
+  }
 }
 
 }  // namespace

@@ -111,7 +111,9 @@ class Workspace {
   }
 
   // Runs SPIN_BINARY with `args` in the workspace; killed (SIGKILL) after `limit`.
-  RunResult run(const std::vector<std::string>& args, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  // `env`: "NAME=value" entries set in the child only.
+  RunResult run(const std::vector<std::string>& args, std::chrono::seconds limit = std::chrono::seconds(60),
+                const std::vector<std::string>& env = {}) {
     limit *= spin::testing::test_slowdown();
     const std::string err_path = out_.file("stderr");
     const pid_t pid = fork();
@@ -123,6 +125,7 @@ class Workspace {
       dup2(out, 1);
       dup2(err, 2);
       dup2(in, 0);
+      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));  // the child's own copy
       std::vector<const char*> argv;
       for (const std::string& a : args) argv.push_back(a.c_str());
       exec_spin(argv);
@@ -539,6 +542,53 @@ TEST(Cli, RandomArgumentVectorsNeverCrashHangOrDestroy) {
   }
   std::printf("[ cli fuzz ] %d argument vectors, %d refused, %d ran\n", runs, failures, runs - failures);
   EXPECT_GE(runs, std::max(5, 50 / spin::testing::test_slowdown()));  // under qemu: fewer in the budget
+}
+
+// SPIN_CPU (spin/cpu.h): a name spin does not know, or another ISA's, is one error line before
+// any work; a path the cap leaves out is refused naming the cap; the cap is printed with results.
+TEST(Cli, SpinCpuIsCheckedAndNamed) {
+  Workspace ws;
+  const auto seconds = std::chrono::seconds(60);
+  RunResult r = ws.run({"trace", "info", "t.st"}, seconds, {"SPIN_CPU=avx3"});
+  expect_one_error_line(r, "SPIN_CPU=avx3");
+  EXPECT_EQ(WEXITSTATUS(r.status), 2);
+  EXPECT_NE(r.err.find("SPIN_CPU=avx3: unknown level; use one of native"), std::string::npos) << r.err;
+  ws.check_and_reset(r, "SPIN_CPU=avx3");
+#if defined(__x86_64__)
+  const std::string other_isa = "neon", own_path = "avx2", floor_path = "portable";
+#else
+  const std::string other_isa = "avx2", own_path = "neon", floor_path = "portable";
+#endif
+  r = ws.run({"trace", "info", "t.st"}, seconds, {"SPIN_CPU=" + other_isa});
+  expect_one_error_line(r, "SPIN_CPU=" + other_isa);
+  EXPECT_NE(r.err.find("level; this build knows"), std::string::npos) << r.err;
+  ws.check_and_reset(r, "SPIN_CPU=" + other_isa);
+
+  // Capped at portable, the ISA's own SIMD path is refused by name (the cap's, or the CPU's lack).
+  const std::vector<std::string> bench = {"bench", "indexer", "--context", "256", "--rows", "1", "--sparsity", "0",
+                                          "--impl"};
+  std::vector<std::string> forced = bench;
+  forced.push_back(own_path);
+  r = ws.run(forced, seconds, {"SPIN_CPU=portable"});
+  expect_one_error_line(r, "SPIN_CPU=portable --impl " + own_path);
+  EXPECT_EQ(WEXITSTATUS(r.status), 2);
+  const bool named = r.err.find("SPIN_CPU=portable leaves it out") != std::string::npos ||
+                     r.err.find("this CPU lacks it") != std::string::npos;
+  EXPECT_TRUE(named) << r.err;
+  ws.check_and_reset(r, "SPIN_CPU=portable --impl");
+
+  // The floor runs, and its record names the cap.
+  forced = bench;
+  forced.push_back(floor_path);
+  forced.insert(forced.end(), {"--json", "capped.json"});
+  r = ws.run(forced, std::chrono::seconds(120), {"SPIN_CPU=portable"});
+  expect_one_error_line(r, "SPIN_CPU=portable bench");
+  ASSERT_EQ(WEXITSTATUS(r.status), 0) << r.err;
+  const nlohmann::json records = nlohmann::json::parse(read_file(ws.file("capped.json")));
+  ASSERT_FALSE(records.empty());
+  EXPECT_EQ(records[0]["spin_cpu"], "portable");
+  EXPECT_NE(records[0]["kernels"].get<std::string>().find("SPIN_CPU=portable"), std::string::npos) << records[0];
+  ws.check_and_reset(r, "SPIN_CPU=portable bench");
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "spin/cpu.h"
 #include "spin/status.h"
 
 namespace spin::cli {
@@ -68,7 +69,7 @@ CLI::Validator kernel_path(const std::vector<Impl>& impls, const char* (*name)(I
         if (s == "auto") return {};
         for (Impl i : impls) {
           if (s != name(i)) continue;
-          return supported(i) ? std::string() : "this CPU lacks " + s + " (it runs " + name(best()) + ")";
+          return supported(i) ? std::string() : s + ": " + cpu_lacks_note(s) + " (it runs " + name(best()) + ")";
         }
         return "unknown kernel path '" + s + "'; supported: " + list;
       },

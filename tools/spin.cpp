@@ -7,6 +7,7 @@
 #include <new>
 
 #include "cli.h"
+#include "spin/cpu.h"
 #include "spin/files.h"
 
 namespace {
@@ -46,6 +47,8 @@ std::string unknown_command(CLI::App& app, int argc, char** argv) {
 int run(int argc, char** argv) {
   CLI::App app{"spin — shadow predictive indexer for DeepSeek sparse attention (CPU reference)"};
   app.require_subcommand(1);
+  app.footer("Environment: SPIN_CPU=native|avx512bf16|avx512f|avx2|portable (aarch64: native|neon_bf16|neon|portable) "
+             "caps the kernel paths of the whole process, as on a smaller CPU; every benchmark and report names it.");
   std::vector<Command> commands;
   for (auto add : {spin::cli::add_eval_commands, spin::cli::add_replay_command, spin::cli::add_trace_commands,
                    spin::cli::add_bench_commands, spin::cli::add_diagnose_command}) {
@@ -54,6 +57,8 @@ int run(int argc, char** argv) {
   if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
     return spin::cli::usage_error(unknown);
   }
+  // Before parsing: the --impl checks ask which paths this process may run.
+  if (spin::Status cap = spin::cpu_cap_status(); !cap.ok()) return spin::cli::usage_error(cap.message());
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -19,6 +19,7 @@
 #include "core/atomic_file.h"
 #include "core/errors.h"
 #include "spin/calibrate.h"
+#include "spin/cpu.h"
 #include "spin/replay.h"
 #include "spin/trace.h"
 #include "spin/workload.h"
@@ -1007,6 +1008,9 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
   results["pooling"] = res.pooling;
   if (!res.real_model.empty()) results["real_model"] = res.real_model;
   res.timing["total_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  // Beside the times: what they were measured on (it varies with the machine, as they do).
+  res.timing["machine"] = {{"cpu", cpu_model_name()}, {"kernels", cpu_summary()}, {"spin_cpu", cpu_cap_name()},
+                           {"threads", threads}};
   results["timing"] = res.timing;
 
   std::string md = render_report(o, requests, res);
@@ -1018,7 +1022,8 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
   } else {
     md += "\n" + summary.plot_note + "\n";
   }
-  md += fmt::format("\nTotal time {:.1f} s on {} threads.\n", res.timing["total_s"].get<double>(), threads);
+  md += fmt::format("\nTotal time {:.1f} s on {} threads; CPU: {}.\n", res.timing["total_s"].get<double>(), threads,
+                    cpu_summary());
   summary.report_md = md;
   summary.results_path = o.out_dir + "/results.json";
   SPIN_RETURN_IF_ERROR(write_file_atomic(o.out_dir + "/report.md", md));

@@ -13,6 +13,7 @@
 
 #include "core/errors.h"
 #include "kernels/cpu_features.h"
+#include "spin/cpu.h"
 #include "kernels/attention_internal.h"
 #include "spin/attention.h"
 
@@ -157,10 +158,11 @@ Status sparse_attention(const SparseAttentionParams& params, const AttentionOpti
       options.heads_per_task != 64 && options.heads_per_task != 128) {
     return invalid_argument("heads_per_task must be 0 (auto), 16, 32, 64 or 128, got {}", options.heads_per_task);
   }
+  SPIN_RETURN_IF_ERROR(cpu_cap_status());
   const AttentionImpl impl = options.impl == AttentionImpl::kAuto ? attention_best_impl() : options.impl;
   if (!attention_impl_supported(impl)) {
-    return invalid_argument("attention impl {} requested but this CPU lacks it; this CPU runs {} (or use auto)",
-                            attention_impl_name(impl), attention_impl_name(attention_best_impl()));
+    return invalid_argument("attention impl {} requested but {}; this CPU runs {} (or use auto)",
+                            attention_impl_name(impl), cpu_lacks_note(attention_impl_name(impl)), attention_impl_name(attention_best_impl()));
   }
   if (params.batch == 0) return ok_status();
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();

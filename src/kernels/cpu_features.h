@@ -1,7 +1,8 @@
 // The one place spin asks the CPU what it can run (x86: feature bits via the compiler's cpuid
-// builtins; aarch64: NEON is part of the base ISA); every kernel front end dispatches on these,
-// and every forced path is checked here. A check for another ISA's feature answers false, so a
-// path forced on the wrong CPU is refused by name rather than run.
+// builtins; aarch64: NEON is part of the base ISA, BF16 from HWCAP2); every kernel front end
+// dispatches on these, and every forced path is checked here. Each answer is the CPU's, capped by
+// SPIN_CPU (spin/cpu.h). A check for another ISA's feature answers false, so a path forced on the
+// wrong CPU is refused by name rather than run.
 #pragma once
 
 // Which kernel files have code on this build (each kernel file guards its own ISA).

@@ -8,6 +8,7 @@
 
 #include "core/errors.h"
 #include "kernels/cpu_features.h"
+#include "spin/cpu.h"
 #include "kernels/indexer_internal.h"
 #include "spin/cache.h"
 
@@ -194,10 +195,11 @@ IndexerImpl indexer_best_impl() {
 Status indexer_scores(const IndexerParams& params, const IndexerOptions& options) {
   SPIN_RETURN_IF_ERROR(validate_indexer_params(params));
   if (options.num_threads < 0) return invalid_argument("num_threads must be ≥ 0, got {}", options.num_threads);
+  SPIN_RETURN_IF_ERROR(cpu_cap_status());
   IndexerImpl impl = options.impl == IndexerImpl::kAuto ? indexer_best_impl() : options.impl;
   if (!indexer_impl_supported(impl)) {
-    return invalid_argument("indexer impl {} requested but this CPU lacks it; this CPU runs {} (or use auto)",
-                            indexer_impl_name(impl), indexer_impl_name(indexer_best_impl()));
+    return invalid_argument("indexer impl {} requested but {}; this CPU runs {} (or use auto)", indexer_impl_name(impl),
+                            cpu_lacks_note(indexer_impl_name(impl)), indexer_impl_name(indexer_best_impl()));
   }
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   if (impl == IndexerImpl::kReference) {

@@ -23,7 +23,7 @@ The vLLM plugin: ``spin_dsa.vllm`` (README "Use spin in vLLM"; imports vLLM only
 from ._errors import (DataLoss, FailedPrecondition, InvalidArgument, IoError, OutOfRange,
                       ResourceExhausted, SpinError)
 from ._core import (Predictor, ScoredTrace, Serving, Trace, TraceReader, budget_blocks,
-                    check_config, default_config, diagnose, generate_workload, indexer_impls,
+                    check_config, cpu_summary, default_config, diagnose, generate_workload, indexer_impls,
                     indexer_scores, make_predictor, make_trace, open_trace, predictor_names,
                     replay, scenario_names, score_trace, topk, workload_params, write_score_trace,
                     write_trace)
@@ -39,5 +39,5 @@ __all__ = [
     "TraceReader", "Trace", "ScoredTrace", "open_trace", "make_trace", "write_trace",
     "write_score_trace",
     "score_trace", "replay", "generate_workload", "scenario_names", "workload_params",
-    "indexer_scores", "topk", "indexer_impls", "diagnose",
+    "indexer_scores", "topk", "indexer_impls", "cpu_summary", "diagnose",
 ]

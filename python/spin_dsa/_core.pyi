@@ -281,6 +281,9 @@ def replay(scored: ScoredTrace, predictor: str = 'spin', config: Mapping[str, ob
     Replays a ScoredTrace through a predictor; returns the metrics dict of `spin replay --json` (recall_mean, miss_p50/p99/max, block_recall_mean, sparsity_mean, ...), plus 'topk' (per layer int32 [steps · next_n, topk]) with keep_topk.
     """
 
+def cpu_summary() -> str:
+    """The CPU model and the kernel ISAs this process may use, with any SPIN_CPU cap (include/spin/cpu.h)."""
+
 def indexer_impls() -> "std::vector<std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >, std::allocator<std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > > >":
     """Indexer implementations this CPU runs, fastest first."""
 

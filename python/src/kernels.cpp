@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common.h"
+#include "spin/cpu.h"
 #include "spin/diagnose.h"
 #include "spin/engine.h"
 #include "spin/geometry.h"
@@ -188,6 +189,8 @@ void bind_kernels(nb::module_& m) {
       if (spin::indexer_impl_supported(i)) names.push_back(spin::indexer_impl_name(i));
     return names;
   }, "Indexer implementations this CPU runs, fastest first.");
+  m.def("cpu_summary", [] { return spin::cpu_summary(); },
+        "The CPU model and the kernel ISAs this process may use, with any SPIN_CPU cap (include/spin/cpu.h).");
   m.def("indexer_scores", &indexer, nb::arg("key_cache"), nb::arg("block_table"),
         nb::arg("context_lens"), nb::arg("q"), nb::arg("weights"), nb::arg("page_size") = 64,
         nb::arg("compress_ratio") = 1, nb::arg("block_ids") = nb::none(),

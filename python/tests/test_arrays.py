@@ -125,3 +125,33 @@ def test_diagnose():
     assert d["sources"]
     with pytest.raises(spin_dsa.InvalidArgument):
         spin_dsa.diagnose(gpu="a100")
+
+
+def _in_child(code, spin_cpu):
+    """Runs `code` in a fresh interpreter with SPIN_CPU set (it is read once per process)."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, SPIN_CPU=spin_cpu)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_spin_cpu_caps_the_kernels_and_is_named():
+    import platform
+    level = "avx2" if platform.machine() in ("x86_64", "AMD64") else "neon"
+    r = _in_child("import spin_dsa; print(spin_dsa.cpu_summary()); print(spin_dsa.indexer_impls())", level)
+    assert r.returncode == 0, r.stderr
+    summary, impls = r.stdout.splitlines()
+    assert f"SPIN_CPU={level}" in summary
+    wider = {"avx2": ("avx512bf16", "avx512f"), "neon": ("neon_bf16",)}[level]
+    assert not any(f"'{w}'" in impls for w in wider), impls
+    # An unknown level is refused by every kernel call, naming the variable.
+    code = ("import numpy as np, spin_dsa\n"
+            "try:\n"
+            "    spin_dsa.indexer_scores(np.zeros((1, 64 * 132), np.uint8), np.zeros((1, 1), np.int32),\n"
+            "                            np.array([8]), np.zeros((1, 1, 2, 128), np.uint8), np.ones((1, 1, 2), np.float32))\n"
+            "except spin_dsa.InvalidArgument as e:\n"
+            "    print(e)\n")
+    r = _in_child(code, "avx3")
+    assert r.returncode == 0, r.stderr
+    assert "SPIN_CPU=avx3: unknown level" in r.stdout, r.stdout

@@ -145,6 +145,7 @@ const std::vector<AttentionImpl>& attention_impls() {
 }
 
 AttentionImpl attention_best_impl() {
+  if (detail::cpu_prefers_fp32_fma_to_bf16_dot()) return AttentionImpl::kAvx512F;
   for (AttentionImpl impl : attention_impls()) {
     if (attention_impl_supported(impl)) return impl;
   }

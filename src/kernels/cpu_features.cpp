@@ -194,5 +194,7 @@ bool cpu_is_intel() {
 #endif
 }
 
+bool cpu_prefers_fp32_fma_to_bf16_dot() { return cpu_is_intel() && cpu_has_avx512f(); }
+
 }  // namespace detail
 }  // namespace spin

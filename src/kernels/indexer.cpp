@@ -176,16 +176,8 @@ const std::vector<IndexerImpl>& indexer_impls() {
   return impls;
 }
 
-// On Intel cores (Sapphire Rapids) vdpbf16ps issues at half the zmm FMA rate, and the fp32-FMA
-// kernel beats the bf16 one: `spin bench indexer --context 131072 --threads 1` on a Sapphire
-// Rapids VM, 1 thread: avx512f 11.7 ms (74.5 % of the zmm FMA peak), avx512bf16 19.1 ms. On Zen 4
-// zmm FMAs are double-pumped and vdpbf16ps has twice their rate, so bf16 stays first there.
-static bool prefer_fp32_fma_to_bf16_dot() {
-  return detail::cpu_is_intel() && detail::cpu_has_avx512f();
-}
-
 IndexerImpl indexer_best_impl() {
-  if (prefer_fp32_fma_to_bf16_dot()) return IndexerImpl::kAvx512F;
+  if (detail::cpu_prefers_fp32_fma_to_bf16_dot()) return IndexerImpl::kAvx512F;
   for (IndexerImpl impl : indexer_impls()) {
     if (indexer_impl_supported(impl)) return impl;
   }

@@ -14,9 +14,17 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
   $sudo_cmd dpkg --add-architecture arm64  # the :arm64 packages below; apt-get update follows
   need_update=1
 fi
+# Installed for this machine's architecture (or arch-independent); `pkg:arch` names another. Not
+# `dpkg -s`: once a package is installed for two architectures (libgtest-dev and :arm64) its plain
+# name is ambiguous there, and every run would reinstall.
+installed() {
+  local name="${1%%:*}" arch="${1#*:}"
+  [[ "$1" == *:* ]] || arch="$(dpkg --print-architecture)"
+  dpkg-query -W -f='${db:Status-Abbrev} ${Architecture}\n' "$name" 2>/dev/null | grep -Eq "^ii +(${arch}|all)$"
+}
 missing=()
 for p in "${pkgs[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  installed "$p" || missing+=("$p")
 done
 if ((${#missing[@]})) || [ -n "${need_update:-}" ]; then
   echo "spin: installing missing packages: ${missing[*]}"

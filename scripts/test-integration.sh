@@ -31,6 +31,7 @@ vllm_plugin() {
   echo "vllm plugin: spin_dsa installed in $((SECONDS - start)) s"
   start=$SECONDS
   "$py" -m pytest -q -rs tests/integration  # its last line is the summary
+  "$py" bench/vs_vllm.py --context 8192 --runs 1  # the README's comparison still runs (small)
   echo "vllm plugin: tests took $((SECONDS - start)) s"
 }
 
@@ -50,13 +51,36 @@ aarch64() {
   ctest --preset aarch64 -j"${jobs}"  # its last lines are the summary CI reads (and the time)
 }
 
+# x86_caps (x86-64 hosts only): the Release suite once more with the whole process capped at AVX2
+# (SPIN_CPU=avx2, spin/cpu.h: every `auto` in the kernels, engine, replay and eval takes the
+# AVX2+FMA paths, as on Zen 2/3 or an Intel client part), then the dispatch tests and a forced-path
+# refusal on an emulated Zen 3 (qemu-x86_64 -cpu EPYC-Milan: a CPUID without AVX-512, so the CPU's
+# own answer says no, not the cap). qemu runs them for correctness only. ~2 min on the dev VM.
+x86_caps() {
+  echo "=== spin tests: x86 caps (SPIN_CPU=avx2; an emulated Zen 3) ==="
+  if [[ "$(uname -m)" != x86_64 ]]; then
+    echo "x86 caps: not an x86-64 host; skipped"
+    return
+  fi
+  local jobs zen3 refused
+  jobs="$(nproc)"
+  cmake --preset release >/dev/null
+  cmake --build --preset release -j"${jobs}"
+  SPIN_CPU=avx2 ctest --preset release -j"${jobs}"
+  zen3=(qemu-x86_64-static -cpu EPYC-Milan)  # TCG's warnings about features it lacks go to stderr
+  "${zen3[@]}" build/release/tests/kernels_indexer_test --gtest_filter='IndexerDispatch.*:CpuCap.*' 2>/dev/null
+  refused="$("${zen3[@]}" build/release/tools/spin bench indexer --impl avx512f 2>&1 | grep '^spin:' || true)"
+  echo "emulated Zen 3, --impl avx512f: ${refused}"
+  [[ "${refused}" == *"this CPU lacks it (it runs avx2)"* ]]
+}
+
 # Sections to run: all by default (CI), or the ones named: ./scripts/test-integration.sh vllm_plugin
 sections=("$@")
-[[ ${#sections[@]} -gt 0 ]] || sections=(python_package vllm_plugin aarch64)
+[[ ${#sections[@]} -gt 0 ]] || sections=(python_package vllm_plugin x86_caps aarch64)
 for s in "${sections[@]}"; do
   case "$s" in
-    python_package|vllm_plugin|aarch64) ;;
-    *) echo "test-integration: unknown section '$s' (python_package, vllm_plugin, aarch64)" >&2; exit 2 ;;
+    python_package|vllm_plugin|x86_caps|aarch64) ;;
+    *) echo "test-integration: unknown section '$s' (python_package, vllm_plugin, x86_caps, aarch64)" >&2; exit 2 ;;
   esac
 done
 ./scripts/install-deps.sh

@@ -284,7 +284,7 @@ def replay(scored: ScoredTrace, predictor: str = 'spin', config: Mapping[str, ob
 def cpu_summary() -> str:
     """The CPU model and the kernel ISAs this process may use, with any SPIN_CPU cap (include/spin/cpu.h)."""
 
-def indexer_impls() -> "std::vector<std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >, std::allocator<std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> > > >":
+def indexer_impls() -> list[str]:
     """Indexer implementations this CPU runs, fastest first."""
 
 def indexer_scores(key_cache: Annotated[NDArray, dict(writable=False)], block_table: ArrayLike, context_lens: ArrayLike, q: Annotated[NDArray, dict(writable=False)], weights: Annotated[NDArray, dict(writable=False)], page_size: int = 64, compress_ratio: int = 1, block_ids: ArrayLike | None = None, block_offsets: ArrayLike | None = None, block_pages: int = 1, logits_cols: int = -1, out: NDArray | None = None, impl: str = 'auto', threads: int = 0) -> NDArray:

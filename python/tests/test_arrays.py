@@ -155,3 +155,8 @@ def test_spin_cpu_caps_the_kernels_and_is_named():
     r = _in_child(code, "avx3")
     assert r.returncode == 0, r.stderr
     assert "SPIN_CPU=avx3: unknown level" in r.stdout, r.stdout
+
+
+def test_indexer_impls_lists_this_cpus_paths():
+    impls = spin_dsa.indexer_impls()
+    assert isinstance(impls, list) and impls[-2:] == ["portable", "reference"], impls

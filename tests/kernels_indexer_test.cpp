@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <random>
+#include <cstring>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -394,6 +397,85 @@ TEST(CpuCap, EveryPathRunsExactlyWhereTheCpuHasItAndTheCapAllowsIt) {
     EXPECT_NE(status.message().find("SPIN_CPU=" + cap), std::string::npos) << status.message();
     EXPECT_EQ(out[0], 7.0f) << indexer_impl_name(impl) << " wrote before refusing";
   }
+}
+
+// --- score_fp32_keys: the indexer formula over fp32 (pooled) keys, hisa's and spin-hybrid's probe.
+
+struct Fp32KeysCase {
+  int64_t count;
+  int32_t heads;
+};
+
+// Keys with mixed signs and magnitudes (some rows all-negative against the query, so every head's
+// ReLU is zero), queries and weights of both signs.
+void fill_fp32_keys_case(const Fp32KeysCase& c, uint32_t seed, std::vector<float>* keys, std::vector<float>* q,
+                         std::vector<float>* w) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  keys->resize(static_cast<size_t>(c.count) * 128);
+  q->resize(static_cast<size_t>(c.heads) * 128);
+  w->resize(static_cast<size_t>(c.heads));
+  for (float& x : *q) x = u(rng);
+  for (float& x : *w) x = u(rng) * 2.0f;
+  for (int64_t i = 0; i < c.count; ++i) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);  // 2^-20 .. 2^19
+    for (int d = 0; d < 128; ++d) {
+      float x = u(rng) * scale;
+      if (i % 7 == 3) x = -std::fabs((*q)[static_cast<size_t>(d)]) * scale;  // anti-aligned with head 0
+      if (i % 11 == 5) x = 0.0f;
+      (*keys)[static_cast<size_t>(i * 128 + d)] = x;
+    }
+  }
+}
+
+TEST(Fp32Keys, EveryPathMatchesTheReferenceOnHostileShapes) {
+  const Fp32KeysCase cases[] = {{0, 64}, {1, 1}, {5, 3}, {6, 16}, {7, 17}, {13, 64}, {64, 128}, {4097, 64}, {9, 1024}};
+  uint32_t seed = 1;
+  for (const Fp32KeysCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "count " << c.count << ", heads " << c.heads);
+    std::vector<float> keys, q, w;
+    fill_fp32_keys_case(c, seed++, &keys, &q, &w);
+    std::vector<float> ref(static_cast<size_t>(c.count));
+    ASSERT_TRUE(score_fp32_keys(keys.data(), c.count, q.data(), w.data(), c.heads, ref.data(), IndexerImpl::kReference).ok());
+    for (IndexerImpl impl : fast_impls<IndexerImpl>()) {
+      SCOPED_TRACE(indexer_impl_name(impl));
+      GuardedBuffer<float> out(static_cast<size_t>(c.count), 7.5f);
+      ASSERT_TRUE(score_fp32_keys(keys.data(), c.count, q.data(), w.data(), c.heads, out.data(), impl).ok());
+      EXPECT_TRUE(out.guards_intact());
+      GuardedBuffer<float> again(static_cast<size_t>(c.count), -3.0f);
+      ASSERT_TRUE(score_fp32_keys(keys.data(), c.count, q.data(), w.data(), c.heads, again.data(), impl).ok());
+      EXPECT_EQ(std::memcmp(out.data(), again.data(), sizeof(float) * static_cast<size_t>(c.count)), 0)
+          << "not deterministic";
+      for (int64_t i = 0; i < c.count; ++i) {
+        // fp32 against double: a few ulps of the sum of |terms| (each dot's and the head sum's).
+        double bound = 0;
+        for (int32_t h = 0; h < c.heads; ++h) {
+          double abs_dot = 0;
+          for (int d = 0; d < 128; ++d) abs_dot += std::fabs(double{keys[static_cast<size_t>(i * 128 + d)]} * q[static_cast<size_t>(h * 128 + d)]);
+          bound += std::fabs(double{w[static_cast<size_t>(h)]}) * abs_dot;
+        }
+        ASSERT_LE(std::fabs(double{out.data()[i]} - ref[static_cast<size_t>(i)]), 1e-5 * bound + 1e-30)
+            << "key " << i << ": " << out.data()[i] << " vs " << ref[static_cast<size_t>(i)];
+      }
+    }
+  }
+}
+
+TEST(Fp32Keys, BadArgumentsAndMissingPathsAreRefusedByName) {
+  std::vector<float> keys(128, 1.0f), q(128, 1.0f), w(1, 1.0f), out(1, 7.0f);
+  EXPECT_NE(score_fp32_keys(keys.data(), -1, q.data(), w.data(), 1, out.data()).message().find("count"), std::string::npos);
+  EXPECT_NE(score_fp32_keys(keys.data(), 1, q.data(), w.data(), 0, out.data()).message().find("heads"), std::string::npos);
+  EXPECT_NE(score_fp32_keys(nullptr, 1, q.data(), w.data(), 1, out.data()).message().find("null"), std::string::npos);
+  EXPECT_TRUE(score_fp32_keys(nullptr, 0, q.data(), w.data(), 1, nullptr).ok());  // nothing to score
+  for (IndexerImpl impl : indexer_impls()) {
+    if (indexer_impl_supported(impl)) continue;
+    const Status st = score_fp32_keys(keys.data(), 1, q.data(), w.data(), 1, out.data(), impl);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << indexer_impl_name(impl);
+    EXPECT_NE(st.message().find(indexer_impl_name(impl)), std::string::npos) << st.message();
+    EXPECT_EQ(out[0], 7.0f) << indexer_impl_name(impl) << " wrote before refusing";
+  }
+  ASSERT_TRUE(score_fp32_keys(keys.data(), 1, q.data(), w.data(), 1, out.data()).ok());
+  EXPECT_EQ(out[0], 128.0f);  // exact: 128 products of 1, one head of weight 1
 }
 
 }  // namespace

@@ -78,6 +78,15 @@ Status validate_indexer_params(const IndexerParams& params);
 // kInvalidArgument naming it; kAuto never fails for that reason.
 Status indexer_scores(const IndexerParams& params, const IndexerOptions& options = {});
 
+// The indexer formula over fp32 keys — hisa's pooled block keys and spin-hybrid's probe:
+//   out[i] = Σ_h w[h] · ReLU(q[h] · keys[i]),   keys [count, 128], q [heads, 128], w [heads]
+// (the heads summed in order, only positive dots). One thread. The paths are the indexer's
+// fp32-FMA ones: kAuto takes this CPU's widest (avx512f, avx2 or neon; a bf16 path runs its
+// ISA's fp32 kernel, as the keys have no bf16 form), kPortable plain C++, kReference double
+// accumulation. Paths differ from each other in the last bits only; each is deterministic.
+Status score_fp32_keys(const float* keys, int64_t count, const float* q, const float* w, int32_t heads, float* out,
+                       IndexerImpl impl = IndexerImpl::kAuto);
+
 // Whether this CPU can run `impl` (kAuto, kPortable and kReference: always).
 bool indexer_impl_supported(IndexerImpl impl);
 // Every implementation, fastest first (kAuto excluded): what `--impl` accepts.

@@ -235,7 +235,10 @@ Result<std::vector<float>> hisa_probe(const Trace& trace, const ScoredTrace& st,
     SPIN_RETURN_IF_ERROR(at_row(keys.update(v, st.visible_entries[st.index(layer, s, 0)]), layer, s));
     for (int32_t j = 0; j < st.next_n; ++j) {
       const int64_t n = blocks_for_entries(config, st.visible_entries[st.index(layer, s, j)]);
-      keys.score(v, j, n, config.block_entries(), probe.data() + (s * st.next_n + j) * blocks, &scratch);
+      int64_t scored = 0;
+      SPIN_RETURN_IF_ERROR(at_row(keys.score(v, j, n, config.block_entries(), probe.data() + (s * st.next_n + j) * blocks,
+                                             &scored, &scratch),
+                                  layer, s));
     }
   }
   return probe;

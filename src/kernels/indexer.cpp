@@ -184,6 +184,36 @@ IndexerImpl indexer_best_impl() {
   return IndexerImpl::kPortable;
 }
 
+Status score_fp32_keys(const float* keys, int64_t count, const float* q, const float* w, int32_t heads, float* out,
+                       IndexerImpl impl) {
+  SPIN_RETURN_IF_ERROR(cpu_cap_status());
+  if (count < 0) return invalid_argument("score_fp32_keys: count must be ≥ 0, got {}", count);
+  if (heads < 1 || heads > 1024) return invalid_argument("score_fp32_keys: heads must be 1..1024, got {}", heads);
+  if (q == nullptr || w == nullptr || (count > 0 && (keys == nullptr || out == nullptr))) {
+    return invalid_argument("score_fp32_keys: null keys, q, w or out");
+  }
+  if (impl == IndexerImpl::kAuto) impl = indexer_best_impl();
+  if (!indexer_impl_supported(impl)) {
+    return invalid_argument("score_fp32_keys: impl {} requested but {}; this CPU runs {} (or use auto)",
+                            indexer_impl_name(impl), cpu_lacks_note(indexer_impl_name(impl)),
+                            indexer_impl_name(indexer_best_impl()));
+  }
+  switch (impl) {
+    case IndexerImpl::kReference: detail::fp32_keys_run_reference(keys, count, q, w, heads, out); break;
+#if SPIN_X86_KERNELS
+    case IndexerImpl::kAvx512Bf16:  // fp32 keys: the bf16 machine's fp32 kernel
+    case IndexerImpl::kAvx512F: detail::fp32_keys_run_avx512f(keys, count, q, w, heads, out); break;
+    case IndexerImpl::kAvx2: detail::fp32_keys_run_avx2(keys, count, q, w, heads, out); break;
+#endif
+#if SPIN_NEON_KERNELS
+    case IndexerImpl::kNeonBf16:
+    case IndexerImpl::kNeon: detail::fp32_keys_run_neon(keys, count, q, w, heads, out); break;
+#endif
+    default: detail::fp32_keys_run_portable(keys, count, q, w, heads, out); break;
+  }
+  return ok_status();
+}
+
 Status indexer_scores(const IndexerParams& params, const IndexerOptions& options) {
   SPIN_RETURN_IF_ERROR(validate_indexer_params(params));
   if (options.num_threads < 0) return invalid_argument("num_threads must be ≥ 0, got {}", options.num_threads);

@@ -84,6 +84,23 @@ void score_entries(const float* keys, int32_t count, const float* qt, int32_t pa
   }
 }
 
+// The indexer formula over fp32 keys (score_fp32_keys, spin/indexer.h): the same micro-tiles on
+// keys that are already floats (pooled block keys), unscaled, one thread.
+template <class V>
+void score_fp32_keys(const float* keys, int64_t count, const float* q, const float* w, int32_t heads, float* out) {
+  const int32_t padded = padded_heads_for<V>(heads);
+  std::vector<float> qt(static_cast<size_t>(kIndexerHeadDim) * padded, 0.0f), wpad(static_cast<size_t>(padded), 0.0f);
+  for (int32_t h = 0; h < heads; ++h) {
+    for (int d = 0; d < kIndexerHeadDim; ++d) qt[static_cast<size_t>(d) * padded + h] = q[h * kIndexerHeadDim + d];
+    wpad[static_cast<size_t>(h)] = w[h];
+  }
+  constexpr int64_t kChunk = 4096;  // keys per call of score_entries (its count is 32-bit)
+  for (int64_t i = 0; i < count; i += kChunk) {
+    score_entries<V>(keys + i * kIndexerHeadDim, static_cast<int32_t>(std::min(kChunk, count - i)), qt.data(), padded,
+                     wpad.data(), out + i);
+  }
+}
+
 // Scores the planned tiles (outputs already -inf filled), as every indexer implementation does.
 template <class V>
 void run_fp32_indexer(const IndexerParams& p, const std::vector<IndexerTile>& tiles, int num_threads) {

@@ -46,6 +46,14 @@ void indexer_run_neon_bf16(const IndexerParams& params, const std::vector<Indexe
 // Scalar ground truth with double accumulation; plans nothing, walks entries directly.
 void indexer_run_reference(const IndexerParams& params);
 
+// score_fp32_keys (spin/indexer.h) per path: the scalar ground truth (double), plain C++, and the
+// fp32-FMA micro-tiles of indexer_fp32_simd.h.
+void fp32_keys_run_reference(const float* keys, int64_t count, const float* q, const float* w, int32_t heads, float* out);
+void fp32_keys_run_portable(const float* keys, int64_t count, const float* q, const float* w, int32_t heads, float* out);
+void fp32_keys_run_avx512f(const float* keys, int64_t count, const float* q, const float* w, int32_t heads, float* out);
+void fp32_keys_run_avx2(const float* keys, int64_t count, const float* q, const float* w, int32_t heads, float* out);
+void fp32_keys_run_neon(const float* keys, int64_t count, const float* q, const float* w, int32_t heads, float* out);
+
 // Pages sit at random addresses, so the hardware prefetcher cannot run ahead across tiles: the
 // kernels fetch the next tile's values into L1 while this one computes (a few µs per tile).
 inline void prefetch_tile_values(const IndexerParams& p, const IndexerTile& next) {

@@ -62,4 +62,24 @@ void indexer_run_portable(const IndexerParams& p, const std::vector<IndexerTile>
   }
 }
 
+// score_fp32_keys in plain C++: 8 independent partial sums per dot, so the compiler widens it at
+// the baseline ISA without -ffast-math (what HisaKeys::score did before it called the kernels).
+void fp32_keys_run_portable(const float* keys, int64_t count, const float* q, const float* w, int32_t heads,
+                            float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float* k = keys + i * kIndexerHeadDim;
+    float total = 0.0f;
+    for (int32_t h = 0; h < heads; ++h) {
+      const float* qh = q + h * kIndexerHeadDim;
+      float acc[8] = {};
+      for (int d = 0; d < kIndexerHeadDim; d += 8) {
+        for (int j = 0; j < 8; ++j) acc[j] += k[d + j] * qh[d + j];
+      }
+      const float dot = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      if (dot > 0.0f) total += w[h] * dot;
+    }
+    out[i] = total;
+  }
+}
+
 }  // namespace spin::detail

@@ -54,4 +54,20 @@ void indexer_run_reference(const IndexerParams& p) {
   }
 }
 
+// score_fp32_keys' ground truth: each dot and the head sum in double, rounded once.
+void fp32_keys_run_reference(const float* keys, int64_t count, const float* q, const float* w, int32_t heads,
+                             float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    double total = 0;
+    for (int32_t h = 0; h < heads; ++h) {
+      double dot = 0;
+      for (int d = 0; d < kIndexerHeadDim; ++d) {
+        dot += static_cast<double>(keys[i * kIndexerHeadDim + d]) * q[h * kIndexerHeadDim + d];
+      }
+      total += static_cast<double>(w[h]) * std::max(dot, 0.0);
+    }
+    out[i] = static_cast<float>(total);
+  }
+}
+
 }  // namespace spin::detail

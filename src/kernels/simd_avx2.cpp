@@ -82,6 +82,10 @@ void indexer_run_avx2(const IndexerParams& params, const std::vector<IndexerTile
   avx2::run_fp32_indexer<avx2::V>(params, tiles, num_threads);
 }
 
+void fp32_keys_run_avx2(const float* keys, int64_t count, const float* q, const float* w, int32_t heads, float* out) {
+  avx2::score_fp32_keys<avx2::V>(keys, count, q, w, heads, out);
+}
+
 void attention_run_avx2(const SparseAttentionParams& params, int num_threads, int heads_per_task) {
   avx2::run_fp32_attention<avx2::V>(params, num_threads, heads_per_task);
 }

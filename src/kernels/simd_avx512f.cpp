@@ -77,6 +77,10 @@ void indexer_run_avx512f(const IndexerParams& params, const std::vector<IndexerT
   avx512f::run_fp32_indexer<avx512f::V>(params, tiles, num_threads);
 }
 
+void fp32_keys_run_avx512f(const float* keys, int64_t count, const float* q, const float* w, int32_t heads, float* out) {
+  avx512f::score_fp32_keys<avx512f::V>(keys, count, q, w, heads, out);
+}
+
 void attention_run_avx512f(const SparseAttentionParams& params, int num_threads, int heads_per_task) {
   avx512f::run_fp32_attention<avx512f::V>(params, num_threads, heads_per_task);
 }

@@ -78,6 +78,10 @@ void indexer_run_neon(const IndexerParams& params, const std::vector<IndexerTile
   neon::run_fp32_indexer<neon::V>(params, tiles, num_threads);
 }
 
+void fp32_keys_run_neon(const float* keys, int64_t count, const float* q, const float* w, int32_t heads, float* out) {
+  neon::score_fp32_keys<neon::V>(keys, count, q, w, heads, out);
+}
+
 void attention_run_neon(const SparseAttentionParams& params, int num_threads, int heads_per_task) {
   neon::run_fp32_attention<neon::V>(params, num_threads, heads_per_task);
 }

@@ -8,6 +8,7 @@
 
 #include "core/errors.h"
 #include "spin/geometry.h"
+#include "spin/indexer.h"
 #include "spin/numerics.h"
 
 namespace spin {
@@ -23,14 +24,6 @@ const std::array<float, 256>& e4m3_lut() {
     return t;
   }();
   return lut;
-}
-
-// 8 independent partial sums so that the compiler can vectorise without -ffast-math.
-float dot128(const float* a, const float* b) {
-  float acc[8] = {};
-  for (int64_t d = 0; d < kDim; d += 8)
-    for (int64_t i = 0; i < 8; ++i) acc[i] += a[d + i] * b[d + i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 }  // namespace
@@ -90,18 +83,20 @@ Status HisaKeys::update(const HisaView& v, int64_t committed_entries) {
   return ok_status();
 }
 
-int64_t HisaKeys::score(const HisaView& v, int32_t row, int64_t n_blocks, int32_t block_entries,
-                        float* p, std::vector<float>* query_scratch) const {
+Status HisaKeys::score(const HisaView& v, int32_t row, int64_t n_blocks, int32_t block_entries, float* p,
+                       int64_t* scored, std::vector<float>* scratch) const {
   const int64_t heads = v.num_heads;
-  std::vector<float>& q = *query_scratch;
-  q.resize(static_cast<size_t>(heads * kDim));
+  const int64_t per_block = block_entries / pool_;
+  const int64_t pools = std::min(static_cast<int64_t>(count_.size()), n_blocks * per_block);
+  scratch->resize(static_cast<size_t>(heads * kDim + pools));
+  float* q = scratch->data();
+  float* pool_scores = q + heads * kDim;
   const std::array<float, 256>& lut = e4m3_lut();
   const uint8_t* qrow = v.q + static_cast<int64_t>(row) * heads * kDim;
-  for (int64_t i = 0; i < heads * kDim; ++i) q[static_cast<size_t>(i)] = lut[qrow[i]];
+  for (int64_t i = 0; i < heads * kDim; ++i) q[i] = lut[qrow[i]];
   const float* w = v.w + static_cast<int64_t>(row) * heads;
-  const int64_t per_block = block_entries / pool_;
-  const auto pools = static_cast<int64_t>(count_.size());
-  int64_t scored = 0;
+  SPIN_RETURN_IF_ERROR(score_fp32_keys(sum_.data(), pools, q, w, static_cast<int32_t>(heads), pool_scores));
+  *scored = 0;
   for (int64_t b = 0; b < n_blocks; ++b) {
     float best = -FLT_MAX;
     bool any = false;
@@ -109,19 +104,13 @@ int64_t HisaKeys::score(const HisaView& v, int32_t row, int64_t n_blocks, int32_
       const int32_t count = count_[static_cast<size_t>(g)];
       if (count == 0) continue;
       // ReLU(q·(sum/c)) = ReLU(q·sum)/c for c > 0: divide once per pool.
-      const float* sum = &sum_[static_cast<size_t>(g * kDim)];
-      float total = 0.0f;
-      for (int64_t h = 0; h < heads; ++h) {
-        const float dot = dot128(&q[static_cast<size_t>(h * kDim)], sum);
-        if (dot > 0.0f) total += w[h] * dot;
-      }
-      best = std::max(best, total / static_cast<float>(count));
+      best = std::max(best, pool_scores[g] / static_cast<float>(count));
       any = true;
-      ++scored;
+      ++*scored;
     }
     p[b] = any ? best : FLT_MAX;
   }
-  return scored;
+  return ok_status();
 }
 
 void HisaKeys::reset() {

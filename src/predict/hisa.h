@@ -29,9 +29,10 @@ class HisaKeys {
   Status update(const HisaView& view, int64_t committed_entries);
   // p[0..n_blocks) for row `row` of the view's query, blocks of `block_entries` entries. A block
   // without committed entries (only drafts) scores +FLT_MAX: nothing is known, and it holds the
-  // newest entries, so keep it. Returns the pools scored (the probe's work in entry-equivalents).
-  int64_t score(const HisaView& view, int32_t row, int64_t n_blocks, int32_t block_entries,
-                float* p, std::vector<float>* query_scratch) const;
+  // newest entries, so keep it. *scored: the pools scored (the probe's work in entry-equivalents).
+  // The pools are scored by the indexer's fp32-key kernel (score_fp32_keys, spin/indexer.h).
+  Status score(const HisaView& view, int32_t row, int64_t n_blocks, int32_t block_entries, float* p,
+               int64_t* scored, std::vector<float>* scratch) const;
   void reset();
   // Keeps the sums of the pools lying wholly inside the first shared_entries entries.
   void truncate(int64_t shared_entries);

@@ -132,7 +132,7 @@ class EmaPredictor final : public PredictorBase {
       return ok_status();
     }
     ema_rank(layer_state(row.layer), config(), row.n_blocks, parts_.slot, parts_.offset, p);
-    if (probes(row) && config().probe_blend > 0) blend_with_probe(row, p);
+    if (probes(row) && config().probe_blend > 0) return blend_with_probe(row, p);
     return ok_status();
   }
   bool probes(const RowContext& row) const {
@@ -144,28 +144,29 @@ class EmaPredictor final : public PredictorBase {
     return std::llround(probe_share(row.layer) * static_cast<double>(budget));
   }
   Status probe(const RowContext& row, float* q, int64_t* work) override {
-    score_probe(row);
+    SPIN_RETURN_IF_ERROR(score_probe(row));
     std::copy(probe_.begin(), probe_.begin() + row.n_blocks, q);
     *work = probe_work_;
     return ok_status();
   }
   // The row's probe into probe_ (once per row: rank() may need it before probe()).
-  void score_probe(const RowContext& row) {
-    if (probe_row_ == std::make_tuple(row.layer, row.row, row.step)) return;
+  Status score_probe(const RowContext& row) {
+    if (probe_row_ == std::make_tuple(row.layer, row.row, row.step)) return ok_status();
     probe_.resize(static_cast<size_t>(row.n_blocks));
     if (row.in->hisa == nullptr) {
       copy_block_probe(row, probe_.data(), &probe_work_);
     } else {
-      probe_work_ = keys_[static_cast<size_t>(row.layer)].score(
-          *row.in->hisa, row.row, row.n_blocks, config().block_entries(), probe_.data(),
-          &query_scratch_);
+      SPIN_RETURN_IF_ERROR(keys_[static_cast<size_t>(row.layer)].score(
+          *row.in->hisa, row.row, row.n_blocks, config().block_entries(), probe_.data(), &probe_work_,
+          &query_scratch_));
     }
     probe_row_ = {row.layer, row.row, row.step};
+    return ok_status();
   }
   // p ← (1 - λ)·z(p) + λ·z(probe) over the blocks both know (z: standardised over those blocks);
   // blocks history knows nothing about keep their (lowest) recency default.
-  void blend_with_probe(const RowContext& row, float* p) {
-    score_probe(row);
+  Status blend_with_probe(const RowContext& row, float* p) {
+    SPIN_RETURN_IF_ERROR(score_probe(row));
     const double lambda = config().probe_blend;
     double sp = 0, sp2 = 0, sq = 0, sq2 = 0;
     int64_t n = 0;
@@ -174,7 +175,7 @@ class EmaPredictor final : public PredictorBase {
       const double x = p[b], y = probe_[static_cast<size_t>(b)];
       sp += x, sp2 += x * x, sq += y, sq2 += y * y, ++n;
     }
-    if (n < 2) return;
+    if (n < 2) return ok_status();
     const auto dn = static_cast<double>(n);
     const double mp = sp / dn, mq = sq / dn;
     const double dp = std::sqrt(std::max(sp2 / dn - mp * mp, 1e-30));
@@ -185,6 +186,7 @@ class EmaPredictor final : public PredictorBase {
       p[b] = static_cast<float>(
           8.0 + (1.0 - lambda) * (p[b] - mp) / dp + lambda * (probe_[static_cast<size_t>(b)] - mq) / dq);
     }
+    return ok_status();
   }
   std::unique_ptr<PredictorBase> clone() const override {
     return std::make_unique<EmaPredictor>(*this);
@@ -378,10 +380,8 @@ class HisaPredictor final : public PredictorBase {
       copy_block_probe(row, q, work);
       return ok_status();
     }
-    *work = keys_[static_cast<size_t>(row.layer)].score(*row.in->hisa, row.row, row.n_blocks,
-                                                        config().block_entries(), q,
-                                                        &query_scratch_);
-    return ok_status();
+    return keys_[static_cast<size_t>(row.layer)].score(*row.in->hisa, row.row, row.n_blocks,
+                                                       config().block_entries(), q, work, &query_scratch_);
   }
   Status rank(const RowContext& row, float* p) override {
     int64_t work = 0;

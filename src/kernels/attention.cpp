@@ -13,9 +13,9 @@
 
 #include "core/errors.h"
 #include "kernels/cpu_features.h"
-#include "spin/cpu.h"
 #include "kernels/attention_internal.h"
 #include "spin/attention.h"
+#include "spin/cpu.h"
 
 namespace spin {
 

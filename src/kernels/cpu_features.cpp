@@ -21,7 +21,7 @@
 namespace spin {
 namespace {
 
-// The features the kernel paths are built on; `bf16` means each ISA's bf16 dot path.
+// The instruction sets the kernel paths are built on, one flag per path that has its own.
 struct Features {
   bool avx512bf16 = false;
   bool avx512f = false;

@@ -8,9 +8,9 @@
 
 #include "core/errors.h"
 #include "kernels/cpu_features.h"
-#include "spin/cpu.h"
 #include "kernels/indexer_internal.h"
 #include "spin/cache.h"
+#include "spin/cpu.h"
 
 namespace spin {
 

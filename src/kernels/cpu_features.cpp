@@ -136,23 +136,39 @@ std::string read_model_name() {
   return "unknown";
 }
 
+// Each flag's name (the kernel path built on it), widest first.
+constexpr std::pair<bool Features::*, const char*> kIsaNames[] = {{&Features::avx512bf16, "avx512bf16"},
+                                                                 {&Features::avx512f, "avx512f"},
+                                                                 {&Features::avx2_fma, "avx2"},
+                                                                 {&Features::neon_bf16, "neon_bf16"},
+                                                                 {&Features::neon, "neon"}};
+
 // The ISAs of `f`, widest first: "avx512bf16 avx512f avx2", or "none".
 std::string isa_names(const Features& f) {
-  const std::pair<bool, const char*> isas[] = {{f.avx512bf16, "avx512bf16"}, {f.avx512f, "avx512f"},
-                                               {f.avx2_fma, "avx2"}, {f.neon_bf16, "neon_bf16"}, {f.neon, "neon"}};
   std::string s;
-  for (const auto& [has, name] : isas) {
-    if (!has) continue;
+  for (const auto& [flag, name] : kIsaNames) {
+    if (!(f.*flag)) continue;
     if (!s.empty()) s += ' ';
     s += name;
   }
   return s.empty() ? "none" : s;
 }
-Features allowed() {
-  const Features& h = hardware();
-  const Features& a = cap().allows;
-  return {h.avx512bf16 && a.avx512bf16, h.avx512f && a.avx512f, h.avx2_fma && a.avx2_fma, h.neon_bf16 && a.neon_bf16,
-          h.neon && a.neon};
+
+bool has_path(const Features& f, const std::string& path) {
+  for (const auto& [flag, name] : kIsaNames) {
+    if (path == name) return f.*flag;
+  }
+  return false;
+}
+
+// What the kernels may use: the CPU's features under the cap, fixed for the process.
+const Features& allowed() {
+  static const Features a = [] {
+    Features f;
+    for (const auto& [flag, name] : kIsaNames) f.*flag = hardware().*flag && cap().allows.*flag;
+    return f;
+  }();
+  return a;
 }
 
 }  // namespace
@@ -173,8 +189,7 @@ std::string cpu_summary() {
 }
 
 std::string cpu_lacks_note(const std::string& path) {
-  const bool cpu_has_it = fmt::format(" {} ", isa_names(hardware())).find(fmt::format(" {} ", path)) != std::string::npos;
-  if (cap().name == "native" || !cpu_has_it) return "this CPU lacks it";
+  if (cap().name == "native" || !has_path(hardware(), path)) return "this CPU lacks it";
   return fmt::format("SPIN_CPU={} leaves it out (the CPU has {})", cap().name, isa_names(hardware()));
 }
 namespace detail {

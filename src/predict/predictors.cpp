@@ -106,9 +106,10 @@ class EmaPredictor final : public PredictorBase {
   bool explores() const override { return parts_.explore; }
   bool moves_budget() const override { return parts_.moves; }
   bool shared(int32_t layer) const { return parts_.share_freq > 0 && layer % parts_.share_freq != 0; }
+  int32_t full_layer(int32_t layer) const { return layer - layer % parts_.share_freq; }  // a shared layer's source
 
   Status prepare(int32_t layer, const StepInput& in) override {
-    if (shared(layer)) return check_layer_observed(layer - layer % parts_.share_freq, layer, in);
+    if (shared(layer)) return check_layer_observed(full_layer(layer), layer, in);
     if (!parts_.probe) return ok_status();
     probe_row_ = {-1, -1, -1};  // a new select: steps repeat after reset, rebind or fork
     if (in.hisa == nullptr && in.block_probe == nullptr)
@@ -128,7 +129,7 @@ class EmaPredictor final : public PredictorBase {
   }
   Status rank(const RowContext& row, float* p) override {
     if (shared(row.layer)) {
-      rank_by_layer_topk(row, row.layer - row.layer % parts_.share_freq, p);
+      rank_by_layer_topk(row, full_layer(row.layer), p);
       return ok_status();
     }
     ema_rank(layer_state(row.layer), config(), row.n_blocks, parts_.slot, parts_.offset, p);

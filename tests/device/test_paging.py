@@ -1,0 +1,285 @@
+"""Compacted paging (spin_dsa.device._paging): compact, topk over the compact width, remap.
+
+- compact / remap / topk against plain Python loops and a sort-based reference, on hostile
+  inputs: page sizes 16/64, block_pages 1/2 (the newest block half past the context), next_n 1–3,
+  compress_ratio 4, empty requests, garbage past `counts`, ties everywhere, NaN/±inf/-0.0, k past
+  the width;
+- the end-to-end check of issue 22: compact + the torch reference logits (and the Triton kernel)
+  + topk + remap give the same top-k SET (and order) as spin_dsa.indexer_scores +
+  spin_dsa.topk with the same blocks, on a random paged cache (pages scattered by a random
+  permutation), plain and MTP;
+- compact / remap / topk never touch the host: every sync entry point raises while they run.
+"""
+import contextlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+spin_dsa = pytest.importorskip("spin_dsa", reason="spin_dsa (its compiled _core) is not importable")
+P = pytest.importorskip("spin_dsa.device._paging")
+
+from paged_cases import choose_blocks, queries, scatter_cache, visible  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _triton():
+    try:
+        import triton  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+HAVE_TRITON = _triton()
+
+
+# --------------------------------------------------------------------------------------------
+# compact
+# --------------------------------------------------------------------------------------------
+
+def compact_loops(blocks, counts, block_table, seq_lens, next_n, bp, ps, cr):
+    """The definition, request by request."""
+    batch = len(seq_lens)
+    E = ps * bp
+    width = blocks.shape[1]
+    table = np.zeros((batch, width * bp), np.int32)
+    lengths = np.zeros(batch * next_n, np.int32)
+    for b in range(batch):
+        ids = [int(x) for x in blocks[b * next_n, :int(counts[b * next_n])]]
+        newest = visible(int(seq_lens[b]), next_n, next_n - 1, cr)
+        for c, blk in enumerate(ids):
+            for p in range(bp):
+                lp = blk * bp + p
+                if lp * ps < newest:
+                    table[b, c * bp + p] = block_table[b, lp]
+        for j in range(next_n):
+            v = visible(int(seq_lens[b]), next_n, j, cr)
+            lengths[b * next_n + j] = sum(min(E, max(0, v - blk * E)) for blk in ids)
+    return table, lengths
+
+
+@pytest.mark.parametrize("ps,bp,next_n,cr", [(16, 1, 1, 1), (16, 2, 2, 1), (64, 1, 3, 1), (16, 2, 3, 4),
+                                             (64, 2, 1, 1)])
+@pytest.mark.parametrize("garbage", [False, True])
+def test_compact_matches_loops(ps, bp, next_n, cr, garbage):
+    rng = np.random.default_rng(ps * 7 + bp * 3 + next_n + cr + garbage)
+    seq_lens = [1, 700, ps * bp * 3, ps * bp * 3 + 1, 0 + next_n, 257]
+    entries = [visible(s, next_n, next_n - 1, cr) for s in seq_lens]
+    _, table, _ = scatter_cache([max(e, 1) for e in entries], ps, rng, extra_cols=0)
+    # The block table covers the context only: a half-visible block's second page has no column.
+    width = 1 + max(-(-e // (ps * bp)) for e in entries)  # room for padding after the longest set
+    blocks, counts, _ = choose_blocks(seq_lens, next_n, ps * bp, rng, keep=0.4, compress_ratio=cr,
+                                      width=width, garbage_padding=garbage)
+    sl = torch.tensor(seq_lens, dtype=torch.int64)
+    t, lengths = P.compact(blocks.to(DEV), counts.to(DEV), table.to(DEV), sl.to(DEV), next_n,
+                           block_pages=bp, page_size=ps, compress_ratio=cr)
+    assert t.dtype == torch.int32 and lengths.dtype == torch.int32
+    assert tuple(t.shape) == (len(seq_lens), blocks.shape[1] * bp)
+    rt, rl = compact_loops(blocks.numpy(), counts.numpy(), table.numpy(), seq_lens, next_n, bp, ps, cr)
+    np.testing.assert_array_equal(t.cpu().numpy(), rt)
+    np.testing.assert_array_equal(lengths.cpu().numpy(), rl)
+
+
+def test_compact_lengths_are_a_prefix_of_the_compact_columns():
+    """What row j sees is exactly the first lengths[j] compact columns (blocks ascend)."""
+    rng = np.random.default_rng(3)
+    ps, bp, next_n = 16, 2, 3
+    seq_lens = [300, 95, 33]
+    _, table, _ = scatter_cache(seq_lens, ps, rng)
+    blocks, counts, sets = choose_blocks(seq_lens, next_n, ps * bp, rng, keep=0.5)
+    _, lengths = P.compact(blocks, counts, table, torch.tensor(seq_lens), next_n, block_pages=bp, page_size=ps)
+    E = ps * bp
+    for b, chosen in enumerate(sets):
+        pos = [blk * E + o for blk in chosen for o in range(E)]
+        for j in range(next_n):
+            v = visible(seq_lens[b], next_n, j)
+            seen = [c for c, p in enumerate(pos) if p < v]
+            assert seen == list(range(int(lengths[b * next_n + j])))
+
+
+def test_deepgemm_context_lens():
+    lengths = torch.tensor([5, 6, 7, 0, 1, 2], dtype=torch.int32)
+    two = P.deepgemm_context_lens(lengths, 3)
+    assert two.tolist() == [[5, 6, 7], [0, 1, 2]] and two.dtype == torch.int32
+    assert P.deepgemm_context_lens(lengths, 3, two_d=False).tolist() == [7, 2]
+    with pytest.raises(ValueError, match="next_n"):
+        P.deepgemm_context_lens(lengths, 4)
+
+
+# --------------------------------------------------------------------------------------------
+# remap
+# --------------------------------------------------------------------------------------------
+
+def test_remap_matches_loops():
+    rng = np.random.default_rng(4)
+    E = 32
+    blocks = torch.tensor([[0, 3, 9, -1], [2, 5, -1, -1]], dtype=torch.int32)
+    cols = torch.from_numpy(rng.integers(-1, 3 * E, (2, 20)).astype(np.int32))
+    cols[1, 5] = 2 * E + 1  # a column in a padding slot: -1
+    got = P.remap(cols.to(DEV), blocks.to(DEV), E).cpu()
+    for r in range(2):
+        for i, c in enumerate(cols[r].tolist()):
+            blk = int(blocks[r, c // E]) if c >= 0 else -1
+            want = -1 if c < 0 or blk < 0 else blk * E + c % E
+            assert int(got[r, i]) == want
+    assert got.dtype == torch.int32
+
+
+# --------------------------------------------------------------------------------------------
+# topk over the compact width
+# --------------------------------------------------------------------------------------------
+
+def hostile_scores(rng, rows, width):
+    """Integer scores (ties everywhere), NaN, ±inf, -0.0 next to +0.0."""
+    x = torch.from_numpy(rng.integers(-3, 4, (rows, width)).astype(np.float32))
+    x[0, ::7] = float("nan")
+    x[min(1, rows - 1), ::5] = float("-inf")
+    x[min(2, rows - 1), ::11] = float("inf")
+    x[-1, 1::3] = -0.0
+    return x
+
+
+EMITS = [False] + ([True] if HAVE_TRITON else [])
+
+
+@pytest.mark.parametrize("use_triton", EMITS)
+@pytest.mark.parametrize("rows,width,k", [(4, 300, 17), (3, 50, 64), (5, 1500, 100), (2, 1, 3)])
+def test_topk_matches_the_sort_reference_and_the_cpp_topk(use_triton, rows, width, k):
+    rng = np.random.default_rng(rows * 1000 + width + k)
+    x = hostile_scores(rng, rows, width)
+    lengths = torch.from_numpy(rng.integers(0, width + 1, rows).astype(np.int32))
+    lengths[0] = width
+    got = P.topk(x.to(DEV), lengths.to(DEV), k, use_triton=use_triton).cpu()
+    ref = P.topk_reference(x, lengths, k)
+    assert got.dtype == torch.int32 and tuple(got.shape) == (rows, k)
+    assert torch.equal(got, ref)
+    # spin_dsa.topk reads the first visible_entries columns: the same definition, in C++.
+    cpp = spin_dsa.topk(x.numpy(), k, visible_entries=lengths.numpy().astype(np.int64))
+    np.testing.assert_array_equal(got.numpy(), cpp)
+
+
+def test_topk_errors():
+    x = torch.zeros(2, 8)
+    with pytest.raises(TypeError, match="logits"):
+        P.topk(x.double(), torch.zeros(2, dtype=torch.int32), 2)
+    with pytest.raises(ValueError, match="lengths"):
+        P.topk(x, torch.zeros(3, dtype=torch.int32), 2)
+    with pytest.raises(ValueError, match="k"):
+        P.topk(x, torch.zeros(2, dtype=torch.int32), 0)
+    with pytest.raises(TypeError, match="blocks"):
+        P.compact(torch.zeros(2, 2), torch.zeros(2, dtype=torch.int32), torch.zeros(1, 2, dtype=torch.int32),
+                  torch.zeros(1, dtype=torch.int64), 2)
+    with pytest.raises(ValueError, match="rows"):
+        P.compact(torch.zeros(3, 2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32),
+                  torch.zeros(1, 2, dtype=torch.int32), torch.zeros(1, dtype=torch.int64), 2)
+
+
+# --------------------------------------------------------------------------------------------
+# End to end: compact + logits + topk + remap == spin_dsa.indexer_scores + spin_dsa.topk
+# --------------------------------------------------------------------------------------------
+
+def cpp_topk(cache, table, seq_lens, q, w, next_n, ps, bp, sets, k):
+    batch = len(seq_lens)
+    heads = q.shape[1]
+    ids = np.array([b for s in sets for b in s], np.int32)
+    offs = np.cumsum([0] + [len(s) for s in sets]).astype(np.int32)
+    scores = spin_dsa.indexer_scores(cache.numpy(), table.numpy(), np.array(seq_lens, np.int64),
+                                     q.numpy().reshape(batch, next_n, heads, 128),
+                                     w.numpy().reshape(batch, next_n, heads), page_size=ps,
+                                     block_ids=ids, block_offsets=offs, block_pages=bp, impl="reference")
+    return spin_dsa.topk(scores, k)
+
+
+def device_topk(cache, table, seq_lens, q, w, next_n, ps, bp, blocks, counts, k, kernel):
+    from spin_dsa.device import _logits
+    t, lengths = P.compact(blocks, counts, table, torch.tensor(seq_lens), next_n, block_pages=bp, page_size=ps)
+    if kernel == "triton":
+        logits = _logits.paged_logits(*(x.to(DEV) for x in (q, w, cache, t, lengths)), next_n=next_n,
+                                      page_size=ps).cpu()
+    else:
+        logits = _logits.paged_logits_reference(q, w, cache, t, lengths, next_n=next_n, page_size=ps)
+    cols = P.topk(logits, lengths, k)
+    return P.remap(cols, blocks, ps * bp)
+
+
+E2E = [
+    # page, block_pages, next_n, heads, k, seq_lens
+    pytest.param(16, 1, 1, 4, 40, [400, 37, 1, 160], id="p16-plain"),
+    pytest.param(16, 2, 2, 4, 50, [333, 64, 2, 97], id="p16-bp2-mtp2"),
+    pytest.param(64, 1, 3, 4, 100, [900, 130, 3], id="p64-mtp3"),
+    pytest.param(64, 2, 1, 1, 64, [700, 129], id="p64-bp2-h1-ties"),
+]
+
+
+@pytest.mark.parametrize("kernel", ["reference"] + (["triton"] if HAVE_TRITON else []))
+@pytest.mark.parametrize("ps,bp,next_n,heads,k,seq_lens", E2E)
+def test_end_to_end_equals_the_cpp_indexer_and_topk(kernel, ps, bp, next_n, heads, k, seq_lens):
+    rng = np.random.default_rng(ps + bp * 10 + next_n * 100 + heads)
+    cache, table, _ = scatter_cache(seq_lens, ps, rng, spare=4)
+    q, w = queries(len(seq_lens) * next_n, heads, rng, signed=heads > 1)
+    blocks, counts, sets = choose_blocks(seq_lens, next_n, ps * bp, rng, keep=0.45)
+    want = cpp_topk(cache, table, seq_lens, q, w, next_n, ps, bp, sets, k)
+    got = device_topk(cache, table, seq_lens, q, w, next_n, ps, bp, blocks, counts, k, kernel)
+    for r in range(got.shape[0]):  # sets equal, row by row (the order is the same: ascending)
+        assert set(got[r].tolist()) == set(want[r].tolist()), f"row {r}"
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+# --------------------------------------------------------------------------------------------
+# No host synchronisation
+# --------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def no_host_sync():
+    """Every way a torch call reads a device value on the host raises while inside."""
+    def refuse(name):
+        def f(*a, **kw):
+            raise AssertionError(f"host synchronisation: {name}")
+        return f
+
+    patched = {(torch.Tensor, n): getattr(torch.Tensor, n)
+               for n in ("item", "cpu", "tolist", "numpy", "nonzero", "__bool__", "__int__", "__float__",
+                         "__index__", "masked_select")}
+    patched[(torch, "nonzero")] = torch.nonzero
+    patched[(torch, "masked_select")] = torch.masked_select
+    get = torch.Tensor.__getitem__
+
+    def getitem(self, idx):
+        for i in (idx if isinstance(idx, tuple) else (idx,)):
+            if isinstance(i, torch.Tensor) and i.dtype == torch.bool:
+                raise AssertionError("host synchronisation: boolean-mask indexing")
+        return get(self, idx)
+
+    try:
+        for (owner, name) in patched:
+            setattr(owner, name, refuse(name))
+        torch.Tensor.__getitem__ = getitem
+        yield
+    finally:
+        for (owner, name), f in patched.items():
+            setattr(owner, name, f)
+        torch.Tensor.__getitem__ = get
+
+
+def test_no_host_synchronisation():
+    """compact, topk (torch emit) and remap run with every sync entry point refusing. The Triton
+    emit is left out: the interpreter itself copies tensors to the host (on a GPU a Triton launch
+    never does); the GPU bench captures the whole pipeline in a CUDA graph, which fails on a sync."""
+    rng = np.random.default_rng(9)
+    seq_lens = [300, 40, 2]
+    next_n, ps, bp, k = 2, 16, 2, 30
+    _, table, _ = scatter_cache(seq_lens, ps, rng)
+    blocks, counts, _ = choose_blocks(seq_lens, next_n, ps * bp, rng)
+    args = [t.to(DEV) for t in (blocks, counts, table, torch.tensor(seq_lens))]
+    logits = torch.randn(len(seq_lens) * next_n, blocks.shape[1] * ps * bp, device=DEV)
+    with no_host_sync():
+        t, lengths = P.compact(*args, next_n, block_pages=bp, page_size=ps)
+        P.deepgemm_context_lens(lengths, next_n)
+        cols = P.topk(logits, lengths, k, use_triton=False)
+        pos = P.remap(cols, args[0], ps * bp)
+    assert tuple(pos.shape) == (len(seq_lens) * next_n, k)
+    with pytest.raises(AssertionError, match="host synchronisation"):
+        with no_host_sync():
+            torch.ones(1).item()

@@ -3,6 +3,7 @@
 // appending blocks, never rebuilt from history.
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 #include "predict/block_state.h"
@@ -15,6 +16,15 @@ int32_t offset_bucket(int64_t distance) {
   const int h = static_cast<int>(std::bit_width(static_cast<uint64_t>(distance))) - 1;
   const int64_t quarter = (distance >> (h - 2)) & 3;
   return static_cast<int32_t>(kOffsetExactDistances + (h - 6) * kOffsetBucketsPerOctave + quarter);
+}
+
+int64_t offset_fixed_point(float x) {
+  return static_cast<int64_t>(std::nearbyint(static_cast<double>(x) * kOffsetMeanScale));
+}
+
+float offset_mean(int64_t fixed_sum, int64_t count) {
+  return static_cast<float>(static_cast<double>(fixed_sum) / kOffsetMeanScale /
+                            static_cast<double>(count));
 }
 
 void BlockState::ensure_blocks(int64_t n_blocks) {
@@ -54,10 +64,11 @@ void BlockState::apply(const PooledRow& row, int32_t step) {
   size_t i = 0;
   while (i < n) {
     const int32_t bucket = offset_bucket(row.newest_block - row.blocks[i]);
-    double sum = 0.0;
+    int64_t sum = 0;
     size_t j = i;
-    for (; j < n && offset_bucket(row.newest_block - row.blocks[j]) == bucket; ++j) sum += row.x[j];
-    const float mean = static_cast<float>(sum / static_cast<double>(j - i));
+    for (; j < n && offset_bucket(row.newest_block - row.blocks[j]) == bucket; ++j)
+      sum += offset_fixed_point(row.x[j]);
+    const float mean = offset_mean(sum, static_cast<int64_t>(j - i));
     float& o = offset_[static_cast<size_t>(bucket)];
     int32_t& count = offset_count_[static_cast<size_t>(bucket)];
     o = count == 0 ? mean : (1.0f - beta_) * o + beta_ * mean;

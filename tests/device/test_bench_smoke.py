@@ -1,0 +1,32 @@
+"""bench/gpu/run.py --cpu-smoke: the GPU benchmark's tiny CPU case under the Triton interpreter,
+so the prepared script cannot rot while no GPU runs it. It must finish, pass its own device checks
+(kernel vs reference, exact top-k vs the sort definition) and write the JSON it documents."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton", reason="the GPU benchmark needs triton")
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_cpu_smoke(tmp_path):
+    out = tmp_path / "smoke.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "gpu" / "run.py"), "--cpu-smoke", "--out", str(out)],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["meta"]["checks"]["ok"]
+    modes = [(row["mode"], row["sparsity"]) for row in data["rows"]]
+    assert modes == [("dense", 0.0), ("compact", 0.5)]
+    compact = data["rows"][1]
+    for key in ("logits_us", "topk_exact_us", "compact_us", "remap_us", "speedup", "ideal_speedup", "pages_read"):
+        assert key in compact, key
+    assert compact["pages_read"] < data["rows"][0]["logits_bytes"] // (64 * 132)  # fewer pages than dense
+    assert "speedup" in r.stdout

@@ -49,7 +49,7 @@ def topk_positions(row, k):
 
 
 def run_both(predictor, config, *, seed, next_n, steps=14, layers=3, max_requests=6,
-             max_entries=2048, compress_ratio=1, check_rows=True):
+             max_entries=2048, compress_ratio=1, all_layers=False):
     """Drives the library and the device object with the same calls; asserts every select."""
     config = dict(config, page_size=E)
     lib = spin_dsa.Serving(max_requests, layers, max_entries, predictor, config, next_n,
@@ -90,10 +90,15 @@ def run_both(predictor, config, *, seed, next_n, steps=14, layers=3, max_request
         seq = np.array([live[s][1] for s in slots], dtype=np.int64)
         assert (seq // compress_ratio <= max_entries).all()
         t_slots, t_seq = torch.from_numpy(slots), torch.from_numpy(seq)
+        if all_layers:  # one batched select for the whole step
+            every_blocks, every_counts = dev.select_layers(t_slots, t_seq, next_n)
         for layer in range(layers):
             want = lib.select(slots, layer, seq, next_n).copy()
             counts = lib.counts(len(slots) * next_n).copy()
-            blocks, got_counts = dev.select(t_slots, layer, t_seq, next_n)
+            if all_layers:
+                blocks, got_counts = every_blocks[layer], every_counts[layer]
+            else:
+                blocks, got_counts = dev.select(t_slots, layer, t_seq, next_n)
             assert (counts <= dev.width).all()
             assert (want[:, dev.width:] == -1).all()
             np.testing.assert_array_equal(blocks.numpy(), want[:, :dev.width],
@@ -168,6 +173,12 @@ def test_spin_plain_matches_the_library(seed):
     run_both("spin", {"target_sparsity": 0.5, "topk": 64}, seed=seed, next_n=1)
 
 
+@pytest.mark.parametrize("predictor", ["spin", "step-reuse"])
+def test_one_select_for_every_layer_matches_the_library(predictor):
+    run_both(predictor, {"target_sparsity": 0.5, "topk": 48}, seed=9, next_n=2, layers=4,
+             all_layers=True)
+
+
 @pytest.mark.parametrize("next_n,seed", [(2, 4), (3, 5)])
 def test_spin_mtp_matches_the_library(next_n, seed):
     run_both("spin", {"target_sparsity": 0.6, "topk": 48}, seed=seed, next_n=next_n)
@@ -232,7 +243,12 @@ def test_a_decode_step_never_touches_the_host(monkeypatch):
                 # Layer 1 without a top-k: the k-th score is found on the device.
                 dev.observe_scored(slots, layer, scored, topk if layer == 0 else None)
             dev.commit(slots, torch.tensor([2, 0, 1], dtype=torch.int32))
+        every, _ = dev.select_layers(slots, seq + 3, 3)
+        for layer in range(2):
+            dev.observe_scored(slots, layer, torch.randn(9, dev.width * E))
+        dev.commit(slots, torch.tensor([0, 1, 2], dtype=torch.int32))
     assert blocks.shape == (9, dev.width) and counts.shape == (9,)
+    assert every.shape == (2, 9, dev.width)
 
 
 def test_output_shapes_are_fixed_at_construction():

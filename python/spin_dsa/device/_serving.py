@@ -269,23 +269,47 @@ class Serving:
     def select(self, slots, layer, seq_lens, next_n=1):
         """(blocks int32 [batch·next_n, width], counts int32 [batch·next_n]) on the device."""
         S, layer = self._check_step_args(slots, layer, "select")
+        blocks, counts = self._select(S, [layer], seq_lens, next_n, "select")
+        return blocks[0], counts[0]
+
+    def select_layers(self, slots, seq_lens, next_n=1, layers=None):
+        """Every listed layer's select of the step in one batched call (default: all layers, in
+        order): (blocks int32 [layers, batch·next_n, width], counts int32 [layers, batch·next_n]).
+        The same blocks as select() layer by layer — the device predictors' choice at step t
+        reads only steps < t — with one set of kernel launches per step instead of one per
+        layer. observe_scored then follows per layer, as after select()."""
+        layers = list(range(self.num_layers)) if layers is None else list(layers)
+        if not layers:
+            raise spin_dsa.InvalidArgument("serving: select_layers: layers is empty")
+        S = None
+        for layer in layers:
+            S, _ = self._check_step_args(slots, layer, "select_layers")
+        if len(set(layers)) != len(layers):
+            raise spin_dsa.InvalidArgument(f"serving: select_layers: layers {layers} repeat")
+        return self._select(S, layers, seq_lens, next_n, "select_layers")
+
+    def _select(self, S, layers, seq_lens, next_n, call):
         _check_tensor(seq_lens, "seq_lens", self.device, 1, "int", rows=S.shape[0])
         if isinstance(next_n, bool) or not isinstance(next_n, (int, np.integer)) \
                 or not 1 <= next_n <= self.max_next_n:
             raise spin_dsa.InvalidArgument(
-                f"serving: select: next_n {next_n!r} is outside 1..max_next_n = {self.max_next_n}")
-        next_n = int(next_n)
+                f"serving: {call}: next_n {next_n!r} is outside 1..max_next_n = {self.max_next_n}")
+        next_n, batch, n_layers = int(next_n), S.shape[0], len(layers)
         visible = self._row_visible(seq_lens, next_n).clamp(max=self.max_entries)
         n = -(-visible // self.block_entries)  # [batch, next_n] blocks each row sees
-        chosen = self._choose(S, layer, n)
-        union = chosen.any(dim=1)  # [batch, N]: the request's blocks, scored once for all rows
+        # Groups g = (layer, slot), layer-major: every layer's rows in one batch.
+        S_g = S.repeat(n_layers)
+        L_g = torch.tensor(layers, dtype=torch.int64, device=self.device).repeat_interleave(batch)
+        chosen = self._choose(S_g, L_g, n.repeat(n_layers, 1))
+        union = chosen.any(dim=1)  # [groups, N]: a request's blocks, scored once for all rows
         blocks, counts = self._compact_ids(union)
-        self._selected[S, layer] = True
+        self._selected[S_g, L_g] = True
         self._open_next_n[S] = next_n
-        self._visible[S, layer, :next_n] = visible
-        self._sel_blocks[S, layer] = blocks
-        return (blocks.repeat_interleave(next_n, dim=0),
-                counts.repeat_interleave(next_n, dim=0))
+        self._visible[S_g, L_g, :next_n] = visible.repeat(n_layers, 1)
+        self._sel_blocks[S_g, L_g] = blocks
+        shape = (n_layers, batch * next_n, self.width)
+        return (blocks.repeat_interleave(next_n, dim=0).view(shape),
+                counts.repeat_interleave(next_n, dim=0).view(shape[:2]))
 
     def _choose(self, S, layer, n):
         """[batch, next_n, N] each row's set: forced, then exploration, then the highest rank."""

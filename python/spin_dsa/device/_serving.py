@@ -112,7 +112,7 @@ class Serving:
         if not 1 <= max_requests <= 1 << 20:
             raise spin_dsa.InvalidArgument(
                 f"serving: max_requests {max_requests} is outside 1..2^20")
-        self.device = torch.device(device)
+        self.device = torch.empty(0, device=device).device  # "cuda" → "cuda:N", as tensors say
         self.predictor = predictor
         self.max_requests, self.num_layers = int(max_requests), int(num_layers)
         self.max_entries, self.max_next_n = int(max_entries), int(max_next_n)
@@ -169,6 +169,7 @@ class Serving:
         self._bucket = torch.tensor([offset_bucket(d) for d in range(max(1, n_max))],
                                     dtype=torch.int64, device=dev)
         self._block_ids = torch.arange(n_max, dtype=torch.int64, device=dev)
+        self._layer_ids = torch.arange(self.num_layers, dtype=torch.int64, device=dev)
         self._counter = _hash.counter_offsets(n_max, dev)
         f32 = lambda v: torch.tensor(np.float32(v), dtype=torch.float32, device=dev)
         w = np.float32(c["combine_weight"])
@@ -299,17 +300,29 @@ class Serving:
         n = -(-visible // self.block_entries)  # [batch, next_n] blocks each row sees
         # Groups g = (layer, slot), layer-major: every layer's rows in one batch.
         S_g = S.repeat(n_layers)
-        L_g = torch.tensor(layers, dtype=torch.int64, device=self.device).repeat_interleave(batch)
+        L_g = self._layer_groups(layers, batch)
         chosen = self._choose(S_g, L_g, n.repeat(n_layers, 1))
         union = chosen.any(dim=1)  # [groups, N]: a request's blocks, scored once for all rows
         blocks, counts = self._compact_ids(union)
-        self._selected[S_g, L_g] = True
-        self._open_next_n[S] = next_n
+        self._mark_selected(S_g, L_g)
+        self._open_next_n.index_fill_(0, S, next_n)
         self._visible[S_g, L_g, :next_n] = visible.repeat(n_layers, 1)
         self._sel_blocks[S_g, L_g] = blocks
         shape = (n_layers, batch * next_n, self.width)
         return (blocks.repeat_interleave(next_n, dim=0).view(shape),
                 counts.repeat_interleave(next_n, dim=0).view(shape[:2]))
+
+    # Under CUDA-graph capture nothing may copy from the host: layer ids come from a device
+    # arange, flags are set with index_fill_ (the value is a kernel argument, not a tensor).
+    def _layer_groups(self, layers, batch):
+        """int64 [len(layers) · batch]: each layer id repeated for the batch, layer-major."""
+        first = layers[0]
+        if layers == list(range(first, first + len(layers))):
+            return self._layer_ids[first:first + len(layers)].repeat_interleave(batch)
+        return torch.cat([self._layer_ids[l:l + 1].expand(batch) for l in layers])
+
+    def _mark_selected(self, S, L):
+        self._selected.view(-1).index_fill_(0, S * self.num_layers + L, True)
 
     def _choose(self, S, layer, n):
         """[batch, next_n, N] each row's set: forced, then exploration, then the highest rank."""
@@ -426,8 +439,8 @@ class Serving:
         blocks = self._block_ids[:n_blocks].expand(batch, -1)
         x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None,
                         int(self.config["topk"]), E, self.config["pooling"])
-        self._selected[S, layer] = True
-        self._open_next_n[S] = 1
+        self._mark_selected(S, torch.full_like(S, layer))
+        self._open_next_n.index_fill_(0, S, 1)
         self._visible[S, layer, 0] = visible
         self._store_pending(S, layer, 1, blocks, x, hits, visible)
 
@@ -474,8 +487,8 @@ class Serving:
             selected = self._selected[S].unsqueeze(-1)
             self.prev_hits[S] = torch.where(selected, newest.squeeze(2), self.prev_hits[S])
         state.store()
-        self._selected[S] = False
-        self._step[S] += 1
+        self._selected.index_fill_(0, S, False)
+        self._step.index_add_(0, S, torch.ones_like(S))
 
 
 class _SlotState:

@@ -169,3 +169,59 @@ def test_bad_arguments_name_the_argument(mutate, err, match):
     mutate(a)
     with pytest.raises(err, match=match):
         _logits.paged_logits_reference(a["q"], a["weights"], a["kv_cache"], a["table"], a["lengths"], page_size=16)
+
+
+_AOT = r'''
+import importlib, json, re, subprocess, sys, types, pathlib
+root, cfgs = sys.argv[1], json.loads(sys.argv[2])
+pkg = types.ModuleType("spin_aot"); pkg.__path__ = [root]; sys.modules["spin_aot"] = pkg
+L = importlib.import_module("spin_aot._logits")
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+ptxas = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+sig = {"Q": "*u8", "W": "*fp32", "CACHE": "*u8", "CACHE_F32": "*fp32", "TABLE": "*i32", "stride_tb": "i32",
+       "table_cols": "i32", "LENGTHS": "*i32", "OUT": "*fp32", "stride_o": "i32", "width": "i32",
+       "next_n": "i32", "heads": "i32", "tiles": "i32", "PAGE_SIZE": "constexpr", "NN": "constexpr",
+       "HP": "constexpr", "BLOCK_N": "constexpr", "FP8_DOT": "constexpr"}
+out = []
+for next_n, fp8 in cfgs:
+    nn, hp, block_n, warps, stages = L.tile_shape(next_n, 64)
+    const = {"PAGE_SIZE": 64, "NN": nn, "HP": hp, "BLOCK_N": block_n, "FP8_DOT": fp8}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 7, 8)}
+    k = triton.compile(ASTSource(fn=L._paged_logits_kernel, signature=sig, constexprs=const, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    ptx = pathlib.Path(sys.argv[3]) / f"k{next_n}{int(fp8)}.ptx"
+    ptx.write_text(k.asm["ptx"])
+    r = subprocess.run([str(ptxas), "--gpu-name", "sm_90a", "-v", str(ptx), "-o", str(ptx) + ".cubin"],
+                       capture_output=True, text=True).stderr
+    out.append({"next_n": next_n, "fp8": fp8, "wgmma": k.asm["ptx"].count("wgmma.mma_async"),
+                "e4m3": "e4m3" in k.asm["ptx"], "cp_async": "cp.async" in k.asm["ptx"],
+                "spill": int(re.search(r"(\d+) bytes spill stores", r).group(1)),
+                "regs": int(re.search(r"Used (\d+) registers", r).group(1)),
+                "smem": k.metadata.shared})
+print(json.dumps(out))
+'''
+
+
+def test_compiles_for_hopper_with_fp8_mma_and_no_spills(tmp_path):
+    """Without a GPU, Triton still compiles for sm_90 (its bundled ptxas): the kernel the GPU
+    will run uses Hopper's async MMA on e4m3 operands, asynchronous copies, and no spills, for
+    every launch shape (plain decode and MTP, fp8 and fp16-decode paths)."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    ptxas = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not ptxas.exists():
+        pytest.skip("triton's bundled ptxas is missing")
+    root = pathlib.Path(_logits.__file__).parent
+    cfgs = [[1, True], [2, True], [3, True], [1, False]]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _AOT, str(root), json.dumps(cfgs), str(tmp_path)],
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for k in json.loads(r.stdout.strip().splitlines()[-1]):
+        assert k["wgmma"] > 0 and k["cp_async"] and k["spill"] == 0, k
+        assert k["e4m3"] == k["fp8"] and k["smem"] <= 227 * 1024, k

@@ -180,7 +180,7 @@ def test_topk_errors():
 # End to end: compact + logits + topk + remap == spin_dsa.indexer_scores + spin_dsa.topk
 # --------------------------------------------------------------------------------------------
 
-def cpp_topk(cache, table, seq_lens, q, w, next_n, ps, bp, sets, k):
+def cpp_topk(cache, table, seq_lens, q, w, next_n, ps, bp, sets, k, cr=1):
     batch = len(seq_lens)
     heads = q.shape[1]
     ids = np.array([b for s in sets for b in s], np.int32)
@@ -188,43 +188,87 @@ def cpp_topk(cache, table, seq_lens, q, w, next_n, ps, bp, sets, k):
     scores = spin_dsa.indexer_scores(cache.numpy(), table.numpy(), np.array(seq_lens, np.int64),
                                      q.numpy().reshape(batch, next_n, heads, 128),
                                      w.numpy().reshape(batch, next_n, heads), page_size=ps,
-                                     block_ids=ids, block_offsets=offs, block_pages=bp, impl="reference")
+                                     compress_ratio=cr, block_ids=ids, block_offsets=offs,
+                                     block_pages=bp, impl="reference")
     return spin_dsa.topk(scores, k)
 
 
-def device_topk(cache, table, seq_lens, q, w, next_n, ps, bp, blocks, counts, k, kernel):
+def device_topk(cache, table, seq_lens, q, w, next_n, ps, bp, blocks, counts, k, kernel, cr=1):
+    """compact → logits (the torch reference or the Triton kernel) → topk → remap; also returns
+    the compact logits and columns (what Serving.observe_scored takes)."""
     from spin_dsa.device import _logits
-    t, lengths = P.compact(blocks, counts, table, torch.tensor(seq_lens), next_n, block_pages=bp, page_size=ps)
+    t, lengths = P.compact(blocks, counts, table, torch.as_tensor(seq_lens), next_n, block_pages=bp,
+                           page_size=ps, compress_ratio=cr)
     if kernel == "triton":
         logits = _logits.paged_logits(*(x.to(DEV) for x in (q, w, cache, t, lengths)), next_n=next_n,
                                       page_size=ps).cpu()
     else:
         logits = _logits.paged_logits_reference(q, w, cache, t, lengths, next_n=next_n, page_size=ps)
     cols = P.topk(logits, lengths, k)
-    return P.remap(cols, blocks, ps * bp)
+    return P.remap(cols, blocks, ps * bp), logits, cols
+
+
+def assert_same_topk(got, want):
+    for r in range(got.shape[0]):  # sets equal, row by row (the order is the same: ascending)
+        assert set(got[r].tolist()) == set(want[r].tolist()), f"row {r}"
+    np.testing.assert_array_equal(got.numpy(), want)
 
 
 E2E = [
-    # page, block_pages, next_n, heads, k, seq_lens
-    pytest.param(16, 1, 1, 4, 40, [400, 37, 1, 160], id="p16-plain"),
-    pytest.param(16, 2, 2, 4, 50, [333, 64, 2, 97], id="p16-bp2-mtp2"),
-    pytest.param(64, 1, 3, 4, 100, [900, 130, 3], id="p64-mtp3"),
-    pytest.param(64, 2, 1, 1, 64, [700, 129], id="p64-bp2-h1-ties"),
+    # page, block_pages, next_n, heads, k, seq_lens, compress_ratio
+    pytest.param(16, 1, 1, 4, 40, [400, 37, 1, 160], 1, id="p16-plain"),
+    pytest.param(16, 2, 2, 4, 50, [333, 64, 2, 97], 1, id="p16-bp2-mtp2"),
+    pytest.param(64, 1, 3, 4, 100, [900, 130, 3], 1, id="p64-mtp3"),
+    pytest.param(64, 2, 1, 1, 64, [700, 129], 1, id="p64-bp2-h1-ties"),
+    pytest.param(16, 1, 2, 4, 30, [1203, 300, 9, 66], 4, id="p16-v4-compress4-mtp2"),
 ]
 
 
 @pytest.mark.parametrize("kernel", ["reference"] + (["triton"] if HAVE_TRITON else []))
-@pytest.mark.parametrize("ps,bp,next_n,heads,k,seq_lens", E2E)
-def test_end_to_end_equals_the_cpp_indexer_and_topk(kernel, ps, bp, next_n, heads, k, seq_lens):
-    rng = np.random.default_rng(ps + bp * 10 + next_n * 100 + heads)
-    cache, table, _ = scatter_cache(seq_lens, ps, rng, spare=4)
+@pytest.mark.parametrize("ps,bp,next_n,heads,k,seq_lens,cr", E2E)
+def test_end_to_end_equals_the_cpp_indexer_and_topk(kernel, ps, bp, next_n, heads, k, seq_lens, cr):
+    rng = np.random.default_rng(ps + bp * 10 + next_n * 100 + heads + cr)
+    entries = [max(1, visible(s, next_n, next_n - 1, cr)) for s in seq_lens]
+    cache, table, _ = scatter_cache(entries, ps, rng, spare=4)
     q, w = queries(len(seq_lens) * next_n, heads, rng, signed=heads > 1)
-    blocks, counts, sets = choose_blocks(seq_lens, next_n, ps * bp, rng, keep=0.45)
-    want = cpp_topk(cache, table, seq_lens, q, w, next_n, ps, bp, sets, k)
-    got = device_topk(cache, table, seq_lens, q, w, next_n, ps, bp, blocks, counts, k, kernel)
-    for r in range(got.shape[0]):  # sets equal, row by row (the order is the same: ascending)
-        assert set(got[r].tolist()) == set(want[r].tolist()), f"row {r}"
-    np.testing.assert_array_equal(got.numpy(), want)
+    blocks, counts, sets = choose_blocks(seq_lens, next_n, ps * bp, rng, keep=0.45, compress_ratio=cr)
+    want = cpp_topk(cache, table, seq_lens, q, w, next_n, ps, bp, sets, k, cr)
+    got, _, _ = device_topk(cache, table, seq_lens, q, w, next_n, ps, bp, blocks, counts, k, kernel, cr)
+    assert_same_topk(got, want)
+
+
+@pytest.mark.parametrize("next_n,bp", [(1, 1), (2, 2)])
+def test_end_to_end_with_the_device_serving(next_n, bp):
+    """The whole device step as an engine runs it: spin_dsa.device.Serving selects, compact +
+    logits + topk + remap score the selection, observe_scored takes the compact logits and
+    columns, commit closes the step — over several steps, so later selections come from history.
+    Each step's top-k equals the C++ indexer + top-k over the blocks Serving chose."""
+    device = pytest.importorskip("spin_dsa.device")
+    rng = np.random.default_rng(11 + next_n)
+    ps, heads, k = 16, 4, 24
+    start = [500, 230, 90]
+    steps = 4
+    cache, table, _ = scatter_cache([s + steps * next_n for s in start], ps, rng, spare=4)
+    cfg = {"page_size": ps, "block_pages": bp, "topk": k, "target_sparsity": 0.5}
+    serving = device.Serving(len(start), 1, 1024, predictor="spin", config=cfg, max_next_n=next_n, device=DEV)
+    slots = torch.arange(len(start), device=DEV)
+    for i in range(len(start)):
+        serving.add(i, 100 + i)
+    for step in range(steps):
+        seq_lens = [s + (step + 1) * next_n for s in start]
+        q, w = queries(len(start) * next_n, heads, rng)
+        blocks, counts = serving.select(slots, 0, torch.tensor(seq_lens, device=DEV), next_n)
+        blocks, counts = blocks.cpu(), counts.cpu()
+        sets = [blocks[b * next_n, :int(counts[b * next_n])].tolist() for b in range(len(start))]
+        assert all(s == sorted(s) for s in sets)
+        n_vis = sum(-(-visible(s, next_n, next_n - 1) // (ps * bp)) for s in seq_lens)
+        assert sum(len(s) for s in sets) < n_vis  # really sparse
+        want = cpp_topk(cache, table, seq_lens, q, w, next_n, ps, bp, sets, k)
+        got, logits, cols = device_topk(cache, table, seq_lens, q, w, next_n, ps, bp, blocks, counts, k,
+                                        "reference")
+        assert_same_topk(got, want)
+        serving.observe_scored(slots, 0, logits.to(DEV), cols.to(DEV))
+        serving.commit(slots, torch.zeros(len(start), dtype=torch.int64, device=DEV))
 
 
 # --------------------------------------------------------------------------------------------

@@ -111,7 +111,9 @@ def compact(blocks: torch.Tensor, counts: torch.Tensor, block_table: torch.Tenso
     p = torch.arange(block_pages, device=dev)
     logical = (r_blocks[:, :, None] * block_pages + p).reshape(batch, width * block_pages)
     newest = vis.view(batch, next_n)[:, -1]
-    read = r_valid.repeat_interleave(block_pages, dim=1) & (logical * page_size < newest[:, None])
+    # Each block's flag over its block_pages pages (expand + reshape: plain views and one copy).
+    pages_valid = r_valid[:, :, None].expand(batch, width, block_pages).reshape(batch, width * block_pages)
+    read = pages_valid & (logical * page_size < newest[:, None])
     safe = torch.where(read, logical, 0).clamp_max(block_table.shape[1] - 1)
     table = torch.where(read, block_table.gather(1, safe).to(torch.int32), PAD_PAGE)
     return table.to(torch.int32), lengths

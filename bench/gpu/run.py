@@ -238,10 +238,12 @@ def bench_case(env, ctx, batch, sparsities, args):
 
     t_logits = per_layer(lambda l: L.paged_logits(q, w, cache, tables[l], dense_len, page_size=PAGE, out=dense))
     t_topk_torch = per_layer(lambda l: torch.topk(dense, k, dim=1))
-    t_topk_exact = per_layer(lambda l: P.topk(dense, dense_len, k))
+    t_topk_exact = per_layer(lambda l: P.topk(dense, dense_len, k, clean=True))
+    t_topk_masked = per_layer(lambda l: P.topk(dense, dense_len, k))
     bytes_dense = batch * (ctx // PAGE) * PAGE_BYTES + q.numel() + w.numel() * 4 + dense.numel() * 4
     dense_row = {"context": ctx, "batch": batch, "sparsity": 0.0, "mode": "dense", "layers": layers,
                  "logits_us": t_logits, "topk_torch_us": t_topk_torch, "topk_exact_us": t_topk_exact,
+                 "topk_masked_us": t_topk_masked,
                  "logits_bytes": bytes_dense, "logits_tbs": bytes_dense / t_logits * 1e-6,
                  "hbm_fraction": (bytes_dense / (t_logits * 1e-6) / peak) if peak else None}
     if dg is not None:
@@ -302,7 +304,8 @@ def bench_sparse(env, ctx, batch, s, k, layers, cache, tables, q, w, seq_lens, d
     row["logits_us"] = per_layer(lambda l: L.paged_logits(q, w, cache, comp[l][0], comp[l][1],
                                                           page_size=PAGE, out=logits))
     row["topk_torch_us"] = per_layer(lambda l: torch.topk(logits, k, dim=1))
-    row["topk_exact_us"] = per_layer(lambda l: P.topk(logits, comp[l][1], k))
+    row["topk_exact_us"] = per_layer(lambda l: P.topk(logits, comp[l][1], k, clean=True))
+    row["topk_masked_us"] = per_layer(lambda l: P.topk(logits, comp[l][1], k))
     row["remap_us"] = per_layer(lambda l: P.remap(cols, blocks[l], E))
     if serving is not None:
         try:
@@ -320,7 +323,7 @@ def bench_sparse(env, ctx, batch, s, k, layers, cache, tables, q, w, seq_lens, d
             b, c = blocks[l], counts[l]
         t, n = P.compact(b, c, tables[l], seq_lens, 1, page_size=PAGE)
         L.paged_logits(q, w, cache, t, n, page_size=PAGE, out=logits)
-        top = P.topk(logits, n, k)
+        top = P.topk(logits, n, k, clean=True)
         if serving is not None:
             serving.observe_scored(slots, l, logits, top)
         return P.remap(top, b, E)

@@ -200,6 +200,15 @@ for next_n, fp8 in cfgs:
                 "spill": int(re.search(r"(\d+) bytes spill stores", r).group(1)),
                 "regs": int(re.search(r"Used (\d+) registers", r).group(1)),
                 "smem": k.metadata.shared})
+E = importlib.import_module("spin_aot._topk_emit")
+esig = {"X": "*fp32", "stride_x": "i32", "width": "i32", "T": "*fp32"}
+for fn, more, const in ((E._count_kernel, {"COUNTS": "*i32", "n_seg": "i32"}, {}),
+                        (E._emit_kernel, {"NEED": "*i32", "COUNTS": "*i32", "n_seg": "i32", "OUT": "*i32",
+                                          "stride_o": "i32", "k": "i32"}, {"S_PAD": 16})):
+    sig2 = dict(esig, **more, SEG="constexpr", BLOCK="constexpr", **{c: "constexpr" for c in const})
+    kk = triton.compile(ASTSource(fn=fn, signature=sig2, constexprs=dict(SEG=E.SEGMENT, BLOCK=E.BLOCK, **const)),
+                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    out.append({"kernel": fn.__name__, "ptx": len(kk.asm["ptx"])})
 print(json.dumps(out))
 '''
 
@@ -207,7 +216,8 @@ print(json.dumps(out))
 def test_compiles_for_hopper_with_fp8_mma_and_no_spills(tmp_path):
     """Without a GPU, Triton still compiles for sm_90 (its bundled ptxas): the kernel the GPU
     will run uses Hopper's async MMA on e4m3 operands, asynchronous copies, and no spills, for
-    every launch shape (plain decode and MTP, fp8 and fp16-decode paths)."""
+    every launch shape (plain decode and MTP, fp8 and fp16-decode paths); top-k's emit kernels
+    compile too."""
     import json
     import os
     import pathlib
@@ -222,6 +232,8 @@ def test_compiles_for_hopper_with_fp8_mma_and_no_spills(tmp_path):
     r = subprocess.run([sys.executable, "-c", _AOT, str(root), json.dumps(cfgs), str(tmp_path)],
                        env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
-    for k in json.loads(r.stdout.strip().splitlines()[-1]):
+    kernels = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [k["kernel"] for k in kernels[-2:]] == ["_count_kernel", "_emit_kernel"]  # top-k's emit compiles
+    for k in kernels[:-2]:
         assert k["wgmma"] > 0 and k["cp_async"] and k["spill"] == 0, k
         assert k["e4m3"] == k["fp8"] and k["smem"] <= 227 * 1024, k

@@ -145,7 +145,8 @@ EMITS = [False] + ([True] if HAVE_TRITON else [])
 
 
 @pytest.mark.parametrize("use_triton", EMITS)
-@pytest.mark.parametrize("rows,width,k", [(4, 300, 17), (3, 50, 64), (5, 1500, 100), (2, 1, 3)])
+@pytest.mark.parametrize("rows,width,k", [(4, 300, 17), (3, 50, 64), (5, 1500, 100), (2, 1, 3),
+                                          (3, 20000, 300)])  # the last: 3 segments of the Triton emit
 def test_topk_matches_the_sort_reference_and_the_cpp_topk(use_triton, rows, width, k):
     rng = np.random.default_rng(rows * 1000 + width + k)
     x = hostile_scores(rng, rows, width)
@@ -158,6 +159,21 @@ def test_topk_matches_the_sort_reference_and_the_cpp_topk(use_triton, rows, widt
     # spin_dsa.topk reads the first visible_entries columns: the same definition, in C++.
     cpp = spin_dsa.topk(x.numpy(), k, visible_entries=lengths.numpy().astype(np.int64))
     np.testing.assert_array_equal(got.numpy(), cpp)
+
+
+@pytest.mark.parametrize("use_triton", EMITS)
+def test_topk_clean_skips_the_mask_and_agrees(use_triton):
+    """clean=True (the logits kernel's own output: -inf past each length, no NaN/+inf) gives the
+    same ids as the masking default, ties included."""
+    rng = np.random.default_rng(12)
+    rows, width, k = 4, 9000, 200
+    x = torch.from_numpy(rng.integers(-2, 3, (rows, width)).astype(np.float32))
+    lengths = torch.tensor([9000, 0, 4000, 123], dtype=torch.int32)
+    col = torch.arange(width)
+    x = torch.where(col[None, :] < lengths[:, None].long(), x, float("-inf"))
+    x[0, 5::9] = -0.0
+    got = P.topk(x.to(DEV), lengths.to(DEV), k, use_triton=use_triton, clean=True).cpu()
+    assert torch.equal(got, P.topk_reference(x, lengths, k))
 
 
 def test_topk_errors():

@@ -195,7 +195,8 @@ def _emit_torch(x: torch.Tensor, t: torch.Tensor, need: torch.Tensor, k: int) ->
     return out[:, :k]
 
 
-def topk(logits: torch.Tensor, lengths: torch.Tensor, k: int, *, use_triton: bool | None = None) -> torch.Tensor:
+def topk(logits: torch.Tensor, lengths: torch.Tensor, k: int, *, use_triton: bool | None = None,
+         clean: bool = False) -> torch.Tensor:
     """Top-k of each row over the compact width: int32 ``[rows, k]`` compact columns in ASCENDING
     order, -1 padded at the end when a row has fewer than k selectable columns.
 
@@ -206,7 +207,11 @@ def topk(logits: torch.Tensor, lengths: torch.Tensor, k: int, *, use_triton: boo
     so this is DESIGN.md §3's tie rule — whatever order torch.topk returns ties in: torch.topk only
     finds the k-th value, and the emit step takes the ties at that value by lowest column.
 
-    use_triton: the fused one-pass emit kernel (default: on CUDA tensors); else the torch ops.
+    use_triton: the Triton emit kernels (default: on CUDA tensors); else the torch ops.
+    clean: the caller vouches that every column at or past a row's length holds -inf and that
+    no column holds NaN or +inf — what :func:`paged_logits` writes over a NaN-free cache — so the
+    masked copy of the logits (one read and one write of the whole buffer) is skipped. Unclean
+    input (DeepGEMM's 2-D form leaves columns past a length as they were) needs the default.
     """
     _check_tensor("logits", logits, (torch.float32,), 2)
     _check_tensor("lengths", lengths, _INDEX, 1)
@@ -217,7 +222,7 @@ def topk(logits: torch.Tensor, lengths: torch.Tensor, k: int, *, use_triton: boo
         raise ValueError("k: must be >= 1")
     if logits.shape[1] < 1:
         raise ValueError("logits: width must be >= 1")
-    x = _masked_scores(logits, lengths)
+    x = logits if clean else _masked_scores(logits, lengths)
     t, need = _threshold(x, k)
     if use_triton is None:
         use_triton = x.is_cuda

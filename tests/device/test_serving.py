@@ -49,13 +49,14 @@ def topk_positions(row, k):
 
 
 def run_both(predictor, config, *, seed, next_n, steps=14, layers=3, max_requests=6,
-             max_entries=2048, compress_ratio=1, all_layers=False):
+             max_entries=2048, compress_ratio=1, all_layers=False, impl="torch"):
     """Drives the library and the device object with the same calls; asserts every select."""
     config = dict(config, page_size=E)
     lib = spin_dsa.Serving(max_requests, layers, max_entries, predictor, config, next_n,
                            compress_ratio)
     dev = device.Serving(max_requests, layers, max_entries, predictor, config, next_n,
-                         compress_ratio, device="cpu")
+                         compress_ratio, device="cpu", impl=impl)
+    assert dev.impl == impl
     k = int(dev.config["topk"])
     traffic = Traffic(seed, layers, max_entries)
     rng = np.random.default_rng(seed + 1000)
@@ -207,6 +208,21 @@ def test_compressed_rows_match_the_library():
     """V4's CSA layers: compress_ratio 4, row j sees (t + 1) / 4 entries."""
     run_both("spin", {"target_sparsity": 0.5, "topk": 32}, seed=8, next_n=2, compress_ratio=4,
              max_entries=1024, steps=10)
+
+
+# -- the fused Triton select kernel (under the interpreter on a CPU) --------------------------
+
+@pytest.mark.parametrize("predictor,config,next_n", [
+    ("spin", {}, 1),
+    ("spin", {"explore_policy": "stalest", "explore_ratio": 0.3, "block_pages": 2}, 3),
+    ("spin", {"combine": "max", "sink_blocks": 0, "local_blocks": 1}, 2),
+    ("step-reuse", {}, 2), ("random", {}, 1), ("ema-offset", {}, 1), ("all-keep", {}, 2),
+])
+def test_the_triton_select_kernel_matches_the_library(predictor, config, next_n):
+    pytest.importorskip("triton")
+    run_both(predictor, dict({"target_sparsity": 0.6, "topk": 32}, **config), seed=10,
+             next_n=next_n, steps=4, layers=2, max_requests=3, max_entries=640,
+             all_layers=True, impl="triton")
 
 
 # -- the host is never touched --------------------------------------------------------------

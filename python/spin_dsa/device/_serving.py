@@ -93,12 +93,15 @@ class Serving:
             s.observe_scored(slots, l, scored, topk)   # compact logits, compact top-k columns
         s.commit(slots, accepted)                      # int tensor [batch], draft tokens kept
 
+    impl: "triton" selects with one fused Triton kernel per call (_select_kernel.py), "torch"
+    with plain torch ops (its reference); "auto" takes triton on CUDA when it is importable.
+
     Every row of a request carries the union of its rows' sets, ascending, -1 padded; `width` is
     fixed at construction (the widest union any step can need at max_entries).
     """
 
     def __init__(self, max_requests, num_layers, max_entries, predictor="spin", config=None,
-                 max_next_n=1, compress_ratio=1, device="cpu"):
+                 max_next_n=1, compress_ratio=1, device="cpu", impl="auto"):
         if predictor not in _PARTS:
             raise spin_dsa.InvalidArgument(
                 f"spin_dsa.device: predictor '{predictor}' is not on the device path; it runs "
@@ -113,6 +116,8 @@ class Serving:
             raise spin_dsa.InvalidArgument(
                 f"serving: max_requests {max_requests} is outside 1..2^20")
         self.device = torch.empty(0, device=device).device  # "cuda" → "cuda:N", as tensors say
+        self._kernel = _select_kernel_module(impl, self.device)
+        self.impl = "torch" if self._kernel is None else "triton"
         self.predictor = predictor
         self.max_requests, self.num_layers = int(max_requests), int(num_layers)
         self.max_entries, self.max_next_n = int(max_entries), int(max_next_n)
@@ -174,6 +179,7 @@ class Serving:
         f32 = lambda v: torch.tensor(np.float32(v), dtype=torch.float32, device=dev)
         w = np.float32(c["combine_weight"])
         self._w, self._one_minus_w = f32(w), f32(np.float32(1) - w)
+        self._w_host, self._one_minus_w_host = float(w), float(np.float32(1) - w)  # exact in fp32
 
     def _allocate(self, alpha):
         R, L, N, K, J = (self.max_requests, self.num_layers, self.max_blocks, self._n_buckets,
@@ -301,9 +307,15 @@ class Serving:
         # Groups g = (layer, slot), layer-major: every layer's rows in one batch.
         S_g = S.repeat(n_layers)
         L_g = self._layer_groups(layers, batch)
-        chosen = self._choose(S_g, L_g, n.repeat(n_layers, 1))
-        union = chosen.any(dim=1)  # [groups, N]: a request's blocks, scored once for all rows
-        blocks, counts = self._compact_ids(union)
+        if self._kernel is not None:  # one fused launch (_select_kernel.py)
+            blocks = torch.empty(len(layers) * batch, self.width, dtype=torch.int32,
+                                 device=self.device)
+            counts = torch.empty(len(layers) * batch, dtype=torch.int32, device=self.device)
+            self._kernel.launch(self, S_g, L_g, n.repeat(n_layers, 1), blocks, counts)
+        else:
+            chosen = self._choose(S_g, L_g, n.repeat(n_layers, 1))
+            union = chosen.any(dim=1)  # [groups, N]: a request's blocks, scored once for all rows
+            blocks, counts = self._compact_ids(union)
         self._mark_selected(S_g, L_g)
         self._open_next_n.index_fill_(0, S, next_n)
         self._visible[S_g, L_g, :next_n] = visible.repeat(n_layers, 1)
@@ -535,6 +547,22 @@ class _SlotState:
         o.last_seen[S] = self.seen
         o.offset_ema[S] = self.offset
         o.offset_count[S] = self.count
+
+
+def _select_kernel_module(impl, device):
+    """The fused select kernel's module for impl "triton" (or "auto" on CUDA, when Triton is
+    importable); None for "torch": plain torch ops, its reference, and what runs elsewhere."""
+    if impl not in ("auto", "triton", "torch"):
+        raise spin_dsa.InvalidArgument(f"spin_dsa.device: impl '{impl}' is not auto, triton or torch")
+    if impl == "torch" or (impl == "auto" and device.type != "cuda"):
+        return None
+    try:
+        from . import _select_kernel
+    except ImportError as e:
+        if impl == "triton":
+            raise spin_dsa.InvalidArgument(f"spin_dsa.device: impl triton needs triton ({e})")
+        return None
+    return _select_kernel
 
 
 def _smallest(key, mask, k):

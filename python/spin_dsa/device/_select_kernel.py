@@ -1,0 +1,155 @@
+"""The device predictors' selection fused into one Triton kernel: one program per (slot, layer)
+group computes every row's set — forced blocks, the exploration draw, the history ranking — their
+union and its ascending ids, in one launch for a whole step (Serving.select_layers) or a layer.
+
+The torch code in _serving.py (_choose + _compact_ids) is its reference: the same keys, the same
+arithmetic, tested bit for bit against it and against the C++ library. What it changes is the
+launch count (one instead of ~60 torch kernels a call) and the memory traffic (the state is read
+once; the per-row key arrays never leave registers).
+
+"The k smallest keys" without a sort: keys are distinct uint64 — (value << 32 | block) — so the
+k-th smallest is found bit by bit (64 rounds of a count over the row) and the chosen set is every
+key at or below it: exactly k keys, the same set as the library's quickselect.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+
+
+@triton.jit
+def _mix64(x):
+    """spin::mix64 (SplitMix64's finaliser) on uint64."""
+    x = x ^ (x >> 30)
+    x = x * 0xBF58476D1CE4E5B9
+    x = x ^ (x >> 27)
+    x = x * 0x94D049BB133111EB
+    return x ^ (x >> 31)
+
+
+@triton.jit
+def _smallest(key, mask, k):
+    """The k smallest of the distinct uint64 keys under `mask`, as a mask (k = 0: none)."""
+    key = tl.where(mask, key, 0xFFFFFFFFFFFFFFFF)
+    prefix = tl.zeros((), dtype=tl.uint64)
+    bit = tl.full((), 0x8000000000000000, tl.uint64)
+    for _ in range(64):  # the highest bit first
+        trial = prefix | bit
+        below = tl.sum((key < trial).to(tl.int64), axis=0)
+        prefix = tl.where(below < k, trial, prefix)
+        bit = bit >> 1
+    return mask & (key <= prefix) & (k > 0)
+
+
+@triton.jit
+def _rank_key(p, b):
+    """Highest p first, ties to the lower block: ~float_order(sanitize(p)) << 32 | b."""
+    p = tl.where(p >= -3.4028234663852886e38, p, -3.4028234663852886e38)
+    sign = tl.full((), 0x80000000, tl.uint32)
+    ones = tl.full((), 0xFFFFFFFF, tl.uint32)  # x ^ ones is ~x (the interpreter's ~ overflows)
+    bits = p.to(tl.uint32, bitcast=True)
+    bits = tl.where(bits == sign, tl.zeros((), tl.uint32), bits)  # -0 orders as +0
+    order = tl.where((bits & sign) != 0, bits ^ ones, bits | sign)
+    return ((order ^ ones).to(tl.uint64) << 32) | b.to(tl.uint64)
+
+
+@triton.jit
+def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COUNT, PREV_HITS,
+                  REQ_KEY, STEP, N_EXPLORE, N_HISTORY, KEEP_ALL, BUCKET, COUNTER, OUT, COUNTS,
+                  num_layers, n_blocks, n_buckets, width, sink, local, w, one_minus_w,
+                  NEXT_N: tl.constexpr, BLOCK: tl.constexpr, RANKED: tl.constexpr,
+                  RANDOM: tl.constexpr, EXPLORES: tl.constexpr, STALEST: tl.constexpr,
+                  USE_SLOT: tl.constexpr, USE_OFFSET: tl.constexpr, STEP_REUSE: tl.constexpr,
+                  COMBINE_MAX: tl.constexpr):
+    g = tl.program_id(0)
+    s = tl.load(SLOT + g)
+    layer = tl.load(LAYER + g)
+    b = tl.arange(0, BLOCK).to(tl.int64)
+    inside = b < n_blocks
+    state = (s * num_layers + layer) * n_blocks
+    offsets = (s * num_layers + layer) * n_buckets
+
+    if RANDOM or EXPLORES:  # the step's draw, the same for every row of the request
+        if STALEST and not RANDOM:
+            seen = tl.load(LAST_SEEN + state + b, mask=inside, other=-1)
+            high = (seen + 1).to(tl.uint64)
+        else:
+            key = tl.load(REQ_KEY + s).to(tl.uint64, bitcast=True)
+            key = _mix64(key + 0x9E3779B97F4A7C15) ^ layer.to(tl.uint64)
+            key = _mix64(key + 0x9E3779B97F4A7C15) ^ tl.load(STEP + s).to(tl.uint64)
+            key = _mix64(key ^ 0x9E3779B97F4A7C15)
+            counter = tl.load(COUNTER + b, mask=inside, other=0).to(tl.uint64, bitcast=True)
+            high = _mix64(key + counter) >> 32
+        explore_key = (high << 32) | b.to(tl.uint64)
+    if RANKED:
+        if STEP_REUSE:
+            hits = tl.load(PREV_HITS + state + b, mask=inside, other=0)
+        else:
+            slot = tl.load(SLOT_EMA + state + b, mask=inside, other=0.0)
+            known_slot = tl.load(LAST_SEEN + state + b, mask=inside, other=-1) != -1
+
+    union = b < 0
+    for j in range(NEXT_N):
+        n = tl.load(NROW + g * NEXT_N + j)
+        valid = b < n
+        forced = valid & ((b < sink) | (b >= n - local))
+        candidate = valid & ~forced
+        chosen = forced
+        if RANDOM or EXPLORES:
+            picked = _smallest(explore_key, candidate, tl.load(N_EXPLORE + n))
+            chosen = chosen | picked
+            candidate = candidate & ~picked
+        if RANKED:
+            d = tl.maximum(n - 1 - b, 0)
+            p = -2.0 - d.to(tl.float32)  # nothing known: newest first
+            if STEP_REUSE:
+                p = tl.where(hits > 0, hits.to(tl.float32), p)
+            else:
+                bucket = tl.load(BUCKET + tl.minimum(d, n_blocks - 1), mask=inside, other=0)
+                offset = tl.load(OFFSET_EMA + offsets + bucket, mask=inside, other=0.0)
+                known_offset = tl.load(OFFSET_COUNT + offsets + bucket, mask=inside, other=0) > 0
+                if USE_OFFSET:
+                    p = tl.where(known_offset, offset, p)
+                if USE_SLOT:
+                    p = tl.where(known_slot, slot, p)
+                if USE_SLOT and USE_OFFSET:
+                    if COMBINE_MAX:
+                        both = tl.maximum(slot, offset)
+                    else:  # launched without fp fusion: two roundings, as the library
+                        both = w * slot + one_minus_w * offset
+                    p = tl.where(known_slot & known_offset, both, p)
+            chosen = chosen | _smallest(_rank_key(p, b), candidate, tl.load(N_HISTORY + n))
+        keep_all = tl.load(KEEP_ALL + n) != 0
+        chosen = tl.where(keep_all, valid, chosen)
+        union = union | chosen
+
+    # The union's ids, ascending, -1 after them.
+    count = tl.sum(union.to(tl.int32), axis=0)
+    position = tl.cumsum(union.to(tl.int32), axis=0) - 1
+    tl.store(OUT + g * width + position, b.to(tl.int32), mask=union & (position < width))
+    tl.store(OUT + g * width + b, tl.full([BLOCK], -1, tl.int32), mask=(b >= count) & (b < width))
+    tl.store(COUNTS + g, count)
+
+
+def launch(owner, S_g, L_g, n_rows, out, counts):
+    """select_kernel over the groups (S_g[g], L_g[g]) with n_rows [groups, next_n] blocks each
+    row sees; writes out [groups, width] int32 and counts [groups] int32."""
+    o = owner
+    groups, next_n = n_rows.shape
+    block = triton.next_power_of_2(max(o.max_blocks, 16))
+    c = o.config
+    select_kernel[(groups,)](
+        S_g, L_g, n_rows.contiguous(), o.slot_ema, o.last_seen, o.offset_ema, o.offset_count,
+        o.prev_hits, o._req_key, o._step, o._n_explore, o._n_history, o._keep_all.to(torch.int32),
+        o._bucket, o._counter, out, counts,
+        o.num_layers, o.max_blocks, o._n_buckets, o.width, int(c["sink_blocks"]),
+        int(c["local_blocks"]), o._w_host, o._one_minus_w_host,
+        NEXT_N=next_n, BLOCK=block, RANKED=o._fill == "ranked", RANDOM=o._fill == "random",
+        EXPLORES=o._explores, STALEST=c["explore_policy"] == "stalest",
+        USE_SLOT=o._use_slot, USE_OFFSET=o._use_offset, STEP_REUSE=o._step_reuse,
+        COMBINE_MAX=c["combine"] == "max",
+        num_warps=8 if block >= 4096 else 4, enable_fp_fusion=False)

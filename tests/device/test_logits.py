@@ -85,6 +85,24 @@ def test_several_programs_per_request_and_width_past_the_table():
     assert bool(torch.isinf(out[:, 320:]).all())
 
 
+def test_input_forms_and_narrow_width():
+    """q as float8_e4m3fn, the cache in DeepGEMM's 4-D shape [pages, page_size, 1, 132], and a
+    width below the table's columns (the output is cut there)."""
+    rng = np.random.default_rng(13)
+    page = 16
+    cache, table, _ = scatter_cache([64, 40], page, rng)
+    q, w = queries(2, 4, rng)
+    lengths = torch.tensor([64, 40], dtype=torch.int32)
+    want = _logits.paged_logits_reference(q, w, cache, table, lengths, page_size=page)[:, :50]
+    got = _logits.paged_logits(q.view(torch.float8_e4m3fn).to(DEV), w.to(DEV),
+                               cache.view(-1, page, 1, 132).to(DEV), table.to(DEV), lengths.to(DEV),
+                               page_size=page, width=50).cpu()
+    bound = _logits.paged_logits_reference(*abs_bound_inputs(q, w, cache, page), table, lengths,
+                                           page_size=page)[:, :50]
+    assert tuple(got.shape) == (2, 50)
+    check_close(got, want, bound)
+
+
 def test_unsigned_weights_and_out_buffer():
     """Positive weights (many exact-zero ties from the ReLU with one head), written into a wider
     caller buffer: the columns past width are left alone."""

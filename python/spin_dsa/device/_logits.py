@@ -41,6 +41,7 @@ instruction (DeepSeek-V3 report: ~14 bits), so the GPU bench checks against 1e-3
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -162,12 +163,14 @@ class LaunchConfig:
     fp8_dot: bool
 
 
+@functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 1
 
 
+@functools.lru_cache(maxsize=None)
 def _has_fp8_dot(device: torch.device) -> bool:
     if device.type != "cuda":
         return True        # the interpreter computes fp8 dots (in fp32)

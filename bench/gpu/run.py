@@ -440,7 +440,16 @@ def main(argv=None):
     rows = []
     for ctx in contexts:
         for b in batches:
-            rows.extend(bench_case(env, ctx, b, sparsities, args))
+            try:
+                rows.extend(bench_case(env, ctx, b, sparsities, args))
+            except Exception as e:  # noqa: BLE001 - one case failing must not lose the others
+                if args.smoke:
+                    raise
+                rows.append({"context": ctx, "batch": b, "skipped": f"failed: {type(e).__name__}: {e}"})
+                env["timer"].release()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
             print(f"  ctx {ctx} batch {b} done ({time.time() - t0:.0f} s)", flush=True)
     meta["seconds"] = time.time() - t0
     print(table(rows))

@@ -108,6 +108,25 @@ def test_deepgemm_context_lens():
         P.deepgemm_context_lens(lengths, 4)
 
 
+@pytest.mark.parametrize("next_n,bp", [(2, 1), (3, 2), (4, 1)])
+def test_deepgemm_1d_form_holds_when_the_newest_blocks_are_chosen(next_n, bp):
+    """DeepGEMM's 1-D context_lens (it applies row j's causal offset itself) describes the same
+    rows as the per-row compacted lengths whenever every row's newest block is chosen (what
+    local_blocks >= 1 guarantees) and a request has >= next_n entries — including rows whose
+    newest entries straddle a block boundary."""
+    rng = np.random.default_rng(next_n * 10 + bp)
+    ps = 16
+    E = ps * bp
+    seq_lens = [next_n, E, E + 1, E + next_n - 1, 5 * E + 2, 333]
+    _, table, _ = scatter_cache(seq_lens, ps, rng)
+    blocks, counts, _ = choose_blocks(seq_lens, next_n, E, rng, keep=0.3, local=1)
+    _, lengths = P.compact(blocks, counts, table, torch.tensor(seq_lens), next_n, block_pages=bp, page_size=ps)
+    one = P.deepgemm_context_lens(lengths, next_n, two_d=False)
+    j = torch.arange(next_n)
+    implied = one[:, None] - next_n + 1 + j[None, :]
+    assert torch.equal(implied.to(torch.int32), P.deepgemm_context_lens(lengths, next_n))
+
+
 # --------------------------------------------------------------------------------------------
 # remap
 # --------------------------------------------------------------------------------------------

@@ -106,11 +106,11 @@ def compact(blocks: torch.Tensor, counts: torch.Tensor, block_table: torch.Tenso
 
     # Table: the request's first row carries the set. A page is read only if it starts below the
     # newest row's visible entries; the others (and padding) become PAD_PAGE.
-    r_blocks = blocks.view(batch, next_n, width)[:, 0].to(torch.int64)           # [batch, width]
-    r_valid = valid.view(batch, next_n, width)[:, 0]
+    r_blocks = blocks.reshape(batch, next_n, width)[:, 0].to(torch.int64)        # [batch, width]
+    r_valid = valid.reshape(batch, next_n, width)[:, 0]
     p = torch.arange(block_pages, device=dev)
     logical = (r_blocks[:, :, None] * block_pages + p).reshape(batch, width * block_pages)
-    newest = vis.view(batch, next_n)[:, -1]
+    newest = vis.reshape(batch, next_n)[:, -1]
     # Each block's flag over its block_pages pages (expand + reshape: plain views and one copy).
     pages_valid = r_valid[:, :, None].expand(batch, width, block_pages).reshape(batch, width * block_pages)
     read = pages_valid & (logical * page_size < newest[:, None])
@@ -129,7 +129,8 @@ def deepgemm_context_lens(lengths: torch.Tensor, next_n: int, two_d: bool = True
     applies the causal rule itself (row ``j`` reads ``< len - next_n + j + 1``). That equals the
     per-row compacted lengths exactly when every request's newest ``next_n`` entries lie in chosen
     blocks — guaranteed by ``local_blocks >= 1`` (the select forces each row's newest block) —
-    and each request has at least ``next_n`` entries.
+    each request has at least ``next_n`` entries, and ``compress_ratio`` is 1 (V4's compressed
+    rows do not grow by one entry per row: use the 2-D form there).
     """
     _check_tensor("lengths", lengths, _INDEX, 1)
     if next_n < 1 or lengths.shape[0] % next_n:

@@ -68,6 +68,7 @@ CASES = [
     pytest.param(16, 4, 1, [4, 2], [63, 20], False, id="p16-h4-fp16-decode"),
     pytest.param(64, 64, 2, [2], [99, 100], False, id="p64-h64-mtp2-fp16-decode"),
     pytest.param(16, 1, 3, [1, 2], [0, 0, 0, 9, 10, 11], False, id="p16-h1-mtp3-empty-request"),
+    pytest.param(16, 3, 2, [3, 1], [40, 41, 16, 16], True, id="p16-h3-padded-heads"),
 ]
 
 

@@ -15,14 +15,15 @@ pytest.importorskip("triton", reason="the GPU benchmark needs triton")
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def test_cpu_smoke(tmp_path):
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_cpu_smoke(tmp_path, next_n):
     out = tmp_path / "smoke.json"
     env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, str(REPO / "bench" / "gpu" / "run.py"), "--cpu-smoke", "--out", str(out)],
-                       env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "gpu" / "run.py"), "--cpu-smoke", "--next-n", str(next_n),
+                        "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     data = json.loads(out.read_text())
-    assert data["meta"]["checks"]["ok"]
+    assert data["meta"]["checks"]["ok"] and data["meta"]["next_n"] == next_n
     modes = [(row["mode"], row["sparsity"]) for row in data["rows"]]
     assert modes == [("dense", 0.0), ("compact", 0.5)]
     compact = data["rows"][1]

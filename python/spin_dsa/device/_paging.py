@@ -7,7 +7,11 @@ The pipeline for one indexer layer of a decode step (rows = batch · next_n)::
     blocks, counts = serving.select(slots, layer, seq_lens, next_n)   # logical blocks, ascending
     table, lengths = compact(blocks, counts, block_table, seq_lens, next_n, block_pages, page_size)
     logits = paged_logits(q, weights, kv_cache, table, lengths, next_n=next_n, page_size=page_size)
-             # or DeepGEMM fp8_paged_mqa_logits(..., deepgemm_context_lens(lengths, next_n), table, ...)
+    # or DeepGEMM (SM90/SM100), the same table with its own schedule for the compacted lengths:
+    #   cl = deepgemm_context_lens(lengths, next_n)            # [batch, next_n] (or two_d=False)
+    #   meta = deep_gemm.get_paged_mqa_logits_metadata(cl, page_size, num_sms)
+    #   logits = deep_gemm.fp8_paged_mqa_logits(q4, kv_cache_4d, weights, cl, table, meta,
+    #                                           table.shape[1] * page_size, clean_logits=False)
     cols = topk(logits, lengths, k)                 # compact columns, ascending, -1 padded
     positions = remap(cols, blocks, page_size * block_pages)   # request positions, ascending
 

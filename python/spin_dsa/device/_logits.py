@@ -14,15 +14,18 @@ and a block table whose row lists the pages to read in column order: the compact
 The kernel (one program = one request × a run of column tiles, all the request's next_n rows and
 heads at once, so each key is read once per request):
 
-* q is loaded once per program and kept in registers: ``[next_n·heads, 128]`` (padded to a
-  power of two, at least 16, as tl.dot wants); keys stream tile by tile, each entry's 128 bytes
-  gathered through the table (tiles may cross pages, so any page size works);
+* q is loaded once per program, ``[next_n·heads, 128]`` (padded to a power of two, at least 16,
+  as tl.dot wants), and stays in shared memory as the MMA's B operand; key tiles stream through
+  the table (tiles may cross pages, so any page size works), global → shared by asynchronous
+  copies several tiles deep — the page ids of tile t+1 are loaded during tile t, so no key load
+  waits on a table load of its own iteration;
 * ``S = k · qᵀ``, ``[BLOCK_N, next_n·heads]``: keys on the MMA's M side, so the head sum stays
-  inside each warp's rows. ``tl.dot`` on fp8 e4m3 operands with fp32 accumulation where the GPU
-  has fp8 tensor cores (sm_89+; Hopper's QGMMA) and under the interpreter; elsewhere the e4m3
-  bytes are decoded bit by bit to fp16 (exact: e4m3 spans 2^-9..448, inside fp16's range, with 3
-  of its 10 mantissa bits) for an fp16 ``tl.dot`` (fp16, not bf16: the interpreter's bf16 dot is
-  wrong in triton 3.7);
+  inside each warp's rows (shuffles). ``tl.dot`` on fp8 e4m3 operands — the keys loaded through
+  an e4m3 pointer, read by the MMA straight from shared memory — with fp32 accumulation where
+  the GPU has fp8 tensor cores (sm_89+; Hopper's QGMMA) and under the interpreter; elsewhere the
+  e4m3 bytes are decoded bit by bit to fp16 (exact: e4m3 spans 2^-9..448, inside fp16's range,
+  with 3 of its 10 mantissa bits) for an fp16 ``tl.dot`` (fp16, not bf16: the interpreter's
+  bf16 dot is wrong in triton 3.7);
 * the epilogue is fused: ReLU, × w, the sum over heads per row, × k_scale, the -inf mask, one
   store per row — logits are written once and never re-read.
 
@@ -126,13 +129,14 @@ def _paged_logits_kernel(Q, W, CACHE, CACHE_F32, TABLE, stride_tb, table_cols, L
         next_cols = cols + BLOCK_N
         next_page = tl.load(table_row + next_cols // PAGE_SIZE, mask=next_cols < req_len, other=0)
         slot = cols % PAGE_SIZE
-        k = tl.load(CACHE + (page * (PAGE_SIZE * 132) + slot * D)[:, None] + d[None, :],
-                    mask=live[:, None], other=0)
+        k_off = (page * (PAGE_SIZE * 132) + slot * D)[:, None] + d[None, :]
         k_scale = tl.load(CACHE_F32 + page * (PAGE_SIZE * 33) + PAGE_SIZE * 32 + slot, mask=live, other=0.0)
         if FP8_DOT:
-            kd = k.to(tl.float8e4nv, bitcast=True)
+            # Loaded as e4m3 through an e4m3 pointer: the tile goes from the async copy's shared
+            # memory straight into the MMA (no register round trip for a bitcast).
+            kd = tl.load(CACHE.to(tl.pointer_type(tl.float8e4nv)) + k_off, mask=live[:, None], other=0.0)
         else:
-            kd = _e4m3_to_f32(k).to(tl.float16)
+            kd = _e4m3_to_f32(tl.load(CACHE + k_off, mask=live[:, None], other=0)).to(tl.float16)
         # Keys as the MMA's M side, heads as N: the head sum below then stays inside each warp's
         # rows (shuffles, no shared-memory round trip), and a row's logits leave contiguous.
         s = tl.dot(kd, tl.trans(qd), out_dtype=tl.float32)                 # [BLOCK_N, M]
@@ -181,13 +185,13 @@ def tile_shape(next_n: int, heads: int) -> tuple[int, int, int, int, int]:
     """(nn, hp, block_n, num_warps, num_stages) for a GPU launch: next_n and heads padded to powers
     of two (nn·hp ≥ 16 for tl.dot), keys per tile, warps, pipeline depth.
 
-    Per head-side width nn·hp, checked by compiling for sm_90a with Triton's ptxas (no spills; key
-    buffers = num_stages - 1, thanks to the page-id prefetch in the kernel;
-    tests/device/test_logits.py compiles them):
-      ≤ 64  (plain decode): 128-key tiles, 4 warps, 3 tiles in flight: 150 regs, 58 KB smem,
-            3 programs an SM → ~144 KB of keys in flight per SM;
-      128   (next_n 2):     64-key tiles, 4 warps, 4 in flight: 166 regs, 50 KB, 3 an SM;
-      ≥ 256 (next_n 3-4):   64-key tiles, 8 warps, 5 in flight: 162 regs, 75 KB, 1 an SM (at
+    Per head-side width nn·hp, checked by compiling for sm_90a with Triton 3.7's ptxas (no
+    spills; keys go global → shared by cp.async, num_stages tiles deep, and the MMA reads them from
+    shared memory; tests/device/test_logits.py compiles every shape):
+      ≤ 64  (plain decode): 128-key tiles, 4 warps, 4 stages: 111 regs, 74 KB smem, 3 programs an
+            SM → ~190 KB of keys in flight per SM (HBM at 4.8 TB/s needs ~40 KB an SM);
+      128   (next_n 2):     64-key tiles, 4 warps, 5 stages: 150 regs, 58 KB, 3 an SM;
+      ≥ 256 (next_n 3-4):   64-key tiles, 4 warps, 5 stages: 255 regs, 75 KB, 2 an SM (at
             4·64 heads the MMA work per byte nears Hopper's fp8 ridge: no longer HBM-bound).
     """
     nn = triton.next_power_of_2(next_n)
@@ -195,9 +199,7 @@ def tile_shape(next_n: int, heads: int) -> tuple[int, int, int, int, int]:
     rows = nn * hp
     if rows <= 64:
         return nn, hp, 128, 4, 4
-    if rows <= 128:
-        return nn, hp, 64, 4, 5
-    return nn, hp, 64, 8, 6
+    return nn, hp, 64, 4, 5
 
 
 def launch_config(batch: int, next_n: int, heads: int, width: int, device: torch.device,

@@ -45,6 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--next-n", type=int, default=1, help="rows per request (MTP: 1 + draft tokens)")
     p.add_argument("--no-deepgemm", action="store_true")
     p.add_argument("--no-serving", action="store_true", help="time spin's parts without spin_dsa.device.Serving")
+    p.add_argument("--no-sweep", action="store_true",
+                   help="skip the launch-shape sweep of the logits kernel (dense, batch 64, 128K)")
     return p.parse_args(argv)
 
 
@@ -248,6 +250,7 @@ def bench_case(env, ctx, batch, sparsities, args):
     t_topk_masked = per_layer(lambda l: P.topk(dense, dense_len, k))
     bytes_dense = batch * (ctx // PAGE) * PAGE_BYTES + q.numel() + w.numel() * 4 + dense.numel() * 4
     dense_row = {"context": ctx, "batch": batch, "next_n": nn, "sparsity": 0.0, "mode": "dense", "layers": layers,
+                 "launch": vars(L.launch_config(batch, nn, HEADS, ctx, device)),
                  "logits_us": t_logits, "topk_torch_us": t_topk_torch, "topk_exact_us": t_topk_exact,
                  "topk_masked_us": t_topk_masked,
                  "logits_bytes": bytes_dense, "logits_tbs": bytes_dense / t_logits * 1e-6,
@@ -346,6 +349,7 @@ def bench_sparse(env, ctx, batch, nn, s, k, layers, cache, tables, q, w, seq_len
     # Pages the kernel reads: those below each row's compacted length (host-side, after timing).
     pages_read = sum(int(((c[1].view(batch, nn)[:, -1].long() + PAGE - 1) // PAGE).sum()) for c in comp) // layers
     by = pages_read * PAGE_BYTES + q.numel() + w.numel() * 4 + logits.numel() * 4
+    row["launch"] = vars(L.launch_config(batch, nn, HEADS, width * E, device))
     row.update({"pages_read": pages_read, "logits_bytes": by, "logits_tbs": by / row["logits_us"] * 1e-6,
                 "hbm_fraction": (by / (row["logits_us"] * 1e-6) / peak) if peak else None})
     spin_us = sum(row.get(x, 0.0) for x in ("select_us", "compact_us", "observe_us", "remap_us",
@@ -409,6 +413,41 @@ def check_device(env, args):
     else:
         res["deepgemm"] = note.get("deepgemm")
     return res
+
+
+def sweep(env, args):
+    """Tuning data for the first GPU run: the dense logits kernel at one shape (batch 64 at 128K
+    on a GPU; tiny on CPU) under alternative launch shapes around launch_config's choice."""
+    torch, device, L, timer, peak = (env[k] for k in ("torch", "device", "L", "timer", "peak"))
+    nn = args.next_n
+    batch, ctx = (64, 131072) if device.type == "cuda" else (2, 512)
+    cache, tables, q, w, seq_lens = make_inputs(torch, device, batch, ctx, 1, seed=3, nn=nn)
+    lengths = env["P"].visible_entries(seq_lens, nn).to(torch.int32)
+    out = torch.empty((batch * nn, ctx), dtype=torch.float32, device=device)
+    base = L.launch_config(batch, nn, HEADS, ctx, device)
+    shapes = [(base.block_n, base.num_warps, base.num_stages, base.tiles)]
+    if device.type == "cuda":
+        for bn, warps, stages in ((128, 4, 3), (128, 4, 5), (128, 8, 4), (64, 4, 4), (64, 4, 6), (256, 8, 3)):
+            for tiles in (max(1, base.tiles * 128 // bn), max(1, base.tiles * 64 // bn)):
+                if (bn, warps, stages, tiles) not in shapes:
+                    shapes.append((bn, warps, stages, tiles))
+    else:
+        shapes.append((64, 4, 1, 2))
+    by = batch * (ctx // PAGE) * PAGE_BYTES + q.numel() + w.numel() * 4 + out.numel() * 4
+    res = []
+    for bn, warps, stages, tiles in shapes:
+        cfg = L.LaunchConfig(base.nn, base.hp, bn, tiles, warps, stages, base.fp8_dot)
+        try:
+            us = timer(lambda: L.paged_logits(q, w, cache, tables[0], lengths, next_n=nn, page_size=PAGE,
+                                              out=out, config=cfg))
+            res.append({"block_n": bn, "num_warps": warps, "num_stages": stages, "tiles": tiles, "us": us,
+                        "tbs": by / us * 1e-6, "hbm_fraction": by / (us * 1e-6) / peak if peak else None,
+                        "chosen": (bn, warps, stages, tiles) == shapes[0]})
+        except Exception as e:  # noqa: BLE001 - a shape that does not compile or fit is data too
+            res.append({"block_n": bn, "num_warps": warps, "num_stages": stages, "tiles": tiles,
+                        "error": f"{type(e).__name__}: {str(e)[:200]}"})
+    timer.release()
+    return {"batch": batch, "context": ctx, "next_n": nn, "results": res}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -481,6 +520,11 @@ def main(argv=None):
                     torch.cuda.synchronize()
                     torch.cuda.empty_cache()
             print(f"  ctx {ctx} batch {b} done ({time.time() - t0:.0f} s)", flush=True)
+    if not args.no_sweep:
+        meta["sweep"] = sweep(env, args)
+        print("launch-shape sweep (dense logits, batch {batch}, context {context}):".format(**meta["sweep"]))
+        for r in meta["sweep"]["results"]:
+            print("  " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
     meta["seconds"] = time.time() - t0
     print(table(rows))
     if args.out:

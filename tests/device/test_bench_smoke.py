@@ -24,6 +24,8 @@ def test_cpu_smoke(tmp_path, next_n):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["meta"]["checks"]["ok"] and data["meta"]["next_n"] == next_n
+    assert [r for r in data["meta"]["sweep"]["results"] if r.get("chosen")], "the sweep ran the chosen shape"
+    assert all("error" not in r for r in data["meta"]["sweep"]["results"])
     modes = [(row["mode"], row["sparsity"]) for row in data["rows"]]
     assert modes == [("dense", 0.0), ("compact", 0.5)]
     compact = data["rows"][1]

@@ -229,8 +229,9 @@ def cpp_topk(cache, table, seq_lens, q, w, next_n, ps, bp, sets, k, cr=1):
 
 
 def device_topk(cache, table, seq_lens, q, w, next_n, ps, bp, blocks, counts, k, kernel, cr=1):
-    """compact → logits (the torch reference or the Triton kernel) → topk → remap; also returns
-    the compact logits and columns (what Serving.observe_scored takes)."""
+    """compact → logits → topk → remap: all torch (the reference logits, the torch emit, masked
+    top-k), or all Triton (the kernel, the Triton emit, top-k trusting the kernel's clean output).
+    Also returns the compact logits and columns (what Serving.observe_scored takes)."""
     from spin_dsa.device import _logits
     t, lengths = P.compact(blocks, counts, table, torch.as_tensor(seq_lens), next_n, block_pages=bp,
                            page_size=ps, compress_ratio=cr)
@@ -239,7 +240,7 @@ def device_topk(cache, table, seq_lens, q, w, next_n, ps, bp, blocks, counts, k,
                                       page_size=ps).cpu()
     else:
         logits = _logits.paged_logits_reference(q, w, cache, t, lengths, next_n=next_n, page_size=ps)
-    cols = P.topk(logits, lengths, k)
+    cols = P.topk(logits, lengths, k, use_triton=kernel == "triton", clean=kernel == "triton")
     return P.remap(cols, blocks, ps * bp), logits, cols
 
 

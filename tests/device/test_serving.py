@@ -210,15 +210,16 @@ def test_compressed_rows_match_the_library():
              max_entries=1024, steps=10)
 
 
-# -- the fused Triton select kernel (under the interpreter on a CPU) --------------------------
+# -- the fused Triton kernels, select and observe (under the interpreter on a CPU) ------------
 
 @pytest.mark.parametrize("predictor,config,next_n", [
     ("spin", {}, 1),
     ("spin", {"explore_policy": "stalest", "explore_ratio": 0.3, "block_pages": 2}, 3),
     ("spin", {"combine": "max", "sink_blocks": 0, "local_blocks": 1}, 2),
     ("step-reuse", {}, 2), ("random", {}, 1), ("ema-offset", {}, 1), ("all-keep", {}, 2),
+    ("spin", {"pooling": "topk-hits", "mtp_update": "all-rows"}, 2),
 ])
-def test_the_triton_select_kernel_matches_the_library(predictor, config, next_n):
+def test_the_triton_kernels_match_the_library(predictor, config, next_n):
     pytest.importorskip("triton")
     run_both(predictor, dict({"target_sparsity": 0.6, "topk": 32}, **config), seed=10,
              next_n=next_n, steps=4, layers=2, max_requests=3, max_entries=640,

@@ -23,6 +23,7 @@ seq_len below next_n, a top-k column outside the scored blocks): shapes, dtypes 
 and the host-side lifecycle (add / drop) is. Use spin_dsa.Serving to validate an integration.
 """
 
+import importlib
 import math
 
 import numpy as np
@@ -116,8 +117,9 @@ class Serving:
             raise spin_dsa.InvalidArgument(
                 f"serving: max_requests {max_requests} is outside 1..2^20")
         self.device = torch.empty(0, device=device).device  # "cuda" → "cuda:N", as tensors say
-        self._kernel = _select_kernel_module(impl, self.device)
+        self._kernel = _kernel_module(impl, self.device, "_select_kernel")
         self.impl = "torch" if self._kernel is None else "triton"
+        self._observe_kernel = _kernel_module(self.impl, self.device, "_observe_kernel")
         self.predictor = predictor
         self.max_requests, self.num_layers = int(max_requests), int(num_layers)
         self.max_entries, self.max_next_n = int(max_entries), int(max_next_n)
@@ -428,8 +430,12 @@ class Serving:
                 raise spin_dsa.InvalidArgument(
                     f"serving: observe_scored: topk has {topk.shape[1]} columns, below topk = {k}")
             topk = topk[:, :k].long()
-        blocks = self._sel_blocks[S, layer].long().repeat_interleave(next_n, dim=0)
         visible = self._visible[S, layer, :next_n].reshape(-1)
+        E_pow2 = E & (E - 1) == 0
+        if self._observe_kernel is not None and topk is not None and E_pow2 and rows > 0:
+            self._observe_kernel.launch(self, S, layer, next_n, scored, topk, visible)
+            return
+        blocks = self._sel_blocks[S, layer].long().repeat_interleave(next_n, dim=0)
         values = scored[:, :self.width * E].reshape(rows, self.width, E)
         x, hits = _pool(values, blocks, visible, topk, k, E, self.config["pooling"])
         self._store_pending(S, layer, next_n, blocks, x, hits, visible)
@@ -549,20 +555,20 @@ class _SlotState:
         o.offset_count[S] = self.count
 
 
-def _select_kernel_module(impl, device):
-    """The fused select kernel's module for impl "triton" (or "auto" on CUDA, when Triton is
-    importable); None for "torch": plain torch ops, its reference, and what runs elsewhere."""
+def _kernel_module(impl, device, name):
+    """A fused kernel's module (_select_kernel, _observe_kernel) for impl "triton" (or "auto" on
+    CUDA, when Triton is importable); None for "torch": plain torch ops, the kernels' reference,
+    and what runs elsewhere."""
     if impl not in ("auto", "triton", "torch"):
         raise spin_dsa.InvalidArgument(f"spin_dsa.device: impl '{impl}' is not auto, triton or torch")
     if impl == "torch" or (impl == "auto" and device.type != "cuda"):
         return None
     try:
-        from . import _select_kernel
+        return importlib.import_module(f"{__package__}.{name}")
     except ImportError as e:
         if impl == "triton":
             raise spin_dsa.InvalidArgument(f"spin_dsa.device: impl triton needs triton ({e})")
         return None
-    return _select_kernel
 
 
 def _smallest(key, mask, k):

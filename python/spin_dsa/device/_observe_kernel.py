@@ -1,0 +1,91 @@
+"""observe_scored fused into one Triton kernel: one program per row pools its compact logits into
+the open step's pending row — the k-th and largest score from the row's top-k columns, each
+scored block's max, the normalised value x in float64, the top-k hits per block — in one launch
+per layer, where the torch reference (_serving._pool + _store_pending) takes ~40.
+
+The arithmetic is the reference's (and the library's, src/predict/pooling.cpp): min and max are
+exact in any order, r = (block max - kth) / spread and r / (1 - r) are single float64 operations,
+hits are integer atomics. So the pending rows are bit for bit the reference's.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SLOT,
+                   PENDING_X, PENDING_HITS, PENDING_NEWEST, layer, num_layers, max_next_n,
+                   n_blocks, width, k, next_n,
+                   E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+                   BLOCK_N: tl.constexpr, TOPK_HITS: tl.constexpr):
+    r = tl.program_id(0)
+    i = r // next_n
+    s = tl.load(SLOT + i)
+    visible = tl.load(VISIBLE + r)
+    row = ((s * num_layers + layer) * max_next_n + r % next_n) * (n_blocks + 1)
+    scored = SCORED + r.to(tl.int64) * stride_scored
+    blocks = BLOCKS + i.to(tl.int64) * width
+
+    # 0. The pending row starts empty: x NaN (not observed), no hits.
+    for b0 in range(0, n_blocks + 1, BLOCK_N):
+        b = b0 + tl.arange(0, BLOCK_N)
+        inside = b < n_blocks + 1
+        tl.store(PENDING_X + row + b, tl.full([BLOCK_N], float("nan"), tl.float32), mask=inside)
+        tl.store(PENDING_HITS + row + b, tl.zeros([BLOCK_N], tl.int32), mask=inside)
+    tl.debug_barrier()
+
+    # 1. The row's top-k: its k-th and largest score, and the hits per block.
+    t = tl.arange(0, BLOCK_K)
+    col = tl.load(TOPK + r.to(tl.int64) * stride_topk + t, mask=t < k, other=-1)
+    valid = col >= 0
+    score = tl.load(scored + col, mask=valid, other=0.0)
+    k_eff = tl.sum(valid.to(tl.int32), axis=0)
+    kth32 = tl.min(tl.where(valid, score, float("inf")), axis=0)
+    row_max = tl.max(tl.where(valid, score, float("-inf")), axis=0)
+    hit_block = tl.load(blocks + col // E, mask=valid, other=0)
+    tl.atomic_add(PENDING_HITS + row + hit_block, tl.full([BLOCK_K], 1, tl.int32), mask=valid)
+    kth = tl.where(k_eff > 0, kth32.to(tl.float64), 0.0)
+    spread = row_max.to(tl.float64) - kth
+    fallback = tl.where((k_eff > 0) & (row_max != 0.0), tl.abs(row_max.to(tl.float64)), 1.0)
+    spread = tl.where(spread > 0.0, spread, fallback)
+    tl.debug_barrier()
+
+    # 2. Every scored block the row sees: its max → x.
+    e = tl.arange(0, E)
+    for c0 in range(0, width, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        block = tl.load(blocks + c, mask=c < width, other=-1).to(tl.int64)
+        position = block[:, None] * E + e[None, :]
+        seen = (block[:, None] >= 0) & (position < visible)
+        v = tl.load(scored + c[:, None] * E + e[None, :], mask=seen, other=float("-inf"))
+        block_max = tl.max(v, axis=1)
+        observed = block_max > float("-inf")
+        if TOPK_HITS:
+            hits = tl.load(PENDING_HITS + row + block, mask=observed, other=0)
+            x = (hits.to(tl.float64) / E).to(tl.float32)
+        else:
+            safe = tl.where(observed, block_max, 0.0)  # unobserved lanes are not stored
+            ratio = (safe.to(tl.float64) - kth) / spread
+            squash = tl.where(ratio >= 0.0, 1.0, 1.0 - ratio)  # r ≥ 0: r; else r / (1 - r)
+            x = (ratio / squash).to(tl.float32)
+        tl.store(PENDING_X + row + block, x, mask=observed)
+    tl.store(PENDING_NEWEST + (s * num_layers + layer) * max_next_n + r % next_n,
+             (visible + E - 1) // E - 1)
+
+
+def launch(owner, S, layer, next_n, scored, topk, visible):
+    """observe_kernel for the rows of S's open step at `layer`: scored [rows, ≥ width·E] float32,
+    topk [rows, ≥ k] int compact columns, visible [rows] int64."""
+    o = owner
+    rows = scored.shape[0]
+    k = int(o.config["topk"])
+    blocks = o._sel_blocks[S, layer].contiguous()
+    scored = scored if scored.stride(1) == 1 else scored.contiguous()
+    topk = topk if topk.stride(1) == 1 else topk.contiguous()
+    observe_kernel[(rows,)](
+        scored, scored.stride(0), topk, topk.stride(0), blocks, visible.contiguous(), S,
+        o._pending_x, o._pending_hits, o._pending_newest, layer, o.num_layers, o.max_next_n,
+        o.max_blocks, o.width, k, next_n,
+        E=o.block_entries, BLOCK_C=max(1, 4096 // o.block_entries),
+        BLOCK_K=triton.next_power_of_2(k), BLOCK_N=1024,
+        TOPK_HITS=o.config["pooling"] == "topk-hits", num_warps=4)

@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
 from paged_cases import abs_bound_inputs, queries, scatter_cache  # noqa: E402
-from spin_dsa.device._logits import _e4m3_to_f32  # noqa: E402
+from spin_dsa.device._logits_kernel import _e4m3_to_f32  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -195,6 +195,7 @@ import importlib, json, re, subprocess, sys, types, pathlib
 root, cfgs = sys.argv[1], json.loads(sys.argv[2])
 pkg = types.ModuleType("spin_aot"); pkg.__path__ = [root]; sys.modules["spin_aot"] = pkg
 L = importlib.import_module("spin_aot._logits")
+K = importlib.import_module("spin_aot._logits_kernel")
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -208,7 +209,7 @@ for next_n, fp8 in cfgs:
     nn, hp, block_n, warps, stages = L.tile_shape(next_n, 64)
     const = {"PAGE_SIZE": 64, "NN": nn, "HP": hp, "BLOCK_N": block_n, "FP8_DOT": fp8}
     attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 7, 8)}
-    k = triton.compile(ASTSource(fn=L._paged_logits_kernel, signature=sig, constexprs=const, attrs=attrs),
+    k = triton.compile(ASTSource(fn=K._paged_logits_kernel, signature=sig, constexprs=const, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     ptx = pathlib.Path(sys.argv[3]) / f"k{next_n}{int(fp8)}.ptx"
     ptx.write_text(k.asm["ptx"])

@@ -49,8 +49,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
 
 __all__ = ["paged_logits", "paged_logits_reference", "entry_bytes", "LaunchConfig", "launch_config",
            "tile_shape"]
@@ -64,95 +62,16 @@ def entry_bytes() -> int:
     return HEAD_DIM + SCALE_BYTES
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@triton.jit
-def _e4m3_to_f32(u8):
-    """Decode e4m3fn bytes (sign, 4 exponent bits biased by 7, 3 mantissa bits; 0x7F/0xFF NaN,
-    no infinities) to fp32 by bit arithmetic: for GPUs without fp8 conversions."""
-    u = u8.to(tl.int32)
-    e = (u >> 3) & 0xF
-    m = u & 7
-    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)   # (1 + m/8) · 2^(e-7)
-    sub = m.to(tl.float32) * 0.001953125                                      # m · 2^-9
-    mag = tl.where(e == 0, sub, normal)
-    mag = tl.where((u & 0x7F) == 0x7F, float("nan"), mag)
-    return tl.where((u & 0x80) != 0, -mag, mag)
-
-
-@triton.jit
-def _paged_logits_kernel(Q, W, CACHE, CACHE_F32, TABLE, stride_tb, table_cols, LENGTHS, OUT, stride_o,
-                         width, next_n, heads, tiles,
-                         PAGE_SIZE: tl.constexpr, NN: tl.constexpr, HP: tl.constexpr,
-                         BLOCK_N: tl.constexpr, FP8_DOT: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    D: tl.constexpr = 128
-    M: tl.constexpr = NN * HP
-
-    # q rows of this request: m = j·HP + h (row j, head h), padding rows load 0 and weigh 0.
-    m = tl.arange(0, M)
-    j_of_m = m // HP
-    h_of_m = m % HP
-    m_ok = (j_of_m < next_n) & (h_of_m < heads)
-    q_row = (b * next_n + j_of_m) * heads + h_of_m
-    d = tl.arange(0, D)
-    q = tl.load(Q + q_row[:, None] * D + d[None, :], mask=m_ok[:, None], other=0)
-    w = tl.load(W + q_row, mask=m_ok, other=0.0)
-    if FP8_DOT:
-        qd = q.to(tl.float8e4nv, bitcast=True)
-    else:
-        qd = _e4m3_to_f32(q).to(tl.float16)
-
-    jr = tl.arange(0, NN)
-    row_ok = jr < next_n
-    len_j = tl.load(LENGTHS + b * next_n + jr, mask=row_ok, other=0)
-    len_j = tl.minimum(len_j, table_cols * PAGE_SIZE)                    # never read past the table
-    req_len = tl.max(len_j, axis=0)
-    out_rows = OUT + (b * next_n + jr)[None, :] * stride_o                # [1, NN]
-
-    n = tl.arange(0, BLOCK_N)
-    col0 = chunk * tiles * BLOCK_N
-    live_tiles = tl.minimum(tl.maximum(tl.cdiv(req_len - col0, BLOCK_N), 0), tiles)
-    # The page ids of tile t+1 are loaded in iteration t, so that the key loads' addresses come
-    # from the loop carry, not from a load of the same iteration: the software pipeliner then
-    # keeps several key tiles in flight (num_stages) instead of one behind a dependent load.
-    table_row = TABLE + b * stride_tb
-    next_cols = col0 + n
-    next_page = tl.load(table_row + next_cols // PAGE_SIZE, mask=next_cols < req_len, other=0)
-    for t in range(0, live_tiles):
-        cols = col0 + t * BLOCK_N + n
-        live = cols < req_len
-        page = next_page.to(tl.int64)
-        next_cols = cols + BLOCK_N
-        next_page = tl.load(table_row + next_cols // PAGE_SIZE, mask=next_cols < req_len, other=0)
-        slot = cols % PAGE_SIZE
-        k_off = (page * (PAGE_SIZE * 132) + slot * D)[:, None] + d[None, :]
-        k_scale = tl.load(CACHE_F32 + page * (PAGE_SIZE * 33) + PAGE_SIZE * 32 + slot, mask=live, other=0.0)
-        if FP8_DOT:
-            # Loaded as e4m3 through an e4m3 pointer: the tile goes from the async copy's shared
-            # memory straight into the MMA (no register round trip for a bitcast).
-            kd = tl.load(CACHE.to(tl.pointer_type(tl.float8e4nv)) + k_off, mask=live[:, None], other=0.0)
-        else:
-            kd = _e4m3_to_f32(tl.load(CACHE + k_off, mask=live[:, None], other=0)).to(tl.float16)
-        # Keys as the MMA's M side, heads as N: the head sum below then stays inside each warp's
-        # rows (shuffles, no shared-memory round trip), and a row's logits leave contiguous.
-        s = tl.dot(kd, tl.trans(qd), out_dtype=tl.float32)                 # [BLOCK_N, M]
-        s = tl.maximum(s, 0.0) * w[None, :]
-        if NN == 1:
-            res = tl.where(live, tl.sum(s, axis=1) * k_scale, float("-inf"))
-            tl.store(OUT + b * stride_o + cols, res, mask=cols < width)
-        else:
-            per_row = tl.sum(tl.reshape(s, (BLOCK_N, NN, HP)), axis=2)    # [BLOCK_N, NN]
-            res = tl.where(cols[:, None] < len_j[None, :], per_row * k_scale[:, None], float("-inf"))
-            tl.store(out_rows + cols[:, None], res, mask=row_ok[None, :] & (cols < width)[:, None])
-    # Tiles past the request's longest row: -inf, no loads.
-    for t in range(live_tiles, tiles):
-        cols = col0 + t * BLOCK_N + n
-        tl.store(out_rows + cols[:, None], tl.full((BLOCK_N, NN), float("-inf"), tl.float32),
-                 mask=row_ok[None, :] & (cols < width)[:, None])
 
 
 @dataclass(frozen=True)
@@ -194,8 +113,8 @@ def tile_shape(next_n: int, heads: int) -> tuple[int, int, int, int, int]:
       ≥ 256 (next_n 3-4):   64-key tiles, 4 warps, 5 stages: 255 regs, 75 KB, 2 an SM (at
             4·64 heads the MMA work per byte nears Hopper's fp8 ridge: no longer HBM-bound).
     """
-    nn = triton.next_power_of_2(next_n)
-    hp = max(triton.next_power_of_2(heads), 16 // nn if nn < 16 else 1)
+    nn = _pow2(next_n)
+    hp = max(_pow2(heads), 16 // nn if nn < 16 else 1)
     rows = nn * hp
     if rows <= 64:
         return nn, hp, 128, 4, 4
@@ -206,11 +125,11 @@ def launch_config(batch: int, next_n: int, heads: int, width: int, device: torch
                   fp8_dot: bool | None = None) -> LaunchConfig:
     """The launch for these shapes on ``device`` (shapes only: a CUDA graph captures it as is)."""
     nn, hp, block_n, num_warps, num_stages = tile_shape(next_n, heads)
-    tiles_per_req = triton.cdiv(max(width, 1), block_n)
+    tiles_per_req = _cdiv(max(width, 1), block_n)
     if device.type == "cuda":
         # ~24 programs an SM (≈ 8 waves of 3): the last wave's tail stays small, and a program
         # keeps q in registers over up to 32 tiles.
-        want = max(1, triton.cdiv(batch * tiles_per_req, 24 * _sm_count(device)))
+        want = max(1, _cdiv(batch * tiles_per_req, 24 * _sm_count(device)))
         tiles = min(tiles_per_req, want, 32)
     else:
         tiles = tiles_per_req   # interpreter: one program per request, fewer Python launches
@@ -285,10 +204,14 @@ def paged_logits(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor,
         raise ValueError(f"out: expected float32 [{rows}, >= {width}] with unit column stride on {q.device}")
     if rows == 0 or width == 0:
         return out
+    try:  # triton: imported on first use only (the reference and the launch shapes need torch alone)
+        from ._logits_kernel import _paged_logits_kernel
+    except ImportError as e:
+        raise ImportError(f"paged_logits needs triton ({e}); paged_logits_reference needs torch only") from e
     cfg = config or launch_config(batch, next_n, heads, width, q.device, fp8_dot)
     q, weights, table, lengths = q.contiguous(), weights.contiguous(), table.contiguous(), lengths.contiguous()
     cache = kv_cache.reshape(-1)
-    grid = (batch, triton.cdiv(width, cfg.tiles * cfg.block_n))
+    grid = (batch, _cdiv(width, cfg.tiles * cfg.block_n))
     _paged_logits_kernel[grid](
         q, weights, cache, cache.view(torch.float32), table, table.stride(0), table.shape[1], lengths,
         out, out.stride(0), width, next_n, heads, cfg.tiles,

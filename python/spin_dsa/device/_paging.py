@@ -200,6 +200,14 @@ def _emit_torch(x: torch.Tensor, t: torch.Tensor, need: torch.Tensor, k: int) ->
     return out[:, :k]
 
 
+def _have_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
 def topk(logits: torch.Tensor, lengths: torch.Tensor, k: int, *, use_triton: bool | None = None,
          clean: bool = False) -> torch.Tensor:
     """Top-k of each row over the compact width: int32 ``[rows, k]`` compact columns in ASCENDING
@@ -212,7 +220,8 @@ def topk(logits: torch.Tensor, lengths: torch.Tensor, k: int, *, use_triton: boo
     so this is DESIGN.md §3's tie rule — whatever order torch.topk returns ties in: torch.topk only
     finds the k-th value, and the emit step takes the ties at that value by lowest column.
 
-    use_triton: the Triton emit kernels (default: on CUDA tensors); else the torch ops.
+    use_triton: the Triton emit kernels (default: on CUDA tensors when triton imports); else the
+    torch ops (plain torch: no triton needed).
     clean: the caller vouches that every column at or past a row's length holds -inf and that
     no column holds NaN or +inf — what :func:`paged_logits` writes over a NaN-free cache — so the
     masked copy of the logits (one read and one write of the whole buffer) is skipped. Unclean
@@ -230,7 +239,7 @@ def topk(logits: torch.Tensor, lengths: torch.Tensor, k: int, *, use_triton: boo
     x = logits if clean else _masked_scores(logits, lengths)
     t, need = _threshold(x, k)
     if use_triton is None:
-        use_triton = x.is_cuda
+        use_triton = x.is_cuda and _have_triton()
     if use_triton:
         from ._topk_emit import emit
         return emit(x, t, need, k)

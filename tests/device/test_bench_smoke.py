@@ -33,3 +33,18 @@ def test_cpu_smoke(tmp_path, next_n):
         assert key in compact, key
     assert compact["pages_read"] < data["rows"][0]["logits_bytes"] // (64 * 132)  # fewer pages than dense
     assert "speedup" in r.stdout
+
+
+def test_cpu_smoke_without_spin_dsa(tmp_path):
+    """On a GPU box with only torch and Triton: the kernel and paging load from the checkout's
+    files, random block sets stand in for Serving, and the rows say so."""
+    out = tmp_path / "smoke.json"
+    code = ("import sys, runpy; sys.modules['spin_dsa'] = None; "
+            f"sys.argv = ['run.py', '--cpu-smoke', '--no-sweep', '--out', {str(out)!r}]; "
+            f"runpy.run_path({str(REPO / 'bench' / 'gpu' / 'run.py')!r}, run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="1"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["meta"]["modules"].startswith("stand-alone modules")
+    assert data["rows"][1]["selector"].startswith("random blocks (HOOK")

@@ -88,4 +88,4 @@ def launch(owner, S, layer, next_n, scored, topk, visible):
         o.max_blocks, o.width, k, next_n,
         E=o.block_entries, BLOCK_C=max(1, 4096 // o.block_entries),
         BLOCK_K=triton.next_power_of_2(k), BLOCK_N=1024,
-        TOPK_HITS=o.config["pooling"] == "topk-hits", num_warps=4)
+        TOPK_HITS=o.config["pooling"] == "topk-hits", num_warps=4, enable_fp_fusion=False)

@@ -1,0 +1,88 @@
+"""Compiles every variant of the fused Triton kernels for a Hopper GPU (sm_90) without one, with
+the ptxas Triton ships, and reads the PTX for what bitwise agreement with the library needs: no
+fused multiply-add where the library rounds twice, IEEE-rounded float64 division in the pooling.
+Run by test_compile.py in a child interpreter (the tests' conftest turns Triton into its
+interpreter, which cannot compile). Exit 0: all compiled and checked; 77: this install cannot
+compile for CUDA (no backend or ptxas); anything else: a failure, printed."""
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+
+try:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError as e:  # another Triton layout: nothing to check here
+    print(f"cannot compile ahead of time with this Triton: {e}")
+    sys.exit(77)
+
+from spin_dsa.device import _observe_kernel, _select_kernel  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+
+SELECT_POINTERS = dict(
+    SLOT="*i64", LAYER="*i64", NROW="*i64", SLOT_EMA="*fp32", LAST_SEEN="*i32",
+    OFFSET_EMA="*fp32", OFFSET_COUNT="*i32", PREV_HITS="*i32", REQ_KEY="*i64", STEP="*i64",
+    N_EXPLORE="*i64", N_HISTORY="*i64", KEEP_ALL="*i32", BUCKET="*i64", COUNTER="*i64",
+    OUT="*i32", COUNTS="*i32", w="fp32", one_minus_w="fp32")
+OBSERVE_POINTERS = dict(
+    SCORED="*fp32", TOPK="*i32", BLOCKS="*i32", VISIBLE="*i64", SLOT="*i64", PENDING_X="*fp32",
+    PENDING_HITS="*i32", PENDING_NEWEST="*i64")
+
+# The constexpr flags _select_kernel.launch passes for each device predictor.
+PREDICTORS = {
+    "spin": dict(RANKED=True, RANDOM=False, EXPLORES=True, USE_SLOT=True, USE_OFFSET=True,
+                 STEP_REUSE=False),
+    "prev-iter": dict(RANKED=True, RANDOM=False, EXPLORES=False, USE_SLOT=True,
+                      USE_OFFSET=False, STEP_REUSE=False),
+    "ema-offset": dict(RANKED=True, RANDOM=False, EXPLORES=False, USE_SLOT=False,
+                       USE_OFFSET=True, STEP_REUSE=False),
+    "step-reuse": dict(RANKED=True, RANDOM=False, EXPLORES=False, USE_SLOT=False,
+                       USE_OFFSET=False, STEP_REUSE=True),
+    "random": dict(RANKED=False, RANDOM=True, EXPLORES=False, USE_SLOT=False,
+                   USE_OFFSET=False, STEP_REUSE=False),
+    "all-keep": dict(RANKED=False, RANDOM=False, EXPLORES=False, USE_SLOT=False,
+                     USE_OFFSET=False, STEP_REUSE=False),
+}
+
+
+def compile_ptx(fn, pointers, constexprs, **options):
+    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32")
+                 for n in fn.arg_names}
+    try:
+        k = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                           target=HOPPER, options=options)
+    except RuntimeError as e:
+        if "ptxas" in str(e) or "backend" in str(e).lower():
+            print(f"cannot compile for CUDA here: {e}")
+            sys.exit(77)
+        raise
+    assert k.asm["cubin"], "no cubin"
+    return k.asm["ptx"]
+
+
+def main():
+    compiled = 0
+    for name, flags in PREDICTORS.items():
+        for stalest, combine_max, next_n, block in ((False, False, 1, 2048),
+                                                    (True, True, 3, 8192)):
+            ptx = compile_ptx(_select_kernel.select_kernel, SELECT_POINTERS,
+                              dict(flags, STALEST=stalest, COMBINE_MAX=combine_max,
+                                   NEXT_N=next_n, BLOCK=block),
+                              num_warps=8, enable_fp_fusion=False)
+            assert "fma.rn.f32" not in ptx, f"select ({name}): a fused multiply-add"
+            compiled += 1
+    for topk_hits in (False, True):
+        ptx = compile_ptx(_observe_kernel.observe_kernel, OBSERVE_POINTERS,
+                          dict(E=64, BLOCK_C=64, BLOCK_K=2048, BLOCK_N=1024, TOPK_HITS=topk_hits),
+                          num_warps=4, enable_fp_fusion=False)
+        assert "div.rn.f64" in ptx and "div.approx" not in ptx, "observe: not IEEE division"
+        assert "fma.rn.f64" not in ptx, "observe: a fused multiply-add"
+        compiled += 1
+    print(f"compiled {compiled} kernel variants for sm_90")
+
+
+if __name__ == "__main__":
+    main()

@@ -322,6 +322,8 @@ def bench_sparse(env, ctx, batch, nn, s, k, layers, cache, tables, q, w, seq_len
     if serving is not None:
         try:
             row["select_us"] = per_layer(lambda l: serving.select(slots, l, seq_lens, nn))
+            if hasattr(serving, "select_layers"):   # every layer of the step in one call
+                row["select_layers_us_per_layer"] = timer(lambda: serving.select_layers(slots, seq_lens, nn)) / layers
             row["observe_us"] = per_layer(lambda l: serving.observe_scored(slots, l, logits, cols))
             row["commit_us_per_layer"] = timer(lambda: serving.commit(slots, accepted)) / layers
         except Exception as e:  # noqa: BLE001 - record, keep benchmarking
@@ -355,6 +357,8 @@ def bench_sparse(env, ctx, batch, nn, s, k, layers, cache, tables, q, w, seq_len
     spin_us = sum(row.get(x, 0.0) for x in ("select_us", "compact_us", "observe_us", "remap_us",
                                              "commit_us_per_layer"))
     row["spin_overhead_us"] = spin_us
+    if "select_layers_us_per_layer" in row:
+        row["spin_overhead_batched_us"] = spin_us - row["select_us"] + row["select_layers_us_per_layer"]
     total = row["logits_us"] + row["topk_exact_us"] + spin_us
     row["indexer_us"] = total
     row["speedup"] = dense_total / total

@@ -53,18 +53,29 @@ _OFFSET_SCALE = 2.0 ** 30  # src/predict/block_state.h kOffsetMeanScale
 _MAX_NEXT_N = 4            # spin/numerics.h kMaxNextN
 
 
-def _llround(x: float) -> int:
-    """std::llround for x ≥ 0: half away from zero, without floor(x + 0.5)'s double rounding."""
-    whole = math.floor(x)
-    return whole + (1 if x - whole >= 0.5 else 0)
+def budget_blocks(config, n):
+    """The library's budget_blocks (src/predict/config.cpp) for every block count in the int64
+    array n at once, with the same float64 arithmetic: ceil((1 - s)·n - 1e-9) or the explicit
+    budget, at least what top-k needs and the forced blocks, at most n."""
+    n = np.asarray(n, dtype=np.int64)
+    if config["explicit_budget_blocks"] >= 0:
+        b = np.full_like(n, int(config["explicit_budget_blocks"]))
+    else:
+        b = np.ceil((1.0 - config["target_sparsity"]) * n.astype(np.float64) - 1e-9).astype(np.int64)
+    entries = int(config["page_size"]) * int(config["block_pages"])
+    for_topk = -(-int(config["topk"]) // entries)
+    forced = np.minimum(n, int(config["sink_blocks"]) + int(config["local_blocks"]))
+    b = np.minimum(np.maximum(np.maximum(b, for_topk), forced), n)
+    return np.where(n <= 0, 0, b)
 
 
-def offset_bucket(d: int) -> int:
-    """src/predict/block_state.cpp offset_bucket: exact below 64, four buckets per octave above."""
-    if d < 64:
-        return d
-    h = d.bit_length() - 1
-    return 64 + (h - 6) * 4 + ((d >> (h - 2)) & 3)
+def offset_buckets(d):
+    """src/predict/block_state.cpp offset_bucket for every distance in the int64 array d ≥ 0:
+    exact below 64, four log-spaced buckets per octave above."""
+    d = np.asarray(d, dtype=np.int64)
+    h = np.frexp(np.maximum(d, 1).astype(np.float64))[1].astype(np.int64) - 1  # floor(log2 d)
+    far = 64 + (h - 6) * 4 + ((d >> np.maximum(h - 2, 0)) & 3)
+    return np.where(d < 64, d, far)
 
 
 def _check_tensor(t, name, device, ndim, kinds, rows=None):
@@ -149,32 +160,29 @@ class Serving:
         """Per block count n (0..max_blocks): the budget, the forced blocks, the exploration and
         history counts and whether the row keeps everything — all functions of n alone."""
         c, n_max = self.config, self.max_blocks
-        sink, local = int(c["sink_blocks"]), int(c["local_blocks"])
-        explore, history, keep_all = [], [], []
-        for n in range(n_max + 1):
-            budget = spin_dsa.budget_blocks(c, n)
-            sink_part = min(sink, n)
-            forced = sink_part + n - max(max(0, n - local), sink_part)
-            every = self._fill == "all" or budget >= n
-            left = 0 if every else budget - forced
-            if self._fill == "random":
-                n_explore = left
-            elif self._explores:
-                n_explore = min(_llround(c["explore_ratio"] * budget), left)
-            else:
-                n_explore = 0
-            explore.append(n_explore)
-            history.append(left - n_explore)
-            keep_all.append(every)
-        widest = n_max if self._fill == "all" else spin_dsa.budget_blocks(c, n_max)
+        n = np.arange(n_max + 1, dtype=np.int64)
+        budget = budget_blocks(c, n)
+        sink_part = np.minimum(int(c["sink_blocks"]), n)
+        forced = sink_part + n - np.maximum(np.maximum(0, n - int(c["local_blocks"])), sink_part)
+        keep_all = (budget >= n) | (self._fill == "all")
+        left = np.where(keep_all, 0, budget - forced)
+        if self._fill == "random":
+            explore = left
+        elif self._explores:  # std::llround(explore_ratio · budget), clamped to what is left
+            x = c["explore_ratio"] * budget.astype(np.float64)
+            whole = np.floor(x)
+            explore = np.minimum((whole + (x - whole >= 0.5)).astype(np.int64), left)
+        else:
+            explore = np.zeros_like(left)
+        history = left - explore
+        widest = n_max if self._fill == "all" else int(budget[n_max])
         self.width = min(n_max, self.max_next_n * widest)
         dev = self.device
-        self._n_explore = torch.tensor(explore, dtype=torch.int64, device=dev)
-        self._n_history = torch.tensor(history, dtype=torch.int64, device=dev)
-        self._keep_all = torch.tensor(keep_all, dtype=torch.bool, device=dev)
-        self._n_buckets = offset_bucket(max(0, n_max - 1)) + 1
-        self._bucket = torch.tensor([offset_bucket(d) for d in range(max(1, n_max))],
-                                    dtype=torch.int64, device=dev)
+        self._n_explore = torch.from_numpy(explore).to(dev)
+        self._n_history = torch.from_numpy(history).to(dev)
+        self._keep_all = torch.from_numpy(keep_all).to(dev)
+        self._n_buckets = int(offset_buckets(max(0, n_max - 1))) + 1
+        self._bucket = torch.from_numpy(offset_buckets(np.arange(max(1, n_max)))).to(dev)
         self._block_ids = torch.arange(n_max, dtype=torch.int64, device=dev)
         self._layer_ids = torch.arange(self.num_layers, dtype=torch.int64, device=dev)
         self._counter = _hash.counter_offsets(n_max, dev)

@@ -432,7 +432,7 @@ std::vector<Grammar> grammars() {
       {{"eval"}, {{"--scenario", {"doc-qa-10k", "bogus"}}, {"--quick", {}}, {"--out", {"rep", "t.st", "dir"}},
                   {"--seed", {"1", "18446744073709551615"}}, {"--threads", {"1", "2"}}, {"--set", {"alpha=0.5", "alpha=2", "x"}}},
        true},
-      {{"calibrate"}, {{"--iterations", {"1"}}, {"--write", {}}}, true},
+      {{"calibrate"}, {{"--iterations", {"1"}}, {"--write", kOutputs}}, true},
       {{"config"}, {}},
       {{"replay", "t.st"},
        {{"--predictor", {"spin", "prev-iter", "oracle", "hisa", "nope"}}, {"--sparsity", {"0", "0.3", "0.99"}},

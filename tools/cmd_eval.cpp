@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "cli.h"
+#include "plots.h"
 #include "spin/calibrate.h"
 #include "spin/eval.h"
 #include "spin/files.h"
@@ -18,7 +19,22 @@ namespace {
 struct EvalArgs {
   EvalOptions options;
   std::vector<std::string> sets;
+  std::vector<std::string> plot_predictors = default_plot_predictors();
 };
+
+// The sweep plots from results.json, linked at the end of report.md (rewritten whole).
+Status add_plots(const EvalArgs& a, EvalSummary* summary, std::vector<std::string>* pngs) {
+  const bool all = a.plot_predictors.size() == 1 && a.plot_predictors[0] == "all";
+  auto plots = draw_sweep_plots(a.options.out_dir, summary->results_path,
+                                all ? std::vector<std::string>{} : a.plot_predictors);
+  if (!plots.ok()) return plots.status();
+  std::string section = "\n## Plots\n\n";
+  for (const std::string& p : plots->pngs) section += "![](" + p.substr(p.find_last_of('/') + 1) + ")\n";
+  if (!plots->note.empty()) section += plots->note + "\n";
+  summary->report_md += section;
+  *pngs = plots->pngs;
+  return write_file_atomic(a.options.out_dir + "/report.md", summary->report_md);
+}
 
 int run_eval_command(EvalArgs& a) {
   for (const std::string& s : a.sets) {
@@ -39,14 +55,18 @@ int run_eval_command(EvalArgs& a) {
   auto summary = run_eval(a.options);
   progress.done();
   if (!summary.ok()) return fail(summary.status());
+  std::vector<std::string> pngs;
+  if (Status s = add_plots(a, &summary.value(), &pngs); !s.ok()) return fail(s);
   fmt::print("{}\nwrote {}/report.md, {}", summary->report_md, a.options.out_dir, summary->results_path);
-  for (const std::string& p : summary->plots) fmt::print(", {}", p);
+  for (const std::string& p : pngs) fmt::print(", {}", p);
   fmt::print("\n");
   return 0;
 }
 
-int run_calibrate_command(CalibrationOptions& options, bool write) {
-  const std::string path = std::string(SPIN_SOURCE_DIR) + "/data/calibration.json";
+// `path`: where --write puts the table ("" = not written); the generator compiles in
+// data/calibration.json, so writing there and rebuilding is how a new calibration takes effect.
+int run_calibrate_command(CalibrationOptions& options, const std::string& path) {
+  const bool write = !path.empty();
   if (write) {
     if (Status s = check_output_path(path); !s.ok()) return fail(s);
   }
@@ -101,11 +121,17 @@ std::vector<Command> add_eval_commands(CLI::App& app) {
                        "requests (seeds) per scenario (default 3, 1 with --quick)")
       ->check(CLI::Range(1, 64));
   eval_cmd->add_option("--set", eval->sets, "predictor config overrides, key=value (see `spin config`)");
+  eval_cmd->add_option("--plot-predictors", eval->plot_predictors,
+                       "sweep labels to plot, or `all` (default: spin spin-hybrid hisa step-reuse prev-iter oracle)")
+      ->delimiter(',');
 
   auto calibrate_options = std::make_shared<CalibrationOptions>();
-  auto calibrate_write = std::make_shared<bool>(false);
+  auto calibrate_write = std::make_shared<std::string>();
   CLI::App* calibrate_cmd = app.add_subcommand("calibrate", "fit the workload generator to the paper's statistics");
-  calibrate_cmd->add_flag("--write", *calibrate_write, "write data/calibration.json (rebuild to use it)");
+  calibrate_cmd->add_option("--write", *calibrate_write,
+                            "write the fitted table to PATH (data/calibration.json is the one compiled in: "
+                            "write it there and rebuild to use it)")
+      ->check(output_file());
   calibrate_cmd->add_option("--iterations", calibrate_options->iterations, "Gauss–Newton iterations")
       ->check(int_range(1, 100));
 

@@ -1,5 +1,6 @@
 // spin/eval.h — `spin eval`, the main job: every quality claim of the project on the built-in
-// scenarios, written as report.md, results.json and PNG plots.
+// scenarios, written as report.md and results.json (the `spin` command draws the plots from
+// results.json: the library runs no programs).
 //
 // Sections (each a table in report.md and a key in results.json):
 //   calibration   per scenario: all-keep prev-iter Pearson and top-k recall (paper target beside
@@ -55,8 +56,6 @@ struct EvalOptions {
 struct EvalSummary {
   std::string report_md;     // the whole report, also written to out_dir/report.md
   std::string results_path;  // out_dir/results.json
-  std::vector<std::string> plots;  // PNGs written (empty when gnuplot is missing)
-  std::string plot_note;     // why plots were skipped, if they were
 };
 
 Result<EvalSummary> run_eval(const EvalOptions& options);

@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -163,64 +162,6 @@ json quality_json(const QualityStats& q) {
           {"topk_recall_mean", num(q.topk_recall().mean())},
           {"work_fraction", num(q.work_fraction())},
           {"probe_fraction", num(q.probe_fraction())}};
-}
-
-// One PNG per base scenario: mean recall and p99 miss against realised sparsity.
-std::vector<std::string> draw_plots(const std::string& dir, const json& sweep, std::string* note) {
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    *note = "gnuplot not found: plots skipped (install gnuplot-nox, or rerun scripts/install-deps.sh)";
-    return {};
-  }
-  std::map<std::string, std::map<std::string, std::vector<std::array<double, 4>>>> series;
-  for (const json& row : sweep) {
-    const double sp = row["sparsity_mean"].is_number() ? row["sparsity_mean"].get<double>() : 0.0;
-    const double rec = row["recall_mean"].is_number() ? row["recall_mean"].get<double>() : NAN;
-    const double p99 = row["miss_p99"].is_number() ? row["miss_p99"].get<double>() : NAN;
-    const double work = row["work_fraction"].is_number() ? row["work_fraction"].get<double>() : NAN;
-    series[row["scenario"]][row["label"]].push_back({sp, rec, p99, work});
-  }
-  std::vector<std::string> plots;
-  for (const auto& [scenario, by_label] : series) {
-    const std::string dat = dir + "/sweep-" + scenario + ".dat";
-    const std::string png = dir + "/sweep-" + scenario + ".png";
-    std::ofstream out(dat);
-    std::vector<std::string> labels;
-    for (const auto& [label, points] : by_label) {
-      out << "# " << label << "\n";
-      for (const auto& p : points) out << p[0] << " " << p[1] << " " << p[2] << " " << p[3] << "\n";
-      out << "\n\n";
-      labels.push_back(label);
-    }
-    out.close();
-    std::string script = fmt::format(
-        "set terminal pngcairo size 1200,960 noenhanced\nset output '{}'\nset multiplot layout 2,2 title "
-        "'{} — closed loop, all-keep = truth; bottom: against indexer work (fine entries + probe) / full'\n"
-        "set key bottom left font ',7'\nset grid\n"
-        "set xlabel 'realised sparsity'\nset ylabel 'mean recall'\nset yrange [0:1.02]\n",
-        png, scenario);
-    auto plot_cmd = [&](int x, int column) {
-      std::string cmd = "plot ";
-      for (size_t i = 0; i < labels.size(); ++i) {
-        cmd += fmt::format("{}'{}' index {} using {}:{} with linespoints title '{}'", i ? ", " : "", dat, i, x, column,
-                           labels[i]);
-      }
-      return cmd + "\n";
-    };
-    script += plot_cmd(1, 2);
-    script += "set ylabel 'p99 miss'\nset key top left font ',7'\n" + plot_cmd(1, 3);
-    // The Pareto view (issue 9): the same points against what they cost.
-    script += "set xlabel 'indexer work fraction'\nset ylabel 'mean recall'\nset key bottom right font ',7'\n" +
-              plot_cmd(4, 2);
-    script += "set ylabel 'p99 miss'\nset key top right font ',7'\n" + plot_cmd(4, 3) + "unset multiplot\n";
-    const std::string gp = dir + "/sweep-" + scenario + ".gp";
-    std::ofstream(gp) << script;
-    if (std::system(("gnuplot '" + gp + "' 2>/dev/null").c_str()) == 0) {
-      plots.push_back(png);
-    } else {
-      *note = "gnuplot failed on " + gp + " (pngcairo terminal missing?)";
-    }
-  }
-  return plots;
 }
 
 // ---- Compute: one scenario, every job, every request ----------------------------------------
@@ -948,7 +889,7 @@ std::vector<std::string> default_scenarios() {
   return names;
 }
 
-// compute (run_scenario) → results (add_results) → renderers (render_report, draw_plots).
+// compute (run_scenario) → results (add_results) → renderer (render_report); the tool draws the plots.
 Result<EvalSummary> run_eval(const EvalOptions& o) {
   SPIN_RETURN_IF_ERROR(o.base_config.validate());
   std::vector<std::string> scenarios = o.scenarios;
@@ -1015,13 +956,6 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
 
   std::string md = render_report(o, requests, res);
   EvalSummary summary;
-  summary.plots = draw_plots(o.out_dir, res.sweep, &summary.plot_note);
-  if (!summary.plots.empty()) {
-    md += "\n## Plots\n\n";
-    for (const std::string& p : summary.plots) md += "![](" + p.substr(p.find_last_of('/') + 1) + ")\n";
-  } else {
-    md += "\n" + summary.plot_note + "\n";
-  }
   md += fmt::format("\nTotal time {:.1f} s on {} threads; CPU: {}.\n", res.timing["total_s"].get<double>(), threads,
                     cpu_summary());
   summary.report_md = md;

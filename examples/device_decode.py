@@ -47,7 +47,7 @@ def paged_cache(traces, layer, page_size, rng):
 def logits(cache, table, lengths, q, w, page_size, device):
     """Indexer logits float32 [rows, table.shape[1] · page_size] over `table`'s pages."""
     if device.type == "cuda":
-        return sd.paged_logits(q, w, cache, table, lengths, page_size=page_size)
+        return sd.paged_logits(q, w, cache, table, lengths.to(torch.int32), page_size=page_size)
     out = spin_dsa.indexer_scores(cache.numpy(), table.numpy(), lengths.numpy().astype(np.int64),
                                   q.numpy()[:, None], w.numpy()[:, None], page_size=page_size,
                                   logits_cols=table.shape[1] * page_size)

@@ -74,9 +74,11 @@ def main():
                               num_warps=8, enable_fp_fusion=False)
             assert "fma.rn.f32" not in ptx, f"select ({name}): a fused multiply-add"
             compiled += 1
-    for topk_hits in (False, True):
-        ptx = compile_ptx(_observe_kernel.observe_kernel, OBSERVE_POINTERS,
-                          dict(E=64, BLOCK_C=64, BLOCK_K=2048, BLOCK_N=1024, TOPK_HITS=topk_hits),
+    for hits, topk_hits, topk_type in ((False, False, "*i32"), (True, False, "*i64"),
+                                       (True, True, "*i32")):
+        ptx = compile_ptx(_observe_kernel.observe_kernel, dict(OBSERVE_POINTERS, TOPK=topk_type),
+                          dict(E=64, BLOCK_C=64, BLOCK_K=2048, BLOCK_N=1024, HITS=hits,
+                               TOPK_HITS=topk_hits),
                           num_warps=4, enable_fp_fusion=False)
         assert "div.rn.f64" in ptx and "div.approx" not in ptx, "observe: not IEEE division"
         assert "fma.rn.f64" not in ptx, "observe: a fused multiply-add"

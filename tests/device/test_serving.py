@@ -268,6 +268,33 @@ def test_a_decode_step_never_touches_the_host(monkeypatch):
     assert every.shape == (2, 9, dev.width)
 
 
+def test_padded_rows_use_the_pad_slot_and_leave_every_request_alone():
+    """An engine pads a batch to a captured graph's size: the padding rows (pad_slot, repeated)
+    must not change what the real requests select."""
+    cfg = {"page_size": E, "topk": 32, "target_sparsity": 0.5}
+    plain = device.Serving(3, 1, 1024, "spin", cfg)
+    padded = device.Serving(3, 1, 1024, "spin", cfg)
+    assert padded.pad_slot == 3
+    for s in (plain, padded):
+        s.add(0, 7)
+        s.add(2, 8)
+    real, seq = torch.tensor([2, 0]), torch.tensor([600, 900])
+    pad = torch.tensor([2, 0, padded.pad_slot, padded.pad_slot])
+    pad_seq = torch.tensor([600, 900, 1024, 5])
+    gen = torch.Generator().manual_seed(3)
+    for step in range(4):
+        want, _ = plain.select(real, 0, seq + step)
+        got, _ = padded.select(pad, 0, pad_seq + step)
+        assert torch.equal(got[:2], want)
+        scored = torch.randn(4, padded.width * E, generator=gen)
+        plain.observe_scored(real, 0, scored[:2].contiguous())
+        padded.observe_scored(pad, 0, scored)
+        plain.commit(real)
+        padded.commit(pad)
+    with pytest.raises(spin_dsa.OutOfRange):
+        padded.add(padded.pad_slot, 1)
+
+
 def test_output_shapes_are_fixed_at_construction():
     dev = device.Serving(3, 1, 4096, "spin", {"page_size": 64, "topk": 256,
                                               "target_sparsity": 0.5}, 2)

@@ -12,12 +12,12 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer", "next_n"])  # one compile for every layer and row count
 def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SLOT,
                    PENDING_X, PENDING_HITS, PENDING_NEWEST, layer, num_layers, max_next_n,
                    n_blocks, width, k, next_n,
                    E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-                   BLOCK_N: tl.constexpr, TOPK_HITS: tl.constexpr):
+                   BLOCK_N: tl.constexpr, HITS: tl.constexpr, TOPK_HITS: tl.constexpr):
     r = tl.program_id(0)
     i = r // next_n
     s = tl.load(SLOT + i)
@@ -31,7 +31,8 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SL
         b = b0 + tl.arange(0, BLOCK_N)
         inside = b < n_blocks + 1
         tl.store(PENDING_X + row + b, tl.full([BLOCK_N], float("nan"), tl.float32), mask=inside)
-        tl.store(PENDING_HITS + row + b, tl.zeros([BLOCK_N], tl.int32), mask=inside)
+        if HITS:
+            tl.store(PENDING_HITS + row + b, tl.zeros([BLOCK_N], tl.int32), mask=inside)
     tl.debug_barrier()
 
     # 1. The row's top-k: its k-th and largest score, and the hits per block.
@@ -42,8 +43,10 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SL
     k_eff = tl.sum(valid.to(tl.int32), axis=0)
     kth32 = tl.min(tl.where(valid, score, float("inf")), axis=0)
     row_max = tl.max(tl.where(valid, score, float("-inf")), axis=0)
-    hit_block = tl.load(blocks + col // E, mask=valid, other=0)
-    tl.atomic_add(PENDING_HITS + row + hit_block, tl.full([BLOCK_K], 1, tl.int32), mask=valid)
+    if HITS:  # integer atomics: the same counts in any order
+        hit_block = tl.load(blocks + col // E, mask=valid, other=0)
+        tl.atomic_add(PENDING_HITS + row + hit_block, tl.full([BLOCK_K], 1, tl.int32),
+                      mask=valid, sem="relaxed")
     kth = tl.where(k_eff > 0, kth32.to(tl.float64), 0.0)
     spread = row_max.to(tl.float64) - kth
     fallback = tl.where((k_eff > 0) & (row_max != 0.0), tl.abs(row_max.to(tl.float64)), 1.0)
@@ -58,6 +61,7 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SL
         position = block[:, None] * E + e[None, :]
         seen = (block[:, None] >= 0) & (position < visible)
         v = tl.load(scored + c[:, None] * E + e[None, :], mask=seen, other=float("-inf"))
+        v = tl.where(v == v, v, float("-inf"))  # NaN: not scored, as the torch reference says
         block_max = tl.max(v, axis=1)
         observed = block_max > float("-inf")
         if TOPK_HITS:
@@ -88,4 +92,5 @@ def launch(owner, S, layer, next_n, scored, topk, visible):
         o.max_blocks, o.width, k, next_n,
         E=o.block_entries, BLOCK_C=max(1, 4096 // o.block_entries),
         BLOCK_K=triton.next_power_of_2(k), BLOCK_N=1024,
-        TOPK_HITS=o.config["pooling"] == "topk-hits", num_warps=4, enable_fp_fusion=False)
+        HITS=o._needs_hits, TOPK_HITS=o.config["pooling"] == "topk-hits", num_warps=4,
+        enable_fp_fusion=False)

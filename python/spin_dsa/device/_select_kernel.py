@@ -12,7 +12,6 @@ k-th smallest is found bit by bit (64 rounds of a count over the row) and the ch
 key at or below it: exactly k keys, the same set as the library's quickselect.
 """
 
-import torch
 import triton
 import triton.language as tl
 
@@ -144,7 +143,7 @@ def launch(owner, S_g, L_g, n_rows, out, counts):
     c = o.config
     select_kernel[(groups,)](
         S_g, L_g, n_rows.contiguous(), o.slot_ema, o.last_seen, o.offset_ema, o.offset_count,
-        o.prev_hits, o._req_key, o._step, o._n_explore, o._n_history, o._keep_all.to(torch.int32),
+        o.prev_hits, o._req_key, o._step, o._n_explore, o._n_history, o._keep_all_i32,
         o._bucket, o._counter, out, counts,
         o.num_layers, o.max_blocks, o._n_buckets, o.width, int(c["sink_blocks"]),
         int(c["local_blocks"]), o._w_host, o._one_minus_w_host,

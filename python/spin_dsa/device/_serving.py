@@ -105,6 +105,10 @@ class Serving:
             s.observe_scored(slots, l, scored, topk)   # compact logits, compact top-k columns
         s.commit(slots, accepted)                      # int tensor [batch], draft tokens kept
 
+    Padding: rows an engine adds to reach a captured graph's batch size use `pad_slot` (any
+    number of them, in any call); never a negative or out-of-range slot — values are not checked
+    inside a step, and such a slot would read and write another request's state.
+
     impl: "triton" selects with one fused Triton kernel per call (_select_kernel.py), "torch"
     with plain torch ops (its reference); "auto" takes triton on CUDA when it is importable.
 
@@ -140,6 +144,8 @@ class Serving:
         (self._fill, self._use_slot, self._use_offset, self._explores, alpha_from_config,
          self._step_reuse) = _PARTS[predictor]
         alpha = self.config["alpha"] if alpha_from_config else 1.0
+        self._needs_hits = self._step_reuse or self.config["pooling"] == "topk-hits"
+        self.pad_slot = self.max_requests
         self._build_tables()
         self._allocate(alpha)
         self._active = [False] * self.max_requests
@@ -181,6 +187,7 @@ class Serving:
         self._n_explore = torch.from_numpy(explore).to(dev)
         self._n_history = torch.from_numpy(history).to(dev)
         self._keep_all = torch.from_numpy(keep_all).to(dev)
+        self._keep_all_i32 = self._keep_all.to(torch.int32)  # what the select kernel loads
         self._n_buckets = int(offset_buckets(max(0, n_max - 1))) + 1
         self._bucket = torch.from_numpy(offset_buckets(np.arange(max(1, n_max)))).to(dev)
         self._block_ids = torch.arange(n_max, dtype=torch.int64, device=dev)
@@ -192,8 +199,10 @@ class Serving:
         self._w_host, self._one_minus_w_host = float(w), float(np.float32(1) - w)  # exact in fp32
 
     def _allocate(self, alpha):
-        R, L, N, K, J = (self.max_requests, self.num_layers, self.max_blocks, self._n_buckets,
-                         self.max_next_n)
+        # One state row more than max_requests: pad_slot, for the rows an engine pads a batch
+        # with to a captured graph's size (never added; what it selects is scored for nothing).
+        R, L, N, K, J = (self.max_requests + 1, self.num_layers, self.max_blocks,
+                         self._n_buckets, self.max_next_n)
         dev, f32 = self.device, torch.float32
         beta = self.config["beta"]
         scalar = lambda v: torch.tensor(np.float32(v), dtype=f32, device=dev)
@@ -204,11 +213,13 @@ class Serving:
         self.last_seen = torch.full((R, L, N), -1, dtype=torch.int32, device=dev)
         self.offset_ema = torch.zeros(R, L, K, dtype=f32, device=dev)
         self.offset_count = torch.zeros(R, L, K, dtype=torch.int32, device=dev)
-        self.prev_hits = torch.zeros(R, L, N, dtype=torch.int32, device=dev)
+        # Top-k hits per block: read by step-reuse and by topk-hits pooling only.
+        hits_blocks = N if self._needs_hits else 0
+        self.prev_hits = torch.zeros(R, L, hits_blocks, dtype=torch.int32, device=dev)
         # The open step: each row's pooled observation (NaN = block not observed; a last column
         # takes the padding's scatter), its newest block, which layers were selected, the rows.
         self._pending_x = torch.full((R, L, J, N + 1), float("nan"), dtype=f32, device=dev)
-        self._pending_hits = torch.zeros(R, L, J, N + 1, dtype=torch.int32, device=dev)
+        self._pending_hits = torch.zeros(R, L, J, hits_blocks + 1, dtype=torch.int32, device=dev)
         self._pending_newest = torch.zeros(R, L, J, dtype=torch.int64, device=dev)
         self._selected = torch.zeros(R, L, dtype=torch.bool, device=dev)
         self._open_next_n = torch.ones(R, dtype=torch.int64, device=dev)
@@ -271,10 +282,6 @@ class Serving:
         if not 0 <= layer < self.num_layers:
             raise spin_dsa.OutOfRange(
                 f"serving: {call}: layer {layer} is outside 0..{self.num_layers - 1}")
-        if slots.shape[0] > self.max_requests:
-            raise spin_dsa.InvalidArgument(
-                f"serving: {call}: batch {slots.shape[0]} is above max_requests = "
-                f"{self.max_requests}")
         return slots.long(), int(layer)
 
     def _row_visible(self, seq_lens, next_n):
@@ -437,12 +444,13 @@ class Serving:
             if topk.shape[1] < k:
                 raise spin_dsa.InvalidArgument(
                     f"serving: observe_scored: topk has {topk.shape[1]} columns, below topk = {k}")
-            topk = topk[:, :k].long()
         visible = self._visible[S, layer, :next_n].reshape(-1)
         E_pow2 = E & (E - 1) == 0
         if self._observe_kernel is not None and topk is not None and E_pow2 and rows > 0:
             self._observe_kernel.launch(self, S, layer, next_n, scored, topk, visible)
             return
+        if topk is not None:
+            topk = topk[:, :k].long()
         blocks = self._sel_blocks[S, layer].long().repeat_interleave(next_n, dim=0)
         values = scored[:, :self.width * E].reshape(rows, self.width, E)
         x, hits = _pool(values, blocks, visible, topk, k, E, self.config["pooling"])
@@ -479,11 +487,12 @@ class Serving:
                            device=self.device)
         row_x.scatter_(1, target, x)
         row_x[:, N] = float("nan")
-        row_hits = torch.zeros(batch * next_n, N + 1, dtype=torch.int32, device=self.device)
-        row_hits.scatter_(1, target, hits.to(torch.int32))
-        row_hits[:, N] = 0
         self._pending_x[S, layer, :next_n] = row_x.reshape(batch, next_n, N + 1)
-        self._pending_hits[S, layer, :next_n] = row_hits.reshape(batch, next_n, N + 1)
+        if self._needs_hits:
+            row_hits = torch.zeros(batch * next_n, N + 1, dtype=torch.int32, device=self.device)
+            row_hits.scatter_(1, target, hits.to(torch.int32))
+            row_hits[:, N] = 0
+            self._pending_hits[S, layer, :next_n] = row_hits.reshape(batch, next_n, N + 1)
         newest = -(-visible // self.block_entries) - 1
         self._pending_newest[S, layer, :next_n] = newest.reshape(batch, next_n)
 
@@ -606,7 +615,9 @@ def _pool(values, blocks, visible, topk, k, E, pooling):
     col = torch.arange(E, device=values.device)
     position = blocks.unsqueeze(-1) * E + col
     seen = (blocks.unsqueeze(-1) >= 0) & (position < visible.view(-1, 1, 1))
-    v = torch.where(seen, values, float("-inf"))
+    # NaN is refused by the library and cannot be checked here without a sync: it counts as not
+    # scored, the same on every device (a GPU's max ignores NaN, a CPU's propagates it).
+    v = torch.where(seen & (values == values), values, float("-inf"))
     flat = v.reshape(rows, C * E)
     if topk is not None:
         valid = topk >= 0
@@ -638,8 +649,9 @@ def _pool(values, blocks, visible, topk, k, E, pooling):
     spread = torch.where(spread > 0, spread, fallback)
     block_max = v.amax(dim=-1)
     observed = block_max > float("-inf")
-    if pooling == "topk-hits":
-        x = (hits.double() / E).float()
+    if pooling == "topk-hits":  # a tensor divisor: CUDA multiplies by a scalar's reciprocal
+        x = (hits.double() / torch.full((), float(E), dtype=torch.float64,
+                                        device=hits.device)).float()
     else:
         r = (block_max.double() - kth.unsqueeze(1)) / spread.unsqueeze(1)
         x = torch.where(r >= 0, r, r / (1.0 - r)).float()

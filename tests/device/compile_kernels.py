@@ -18,7 +18,7 @@ except ImportError as e:  # another Triton layout: nothing to check here
     print(f"cannot compile ahead of time with this Triton: {e}")
     sys.exit(77)
 
-from spin_dsa.device import _observe_kernel, _select_kernel  # noqa: E402
+from spin_dsa.device import _commit_kernel, _observe_kernel, _select_kernel  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -30,6 +30,11 @@ SELECT_POINTERS = dict(
 OBSERVE_POINTERS = dict(
     SCORED="*fp32", TOPK="*i32", BLOCKS="*i32", VISIBLE="*i64", SLOT="*i64", PENDING_X="*fp32",
     PENDING_HITS="*i32", PENDING_NEWEST="*i64")
+COMMIT_POINTERS = dict(
+    SLOT="*i64", LAST="*i64", SELECTED="*u8", STEP="*i64", PENDING_X="*fp32",
+    PENDING_NEWEST="*i64", SLOT_EMA="*fp32", LAST_SEEN="*i32", OFFSET_EMA="*fp32",
+    OFFSET_COUNT="*i32", DIST_LO="*i64", DIST_HI="*i64", alpha="fp32", one_minus_alpha="fp32",
+    beta="fp32", one_minus_beta="fp32")
 
 # The constexpr flags _select_kernel.launch passes for each device predictor.
 PREDICTORS = {
@@ -83,6 +88,11 @@ def main():
         assert "div.rn.f64" in ptx and "div.approx" not in ptx, "observe: not IEEE division"
         assert "fma.rn.f64" not in ptx, "observe: a fused multiply-add"
         compiled += 1
+    ptx = compile_ptx(_commit_kernel.commit_kernel, COMMIT_POINTERS, dict(BLOCK=1024),
+                      num_warps=4, enable_fp_fusion=False)
+    assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, "commit: a fused multiply-add"
+    assert "div.rn.f64" in ptx and "div.approx" not in ptx, "commit: not IEEE division"
+    compiled += 1
     print(f"compiled {compiled} kernel variants for sm_90")
 
 

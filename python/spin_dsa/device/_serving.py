@@ -135,6 +135,7 @@ class Serving:
         self._kernel = _kernel_module(impl, self.device, "_select_kernel")
         self.impl = "torch" if self._kernel is None else "triton"
         self._observe_kernel = _kernel_module(self.impl, self.device, "_observe_kernel")
+        self._commit_kernel = _kernel_module(self.impl, self.device, "_commit_kernel")
         self.predictor = predictor
         self.max_requests, self.num_layers = int(max_requests), int(num_layers)
         self.max_entries, self.max_next_n = int(max_entries), int(max_next_n)
@@ -190,6 +191,13 @@ class Serving:
         self._keep_all_i32 = self._keep_all.to(torch.int32)  # what the select kernel loads
         self._n_buckets = int(offset_buckets(max(0, n_max - 1))) + 1
         self._bucket = torch.from_numpy(offset_buckets(np.arange(max(1, n_max)))).to(dev)
+        # Each bucket's distances [lo, hi) (the commit kernel sums a bucket as a block range).
+        k = np.arange(self._n_buckets, dtype=np.int64)
+        octave = 6 + np.maximum(k - 64, 0) // 4
+        quarter = np.maximum(k - 64, 0) % 4
+        far_lo = (1 << octave) + quarter * (1 << (octave - 2))
+        self._dist_lo = torch.from_numpy(np.where(k < 64, k, far_lo)).to(dev)
+        self._dist_hi = torch.from_numpy(np.where(k < 64, k + 1, far_lo + (1 << (octave - 2)))).to(dev)
         self._block_ids = torch.arange(n_max, dtype=torch.int64, device=dev)
         self._layer_ids = torch.arange(self.num_layers, dtype=torch.int64, device=dev)
         self._counter = _hash.counter_offsets(n_max, dev)
@@ -208,6 +216,11 @@ class Serving:
         scalar = lambda v: torch.tensor(np.float32(v), dtype=f32, device=dev)
         self._alpha, self._one_minus_alpha = scalar(alpha), scalar(np.float32(1) - np.float32(alpha))
         self._beta, self._one_minus_beta = scalar(beta), scalar(np.float32(1) - np.float32(beta))
+        # The same float32 values as kernel arguments (exact: they are float32 already).
+        self._alpha_host, self._one_minus_alpha_host = (float(np.float32(alpha)),
+                                                        float(np.float32(1) - np.float32(alpha)))
+        self._beta_host, self._one_minus_beta_host = (float(np.float32(beta)),
+                                                      float(np.float32(1) - np.float32(beta)))
         # Persistent state per (slot, layer): the library's BlockState, and step-reuse's hits.
         self.slot_ema = torch.zeros(R, L, N, dtype=f32, device=dev)
         self.last_seen = torch.full((R, L, N), -1, dtype=torch.int32, device=dev)
@@ -510,18 +523,27 @@ class Serving:
         mode = self.config["mtp_update"]
         last = {"prefix": accepted.long(), "row0": torch.zeros_like(rows),
                 "all-rows": rows - 1}[mode].clamp(min=0).minimum(rows - 1)
+        if self._commit_kernel is not None:  # one fused launch (_commit_kernel.py)
+            self._commit_kernel.launch(self, S, last)
+            self._close(S, last)
+            return
         state = _SlotState(self, S)
         for j in range(self.max_next_n):
             use = self._selected[S] & (j <= last).unsqueeze(1)  # [batch, L]
             state.apply(self._pending_x[S, :, j, :self.max_blocks],
                         self._pending_newest[S, :, j], use)
+        state.store()
+        self._close(S, last)
+
+    def _close(self, S, last):
+        """After the replay: step-reuse's top-k blocks from the newest replayed row, the step
+        closed and counted."""
         if self._step_reuse:  # the newest replayed row's top-k blocks, per selected layer
-            newest = torch.gather(
-                self._pending_hits[S, :, :, :self.max_blocks], 2,
-                last.view(batch, 1, 1, 1).expand(-1, self.num_layers, 1, self.max_blocks))
+            batch, N = S.shape[0], self.max_blocks
+            newest = torch.gather(self._pending_hits[S, :, :, :N], 2,
+                                  last.view(batch, 1, 1, 1).expand(-1, self.num_layers, 1, N))
             selected = self._selected[S].unsqueeze(-1)
             self.prev_hits[S] = torch.where(selected, newest.squeeze(2), self.prev_hits[S])
-        state.store()
         self._selected.index_fill_(0, S, False)
         self._step.index_add_(0, S, torch.ones_like(S))
 

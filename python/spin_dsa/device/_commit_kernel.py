@@ -1,0 +1,104 @@
+"""commit fused into one Triton kernel: one program per (slot, layer) of the batch replays the
+open step's pending rows 0..last in order into that layer's state — the slot EMA and last-seen of
+every observed block, then one offset-EMA update per touched distance bucket with the bucket's
+mean — where the torch reference (_serving._SlotState) runs ~70 kernels over [batch, layers,
+blocks] temporaries.
+
+The arithmetic is the reference's and the library's (src/predict/block_state.cpp): the EMAs as
+separate float32 multiplies and adds (launched without fp fusion), each observation in fixed
+point x·2^30 rounded to nearest-even, a bucket's mean as its integer sum / 2^30 / count in
+float64. Buckets are ranges of distance (exact below 64, then four per octave), so a bucket's sum
+is a sum over a range of blocks: no atomics, and an integer sum is the same in any order.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _fixed_point(x):
+    """round-half-even(x · 2^30) as int64 (std::nearbyint; |x · 2^30| < 2^45, so x + 0.5 is
+    exact in float64)."""
+    y = x.to(tl.float64) * 1073741824.0
+    r = tl.floor(y + 0.5)
+    tie_to_odd = ((r - y) == 0.5) & ((r.to(tl.int64) & 1) == 1)
+    return tl.where(tie_to_odd, r - 1.0, r).to(tl.int64)
+
+
+@triton.jit
+def _offset_update(OFFSET_EMA, OFFSET_COUNT, at, fixed_sum, count, beta, one_minus_beta, mask):
+    """One EMA update of the buckets at `at` with their mean; count 0: nothing touched."""
+    touched = mask & (count > 0)
+    mean = (fixed_sum.to(tl.float64) / 1073741824.0 / tl.maximum(count, 1).to(tl.float64))
+    mean = mean.to(tl.float32)
+    old = tl.load(OFFSET_EMA + at, mask=touched, other=0.0)
+    n = tl.load(OFFSET_COUNT + at, mask=touched, other=0)
+    new = tl.where(n == 0, mean, one_minus_beta * old + beta * mean)
+    tl.store(OFFSET_EMA + at, new, mask=touched)
+    tl.store(OFFSET_COUNT + at, n + 1, mask=touched)
+
+
+@triton.jit(do_not_specialize=["batch"])
+def commit_kernel(SLOT, LAST, SELECTED, STEP, PENDING_X, PENDING_NEWEST, SLOT_EMA, LAST_SEEN,
+                  OFFSET_EMA, OFFSET_COUNT, DIST_LO, DIST_HI, batch, num_layers, max_next_n,
+                  n_blocks, n_buckets, alpha, one_minus_alpha, beta, one_minus_beta,
+                  BLOCK: tl.constexpr):
+    i = tl.program_id(0)
+    layer = tl.program_id(1)
+    s = tl.load(SLOT + i)
+    selected = tl.load(SELECTED + s * num_layers + layer) != 0
+    last = tl.where(selected, tl.load(LAST + i), -1)  # rows 0..last replay, in order
+    step = tl.load(STEP + s).to(tl.int32)
+    state = (s * num_layers + layer) * n_blocks
+    offsets = (s * num_layers + layer) * n_buckets
+    near = tl.arange(0, 64).to(tl.int64)
+    for j in range(0, last + 1):
+        pending = ((s * num_layers + layer) * max_next_n + j) * (n_blocks + 1)
+        newest = tl.load(PENDING_NEWEST + (s * num_layers + layer) * max_next_n + j)
+        # The slot EMA and last-seen of every observed block.
+        for b0 in range(0, n_blocks, BLOCK):
+            b = b0 + tl.arange(0, BLOCK).to(tl.int64)
+            xs = tl.load(PENDING_X + pending + b, mask=b < n_blocks, other=float("nan"))
+            fresh = xs == xs
+            old = tl.load(SLOT_EMA + state + b, mask=fresh, other=0.0)
+            seen = tl.load(LAST_SEEN + state + b, mask=fresh, other=-1)
+            new = tl.where(seen == -1, xs, one_minus_alpha * old + alpha * xs)
+            tl.store(SLOT_EMA + state + b, new, mask=fresh)
+            tl.store(LAST_SEEN + state + b, tl.zeros_like(seen) + step, mask=fresh)
+        # Buckets 0..63: one block each, at distance d.
+        nb = newest - near
+        xn = tl.load(PENDING_X + pending + nb, mask=nb >= 0, other=float("nan"))
+        near_seen = xn == xn
+        _offset_update(OFFSET_EMA, OFFSET_COUNT, offsets + near,
+                       _fixed_point(tl.where(near_seen, xn, 0.0)), near_seen.to(tl.int32),
+                       beta, one_minus_beta, near < n_buckets)
+        # Buckets 64..: the blocks at distances [DIST_LO, DIST_HI), summed in fixed point.
+        for k in range(64, n_buckets):
+            hi_b = newest - tl.load(DIST_LO + k)      # inclusive
+            lo_b = tl.maximum(newest - tl.load(DIST_HI + k) + 1, 0)
+            total = tl.zeros((), tl.int64)
+            count = tl.zeros((), tl.int32)
+            for f0 in range(lo_b, hi_b + 1, BLOCK):
+                f = f0 + tl.arange(0, BLOCK).to(tl.int64)
+                xf = tl.load(PENDING_X + pending + f, mask=f <= hi_b, other=float("nan"))
+                far_seen = xf == xf
+                total += tl.sum(_fixed_point(tl.where(far_seen, xf, 0.0)), axis=0)
+                count += tl.sum(far_seen.to(tl.int32), axis=0)
+            _offset_update(OFFSET_EMA, OFFSET_COUNT, offsets + k, total, count, beta,
+                           one_minus_beta, hi_b >= 0)
+        tl.debug_barrier()  # row j's state is what row j + 1 updates
+
+
+def launch(owner, S, last):
+    """commit_kernel over the batch's slots S (int64 [batch]) and every layer, rows 0..last[i]."""
+    o = owner
+    batch = S.shape[0]
+    if batch == 0:
+        return
+    commit_kernel[(batch, o.num_layers)](
+        S, last.contiguous(), o._selected.view(torch.uint8), o._step, o._pending_x, o._pending_newest, o.slot_ema,
+        o.last_seen, o.offset_ema, o.offset_count, o._dist_lo, o._dist_hi, batch, o.num_layers,
+        o.max_next_n, o.max_blocks, o._n_buckets, o._alpha_host, o._one_minus_alpha_host,
+        o._beta_host, o._one_minus_beta_host, BLOCK=min(1024, triton.next_power_of_2(o.max_blocks)),
+        num_warps=4, enable_fp_fusion=False)

@@ -82,7 +82,7 @@ def main():
     for hits, topk_hits, topk_type in ((False, False, "*i32"), (True, False, "*i64"),
                                        (True, True, "*i32")):
         ptx = compile_ptx(_observe_kernel.observe_kernel, dict(OBSERVE_POINTERS, TOPK=topk_type),
-                          dict(E=64, BLOCK_C=64, BLOCK_K=2048, BLOCK_N=1024, HITS=hits,
+                          dict(E=64, BLOCK_C=64, BLOCK_K=2048, HITS=hits,
                                TOPK_HITS=topk_hits),
                           num_warps=4, enable_fp_fusion=False)
         assert "div.rn.f64" in ptx and "div.approx" not in ptx, "observe: not IEEE division"

@@ -57,6 +57,7 @@ def run_both(predictor, config, *, seed, next_n, steps=14, layers=3, max_request
     dev = device.Serving(max_requests, layers, max_entries, predictor, config, next_n,
                          compress_ratio, device="cpu", impl=impl)
     assert dev.impl == impl
+    dev.observe_chunk_blocks = 5  # several observe programs per row, at test sizes too
     k = int(dev.config["topk"])
     traffic = Traffic(seed, layers, max_entries)
     rng = np.random.default_rng(seed + 1000)

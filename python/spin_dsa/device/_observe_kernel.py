@@ -1,5 +1,5 @@
-"""observe_scored fused into one Triton kernel: one program per row pools its compact logits into
-the open step's pending row — the k-th and largest score from the row's top-k columns, each
+"""observe_scored fused into one Triton kernel: programs per row (a chunk of its blocks each) pool
+its compact logits into the open step's pending row — the k-th and largest score from the row's top-k columns, each
 scored block's max, the normalised value x in float64, the top-k hits per block — in one launch
 per layer, where the torch reference (_serving._pool + _store_pending) takes ~40.
 
@@ -15,25 +15,21 @@ import triton.language as tl
 @triton.jit(do_not_specialize=["layer", "next_n"])  # one compile for every layer and row count
 def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SLOT,
                    PENDING_X, PENDING_HITS, PENDING_NEWEST, layer, num_layers, max_next_n,
-                   n_blocks, width, k, next_n,
+                   n_blocks, width, k, next_n, chunk,
                    E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-                   BLOCK_N: tl.constexpr, HITS: tl.constexpr, TOPK_HITS: tl.constexpr):
+                   HITS: tl.constexpr, TOPK_HITS: tl.constexpr):
+    # Program (r, p): row r's blocks [p·chunk, (p + 1)·chunk) of its selection; every program of
+    # a row derives the row's k-th score and spread from the top-k itself (2048 loads, no
+    # cross-program dependency), program 0 counts the hits. The pending rows were reset to NaN /
+    # 0 before the launch (launch()).
     r = tl.program_id(0)
+    part = tl.program_id(1)
     i = r // next_n
     s = tl.load(SLOT + i)
     visible = tl.load(VISIBLE + r)
     row = ((s * num_layers + layer) * max_next_n + r % next_n) * (n_blocks + 1)
     scored = SCORED + r.to(tl.int64) * stride_scored
     blocks = BLOCKS + i.to(tl.int64) * width
-
-    # 0. The pending row starts empty: x NaN (not observed), no hits.
-    for b0 in range(0, n_blocks + 1, BLOCK_N):
-        b = b0 + tl.arange(0, BLOCK_N)
-        inside = b < n_blocks + 1
-        tl.store(PENDING_X + row + b, tl.full([BLOCK_N], float("nan"), tl.float32), mask=inside)
-        if HITS:
-            tl.store(PENDING_HITS + row + b, tl.zeros([BLOCK_N], tl.int32), mask=inside)
-    tl.debug_barrier()
 
     # 1. The row's top-k: its k-th and largest score, and the hits per block.
     t = tl.arange(0, BLOCK_K)
@@ -43,7 +39,7 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SL
     k_eff = tl.sum(valid.to(tl.int32), axis=0)
     kth32 = tl.min(tl.where(valid, score, float("inf")), axis=0)
     row_max = tl.max(tl.where(valid, score, float("-inf")), axis=0)
-    if HITS:  # integer atomics: the same counts in any order
+    if HITS and part == 0:  # integer atomics: the same counts in any order
         hit_block = tl.load(blocks + col // E, mask=valid, other=0)
         tl.atomic_add(PENDING_HITS + row + hit_block, tl.full([BLOCK_K], 1, tl.int32),
                       mask=valid, sem="relaxed")
@@ -55,9 +51,10 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SL
 
     # 2. Every scored block the row sees: its max → x.
     e = tl.arange(0, E)
-    for c0 in range(0, width, BLOCK_C):
+    end = tl.minimum(part * chunk + chunk, width)
+    for c0 in range(part * chunk, end, BLOCK_C):
         c = c0 + tl.arange(0, BLOCK_C)
-        block = tl.load(blocks + c, mask=c < width, other=-1).to(tl.int64)
+        block = tl.load(blocks + c, mask=c < end, other=-1).to(tl.int64)
         position = block[:, None] * E + e[None, :]
         seen = (block[:, None] >= 0) & (position < visible)
         v = tl.load(scored + c[:, None] * E + e[None, :], mask=seen, other=float("-inf"))
@@ -73,8 +70,9 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SL
             squash = tl.where(ratio >= 0.0, 1.0, 1.0 - ratio)  # r ≥ 0: r; else r / (1 - r)
             x = (ratio / squash).to(tl.float32)
         tl.store(PENDING_X + row + block, x, mask=observed)
-    tl.store(PENDING_NEWEST + (s * num_layers + layer) * max_next_n + r % next_n,
-             (visible + E - 1) // E - 1)
+    if part == 0:
+        tl.store(PENDING_NEWEST + (s * num_layers + layer) * max_next_n + r % next_n,
+                 (visible + E - 1) // E - 1)
 
 
 def launch(owner, S, layer, next_n, scored, topk, visible):
@@ -86,11 +84,19 @@ def launch(owner, S, layer, next_n, scored, topk, visible):
     blocks = o._sel_blocks[S, layer].contiguous()
     scored = scored if scored.stride(1) == 1 else scored.contiguous()
     topk = topk if topk.stride(1) == 1 else topk.contiguous()
-    observe_kernel[(rows,)](
+    # The pending rows start empty (x NaN: not observed; no hits): one fill per state tensor.
+    o._pending_x.select(1, layer).index_fill_(0, S, float("nan"))
+    if o._needs_hits:
+        o._pending_hits.select(1, layer).index_fill_(0, S, 0)
+    topk_hits = o.config["pooling"] == "topk-hits"
+    block_c = max(1, 4096 // o.block_entries)
+    # topk-hits pools from the hits program 0 counts: one program a row. Else a chunk of blocks
+    # a program (Serving.observe_chunk_blocks), so that a batch of one still spreads a long row
+    # over the GPU.
+    chunk = o.width if topk_hits else max(1, o.observe_chunk_blocks)
+    observe_kernel[(rows, triton.cdiv(o.width, chunk))](
         scored, scored.stride(0), topk, topk.stride(0), blocks, visible.contiguous(), S,
         o._pending_x, o._pending_hits, o._pending_newest, layer, o.num_layers, o.max_next_n,
-        o.max_blocks, o.width, k, next_n,
-        E=o.block_entries, BLOCK_C=max(1, 4096 // o.block_entries),
-        BLOCK_K=triton.next_power_of_2(k), BLOCK_N=1024,
-        HITS=o._needs_hits, TOPK_HITS=o.config["pooling"] == "topk-hits", num_warps=4,
-        enable_fp_fusion=False)
+        o.max_blocks, o.width, k, next_n, chunk,
+        E=o.block_entries, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
+        HITS=o._needs_hits, TOPK_HITS=topk_hits, num_warps=4, enable_fp_fusion=False)

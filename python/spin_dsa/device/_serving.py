@@ -136,6 +136,9 @@ class Serving:
         self.impl = "torch" if self._kernel is None else "triton"
         self._observe_kernel = _kernel_module(self.impl, self.device, "_observe_kernel")
         self._commit_kernel = _kernel_module(self.impl, self.device, "_commit_kernel")
+        # Blocks per program of the observe kernel (a tuning knob: each program re-reads the
+        # row's top-k, so a chunk should be large against it; small rows get one program).
+        self.observe_chunk_blocks = 256
         self.predictor = predictor
         self.max_requests, self.num_layers = int(max_requests), int(num_layers)
         self.max_entries, self.max_next_n = int(max_entries), int(max_next_n)

@@ -8,8 +8,9 @@ launch count (one instead of ~60 torch kernels a call) and the memory traffic (t
 once; the per-row key arrays never leave registers).
 
 "The k smallest keys" without a sort: keys are distinct uint64 — (value << 32 | block) — so the
-k-th smallest is found bit by bit (64 rounds of a count over the row) and the chosen set is every
-key at or below it: exactly k keys, the same set as the library's quickselect.
+chosen set is unique: the k-th smallest value is found bit by bit (32 rounds of a count over the
+row), every key below it is in, and the ties at it go to the lowest blocks (a prefix count):
+exactly k keys, the same set as the library's quickselect.
 """
 
 import triton
@@ -31,29 +32,34 @@ def _mix64(x):
 
 
 @triton.jit
-def _smallest(key, mask, k):
-    """The k smallest of the distinct uint64 keys under `mask`, as a mask (k = 0: none)."""
-    key = tl.where(mask, key, 0xFFFFFFFFFFFFFFFF)
-    prefix = tl.zeros((), dtype=tl.uint64)
-    bit = tl.full((), 0x8000000000000000, tl.uint64)
-    for _ in range(64):  # the highest bit first
+def _smallest(value, mask, k):
+    """The k smallest of the keys (value << 32 | block) under `mask`, as a mask (k = 0: none):
+    the library's key order, in 32 rounds on the uint32 value — the k-th smallest value t found
+    bit by bit — then the ties at t by lowest block (a prefix count), not 64 rounds on the key."""
+    value = tl.where(mask, value, 0xFFFFFFFF)
+    prefix = tl.zeros((), dtype=tl.uint32)
+    bit = tl.full((), 0x80000000, tl.uint32)
+    for _ in range(32):  # the highest bit first
         trial = prefix | bit
-        below = tl.sum((key < trial).to(tl.int64), axis=0)
+        below = tl.sum((value < trial).to(tl.int32), axis=0)
         prefix = tl.where(below < k, trial, prefix)
         bit = bit >> 1
-    return mask & (key <= prefix) & (k > 0)
+    below = tl.sum((mask & (value < prefix)).to(tl.int32), axis=0)
+    tie = (mask & (value == prefix)).to(tl.int32)
+    rank = tl.cumsum(tie, axis=0) - tie  # ties before this block
+    return mask & ((value < prefix) | ((tie != 0) & (rank < k - below))) & (k > 0)
 
 
 @triton.jit
-def _rank_key(p, b):
-    """Highest p first, ties to the lower block: ~float_order(sanitize(p)) << 32 | b."""
+def _rank_value(p):
+    """Highest p first: ~float_order(sanitize(p)), the high half of the library's key."""
     p = tl.where(p >= -3.4028234663852886e38, p, -3.4028234663852886e38)
     sign = tl.full((), 0x80000000, tl.uint32)
     ones = tl.full((), 0xFFFFFFFF, tl.uint32)  # x ^ ones is ~x (the interpreter's ~ overflows)
     bits = p.to(tl.uint32, bitcast=True)
     bits = tl.where(bits == sign, tl.zeros((), tl.uint32), bits)  # -0 orders as +0
     order = tl.where((bits & sign) != 0, bits ^ ones, bits | sign)
-    return ((order ^ ones).to(tl.uint64) << 32) | b.to(tl.uint64)
+    return order ^ ones
 
 
 @triton.jit
@@ -75,15 +81,14 @@ def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COU
     if RANDOM or EXPLORES:  # the step's draw, the same for every row of the request
         if STALEST and not RANDOM:
             seen = tl.load(LAST_SEEN + state + b, mask=inside, other=-1)
-            high = (seen + 1).to(tl.uint64)
+            explore_value = (seen + 1).to(tl.uint32)  # age: never seen (-1) is the oldest
         else:
             key = tl.load(REQ_KEY + s).to(tl.uint64, bitcast=True)
             key = _mix64(key + 0x9E3779B97F4A7C15) ^ layer.to(tl.uint64)
             key = _mix64(key + 0x9E3779B97F4A7C15) ^ tl.load(STEP + s).to(tl.uint64)
             key = _mix64(key ^ 0x9E3779B97F4A7C15)
             counter = tl.load(COUNTER + b, mask=inside, other=0).to(tl.uint64, bitcast=True)
-            high = _mix64(key + counter) >> 32
-        explore_key = (high << 32) | b.to(tl.uint64)
+            explore_value = (_mix64(key + counter) >> 32).to(tl.uint32)
     if RANKED:
         if STEP_REUSE:
             hits = tl.load(PREV_HITS + state + b, mask=inside, other=0)
@@ -99,7 +104,7 @@ def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COU
         candidate = valid & ~forced
         chosen = forced
         if RANDOM or EXPLORES:
-            picked = _smallest(explore_key, candidate, tl.load(N_EXPLORE + n))
+            picked = _smallest(explore_value, candidate, tl.load(N_EXPLORE + n))
             chosen = chosen | picked
             candidate = candidate & ~picked
         if RANKED:
@@ -121,7 +126,7 @@ def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COU
                     else:  # launched without fp fusion: two roundings, as the library
                         both = w * slot + one_minus_w * offset
                     p = tl.where(known_slot & known_offset, both, p)
-            chosen = chosen | _smallest(_rank_key(p, b), candidate, tl.load(N_HISTORY + n))
+            chosen = chosen | _smallest(_rank_value(p), candidate, tl.load(N_HISTORY + n))
         keep_all = tl.load(KEEP_ALL + n) != 0
         chosen = tl.where(keep_all, valid, chosen)
         union = union | chosen
@@ -151,4 +156,6 @@ def launch(owner, S_g, L_g, n_rows, out, counts):
         EXPLORES=o._explores, STALEST=c["explore_policy"] == "stalest",
         USE_SLOT=o._use_slot, USE_OFFSET=o._use_offset, STEP_REUSE=o._step_reuse,
         COMBINE_MAX=c["combine"] == "max",
-        num_warps=8 if block >= 4096 else 4, enable_fp_fusion=False)
+        # ptxas on sm_90a (NEXT_N 2): 2048 blocks at 4 warps 162 registers, 4096 at 8 189, 8192
+        # at 16 128 (a 52-byte spill); at 8 warps 8192 would take 255 and spill more.
+        num_warps=16 if block >= 8192 else 8 if block >= 4096 else 4, enable_fp_fusion=False)

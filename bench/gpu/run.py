@@ -42,6 +42,9 @@ def parse_args(argv=None):
     p.add_argument("--sparsities", default="0,0.3,0.5,0.7")
     p.add_argument("--replays", type=int, default=20, help="graph replays per timing")
     p.add_argument("--max-layers", type=int, default=61, help="layers per graph at most (V3.2: 61)")
+    p.add_argument("--serving-layers", type=int, default=61,
+                   help="indexer layers of the spin_dsa.device.Serving timed (V3.2: 61): select_layers "
+                        "and commit cover them all, whatever number of cache slices a graph reads")
     p.add_argument("--next-n", type=int, default=1, help="rows per request (MTP: 1 + draft tokens)")
     p.add_argument("--no-deepgemm", action="store_true")
     p.add_argument("--no-serving", action="store_true", help="time spin's parts without spin_dsa.device.Serving")
@@ -280,12 +283,14 @@ def bench_sparse(env, ctx, batch, nn, s, k, layers, cache, tables, q, w, seq_len
     torch, device, P, L, Serving, timer, peak = (env[x] for x in
                                                   ("torch", "device", "P", "L", "Serving", "timer", "peak"))
     row = {"context": ctx, "batch": batch, "next_n": nn, "sparsity": s, "mode": "compact", "layers": layers}
-    accepted = torch.zeros(batch, dtype=torch.int64, device=device)
+    # Every draft accepted: commit replays all next_n rows (its most expensive case).
+    accepted = torch.full((batch,), nn - 1, dtype=torch.int64, device=device)
+    model_layers = max(layers, env["serving_layers"])
     serving = None
     slots = torch.arange(batch, device=device)
     if Serving is not None:
         try:
-            serving = Serving(batch, layers, ctx, predictor="spin", config={"target_sparsity": s,
+            serving = Serving(batch, model_layers, ctx, predictor="spin", config={"target_sparsity": s,
                               "topk": k}, max_next_n=nn, device=device)
             for i in range(batch):
                 serving.add(i, 1000 + i)
@@ -293,9 +298,8 @@ def bench_sparse(env, ctx, batch, nn, s, k, layers, cache, tables, q, w, seq_len
             row["serving"] = f"construction failed: {type(e).__name__}: {e}"
             serving = None
     if serving is not None:
-        picked = [serving.select(slots, l, seq_lens, nn) for l in range(layers)]
-        blocks = torch.stack([b for b, _ in picked])
-        counts = torch.stack([c for _, c in picked])
+        blocks, counts = serving.select_layers(slots, seq_lens, nn)
+        blocks, counts = blocks[:layers], counts[:layers]
         serving.commit(slots, accepted)
         row["selector"] = "spin_dsa.device.Serving (spin)"
     else:
@@ -322,10 +326,15 @@ def bench_sparse(env, ctx, batch, nn, s, k, layers, cache, tables, q, w, seq_len
     if serving is not None:
         try:
             row["select_us"] = per_layer(lambda l: serving.select(slots, l, seq_lens, nn))
-            if hasattr(serving, "select_layers"):   # every layer of the step in one call
-                row["select_layers_us_per_layer"] = timer(lambda: serving.select_layers(slots, seq_lens, nn)) / layers
+            # Every layer of the step in one call, and the step's commit, per layer of the model.
+            row["select_layers_us_per_layer"] = timer(
+                lambda: serving.select_layers(slots, seq_lens, nn)) / model_layers
             row["observe_us"] = per_layer(lambda l: serving.observe_scored(slots, l, logits, cols))
-            row["commit_us_per_layer"] = timer(lambda: serving.commit(slots, accepted)) / layers
+            # A replayed commit would find its step closed: every layer is marked selected first
+            # (one small fill, timed with it), so each replay does a whole step's work.
+            row["commit_us_per_layer"] = timer(lambda: (serving._selected.fill_(True),
+                                                        serving.commit(slots, accepted))) / model_layers
+            row["serving_layers"] = model_layers
         except Exception as e:  # noqa: BLE001 - record, keep benchmarking
             row["serving"] = f"timing failed: {type(e).__name__}: {e}"
 
@@ -491,7 +500,8 @@ def main(argv=None):
         Serving, how = None, how + " (--no-serving)"
     peak, peak_how = hbm_peak(torch, device)
     env = {"torch": torch, "device": device, "P": P, "L": L, "Serving": Serving,
-           "timer": Timer(torch, device, args.replays), "peak": peak}
+           "timer": Timer(torch, device, args.replays), "peak": peak,
+           "serving_layers": args.serving_layers if not args.smoke else 2}
     if args.smoke:
         contexts, batches, sparsities = [1024], [2], [0.5]
     else:

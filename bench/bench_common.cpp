@@ -20,9 +20,7 @@
 #include <fstream>
 #include <vector>
 
-#ifndef SPIN_GIT_COMMIT
-#define SPIN_GIT_COMMIT "unknown"
-#endif
+#include "spin_git_commit.h"  // generated at build time (tools/CMakeLists.txt)
 
 namespace spin::bench {
 

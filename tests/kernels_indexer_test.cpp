@@ -87,9 +87,11 @@ double magnitude(const IndexerCase& c, int64_t row, int32_t b, int64_t s) {
   return scale * total;
 }
 
-void expect_matches_reference(const IndexerCase& c, const ScoreRun& fast, const ScoreRun& ref, IndexerImpl impl) {
+// Adds the finite entries it compared to *checked (the callers check that a test compared
+// something; an ASSERT needs a void function).
+void expect_matches_reference(const IndexerCase& c, const ScoreRun& fast, const ScoreRun& ref, IndexerImpl impl,
+                              int64_t* checked) {
   const int32_t batch = static_cast<int32_t>(c.context_lens.size());
-  int64_t checked = 0;
   for (int32_t b = 0; b < batch; ++b) {
     for (int32_t r = 0; r < c.next_n; ++r) {
       const int64_t row = int64_t{b} * c.next_n + r;
@@ -106,11 +108,10 @@ void expect_matches_reference(const IndexerCase& c, const ScoreRun& fast, const 
         const double tolerance = 2e-5 * magnitude(c, row, b, s) + 1e-30;
         ASSERT_LE(std::fabs(double{f} - e), tolerance)
             << c.name << " " << indexer_impl_name(impl) << " row " << row << " entry " << s;
-        ++checked;
+        ++*checked;
       }
     }
   }
-  (void)checked;
 }
 
 // Hostile shapes: page sizes 1/5/61/64/69, empty and tiny contexts, ragged lengths, MTP rows,
@@ -149,18 +150,23 @@ std::vector<IndexerCase> hostile_cases() {
 
 TEST(IndexerKernel, FastMatchesReferenceOnHostileShapes) {
   int seed = 0;
+  int64_t checked = 0;
   for (IndexerCase& c : hostile_cases()) {
     SCOPED_TRACE(c.name);
     testing::build_case(c, ++seed);
     testing::for_each_fast_impl_against_reference<IndexerImpl>(
         [&](IndexerImpl impl) { return run(c, impl); },
-        [&](IndexerImpl impl, const ScoreRun& fast, const ScoreRun& ref) { expect_matches_reference(c, fast, ref, impl); });
+        [&](IndexerImpl impl, const ScoreRun& fast, const ScoreRun& ref) {
+          expect_matches_reference(c, fast, ref, impl, &checked);
+        });
   }
+  EXPECT_GT(checked, 0) << "no finite entry was compared";
 }
 
 // Random block masks: the masked run equals the full run bitwise on selected entries, -inf elsewhere.
 TEST(IndexerKernel, MaskedEqualsFullOnSelectedBlocks) {
   int seed = 100;
+  int64_t checked = 0;
   for (IndexerCase& c : hostile_cases()) {
     SCOPED_TRACE(c.name);
     testing::build_case(c, ++seed);
@@ -199,9 +205,10 @@ TEST(IndexerKernel, MaskedEqualsFullOnSelectedBlocks) {
           }
         }
       }
-      expect_matches_reference(c, masked, ref_masked, impl);
+      expect_matches_reference(c, masked, ref_masked, impl, &checked);
     }
   }
+  EXPECT_GT(checked, 0) << "no finite entry was compared";
 }
 
 TEST(IndexerKernel, BitwiseDeterministicAcrossRerunsAndThreads) {

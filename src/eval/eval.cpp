@@ -68,25 +68,29 @@ constexpr double kMtpSparsity = 0.5;         // MTP and pooling tables (where mi
 // The ablations behind spin-hybrid's and the budget moves' defaults (issue 9), at the MTP table's
 // sparsity: the probe's share of the budget, its pooling granularity (entries per pooled key),
 // how often it runs, and whether it also re-ranks history; the budget moves against the fixed one.
-void add_beyond_ablations(const PredictorConfig& base, std::vector<Job>* jobs) {
-  auto hybrid = [&](const std::string& label, const std::string& pairs) {
+// A literal that does not apply to the user's base config (a --set the ablation cannot combine
+// with) fails the eval, naming the ablation: a job dropped quietly would leave a hole in the table.
+Status add_beyond_ablations(const PredictorConfig& base, std::vector<Job>* jobs) {
+  auto hybrid = [&](const std::string& pairs) -> Status {
     PredictorConfig c = base;
-    if (!c.parse(pairs).ok()) return;  // fixed literals below: always valid
-    jobs->push_back({Section::kBeyond, "spin-hybrid " + label, "spin-hybrid", c, false});
+    if (Status s = c.parse(pairs); !s.ok()) return Status(s.code(), "eval: ablation " + pairs + ": " + s.message());
+    if (Status s = c.validate(); !s.ok()) return Status(s.code(), "eval: ablation " + pairs + ": " + s.message());
+    jobs->push_back({Section::kBeyond, "spin-hybrid " + pairs, "spin-hybrid", c, false});
+    return ok_status();
   };
-  for (const char* share : {"0.1", "0.3", "0.5"}) hybrid(fmt::format("probe_share={}", share), fmt::format("probe_share={}", share));
-  hybrid("probe_entries=16", "probe_entries=16");
-  hybrid("probe_interval=4", "probe_interval=4");
-  hybrid("probe_blend=0.5", "probe_blend=0.5");
-  hybrid("probe_adapt=1", "probe_adapt=1");
+  for (const char* pairs : {"probe_share=0.1", "probe_share=0.3", "probe_share=0.5", "probe_entries=16",
+                            "probe_interval=4", "probe_blend=0.5", "probe_adapt=1"}) {
+    SPIN_RETURN_IF_ERROR(hybrid(pairs));
+  }
   for (BudgetMoves moves : {BudgetMoves::kLayers, BudgetMoves::kSteps, BudgetMoves::kBoth}) {
     PredictorConfig c = base;
     c.budget_moves = moves;
     jobs->push_back({Section::kBeyond, std::string("spin budget_moves=") + budget_moves_name(moves), "spin", c, false});
   }
+  return ok_status();
 }
 
-std::vector<Job> jobs_for(bool mtp_scenario, const EvalOptions& o) {
+Result<std::vector<Job>> jobs_for(bool mtp_scenario, const EvalOptions& o) {
   std::vector<Job> jobs;
   auto with = [&](double sparsity) {
     PredictorConfig c = o.base_config;
@@ -119,7 +123,7 @@ std::vector<Job> jobs_for(bool mtp_scenario, const EvalOptions& o) {
       jobs.push_back({Section::kSweep, p, p, with(s), false});
     }
   }
-  add_beyond_ablations(with(kMtpSparsity), &jobs);
+  SPIN_RETURN_IF_ERROR(add_beyond_ablations(with(kMtpSparsity), &jobs));
   for (Pooling pooling : {Pooling::kMax, Pooling::kMean, Pooling::kTopkHits, Pooling::kLse}) {
     PredictorConfig c = with(kMtpSparsity);
     c.pooling = pooling;
@@ -269,7 +273,9 @@ Result<ScenarioRun> run_scenario(const EvalOptions& o, const std::string& name, 
     run.params.layers = std::min(run.params.layers, 2);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  run.jobs = jobs_for(run.params.next_n > 1, o);
+  auto jobs = jobs_for(run.params.next_n > 1, o);
+  if (!jobs.ok()) return jobs.status();
+  run.jobs = std::move(jobs).value();
   run.out.resize(run.jobs.size());
   for (JobResult& r : run.out) r.quality = QualityStats(run.params.topk);
   for (int request = 0; request < requests; ++request) {
@@ -301,7 +307,9 @@ Result<ScenarioRun> run_trace_file(const EvalOptions& o, const std::string& path
   run.params.prompt_tokens = reader->ctx_len().front();
   const bool scores = reader->kind() == TraceKind::kScores;
   run.description = fmt::format("recorded trace: model {}, kind={}", m.model, trace_kind_name(m.kind));
-  for (Job& job : jobs_for(m.next_n > 1, o)) {
+  auto jobs = jobs_for(m.next_n > 1, o);
+  if (!jobs.ok()) return jobs.status();
+  for (Job& job : jobs.value()) {
     // A score trace feeds a probing predictor only through a recorded probe of its block size.
     const bool probe_fits = reader->has_probe() && reader->probe_block_entries() == m.page_size * job.config.block_pages &&
                             job.config.probe_entries == 0;

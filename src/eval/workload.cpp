@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <set>
@@ -376,10 +377,16 @@ namespace {
 // scenario uses its own; any other interpolates each knob linearly in log(prompt_tokens) between
 // the calibrated scenarios with the nearest shorter and longer prompts, clamped at the ends — the
 // paper gives two context lengths, so that is all the data there is.
+// A table that is there but unreadable is an error, not an uncalibrated build: every scenario
+// would silently fall back to the defaults and every report would change.
 Status apply_calibration(const std::string& base, WorkloadParams& p) {
+  if (std::string_view(kCalibrationJson).find_first_not_of(" \t\r\n") == std::string_view::npos) {
+    return ok_status();  // no table compiled in: the defaults above
+  }
   const nlohmann::json table = nlohmann::json::parse(kCalibrationJson, nullptr, /*allow_exceptions=*/false);
   if (!table.is_object() || !table.contains("scenarios") || !table["scenarios"].is_object()) {
-    return ok_status();  // uncalibrated build: the defaults above
+    return data_loss("the compiled-in data/calibration.json is not a calibration table (no \"scenarios\" "
+                     "object); rerun `spin calibrate --write data/calibration.json` and rebuild");
   }
   struct Point {
     double log_tokens;
@@ -388,10 +395,18 @@ Status apply_calibration(const std::string& base, WorkloadParams& p) {
   std::vector<Point> points;
   for (const auto& [name, entry] : table["scenarios"].items()) {
     if (table["scenarios"].contains(base) && name != base) continue;  // its own calibration wins
-    if (!entry.is_object() || !entry.contains("params") || !entry["params"].is_object()) continue;
-    Point pt{std::log(entry.value("prompt_tokens", 1.0)), {}};
+    if (!entry.is_object() || !entry.contains("params") || !entry["params"].is_object() ||
+        !entry.contains("prompt_tokens") || !entry["prompt_tokens"].is_number())
+      return data_loss("data/calibration.json: scenario {} lacks params or prompt_tokens", name);
+    Point pt{std::log(entry["prompt_tokens"].get<double>()), {}};
     for (const auto& [key, value] : entry["params"].items()) {
-      pt.knobs[key] = std::stod(value.is_string() ? value.get<std::string>() : value.dump());
+      // Written as strings (the exact decimal calibrate printed) or numbers.
+      const std::string text = value.is_string() ? value.get<std::string>() : value.dump();
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
+        return data_loss("data/calibration.json: scenario {} param {} = {} is not a number", name, key, text);
+      pt.knobs[key] = v;
     }
     points.push_back(pt);
   }

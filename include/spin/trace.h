@@ -186,6 +186,12 @@ class TraceReader {
   int64_t entries(int layer) const;
   uint64_t file_size() const;
   const std::string& path() const;  // "<memory>" for from_memory
+  // A file up to 256 MiB is copied into memory at open (truncating or rewriting it afterwards
+  // changes nothing the reader shows); a larger one is memory-mapped, and check_unchanged() is
+  // kDataLoss once it is shorter than at open — reading a mapped file's lost tail would be SIGBUS,
+  // so callers that hand out views of a long-lived reader (the Python bindings) call it first.
+  bool mapped() const;
+  Status check_unchanged() const;
 
   std::span<const int64_t> ctx_len() const;   // [steps]
   std::span<const int32_t> accepted() const;  // [steps], empty when absent

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/errors.h"
+#include "spin/memory.h"
 #include "kernels/cpu_features.h"
 #include "kernels/indexer_internal.h"
 #include "spin/cache.h"
@@ -216,7 +217,11 @@ Status score_fp32_keys(const float* keys, int64_t count, const float* q, const f
 
 Status indexer_scores(const IndexerParams& params, const IndexerOptions& options) {
   SPIN_RETURN_IF_ERROR(validate_indexer_params(params));
-  if (options.num_threads < 0) return invalid_argument("num_threads must be ≥ 0, got {}", options.num_threads);
+  if (options.num_threads < 0 || options.num_threads > max_threads()) {
+    // An unbounded count would have OpenMP start that many threads (100000 exhausts the process).
+    return invalid_argument("num_threads must be in 0..{} (this machine's logical CPUs; 0 = all), got {}",
+                            max_threads(), options.num_threads);
+  }
   SPIN_RETURN_IF_ERROR(cpu_cap_status());
   IndexerImpl impl = options.impl == IndexerImpl::kAuto ? indexer_best_impl() : options.impl;
   if (!indexer_impl_supported(impl)) {

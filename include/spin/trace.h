@@ -168,9 +168,13 @@ Status write_trace(const Trace& trace, const std::string& path);
 // A validated trace file, memory-mapped (or borrowed) and read in place. Every view below is
 // valid while the reader lives. Accessors take valid indices (layer < num_layers, step < steps,
 // row < next_n); out of range they return empty spans / 0.
+// Files up to this size are read into memory at open; larger ones are memory-mapped (see
+// TraceReader::mapped). The cost of each is measured in the README's Python section.
+inline constexpr uint64_t kTraceCopyBelowBytes = uint64_t{256} << 20;
+
 class TraceReader {
  public:
-  static Result<TraceReader> open(const std::string& path);
+  static Result<TraceReader> open(const std::string& path, uint64_t copy_below_bytes = kTraceCopyBelowBytes);
   // Validates `size` bytes at `data`; the caller keeps them alive and unchanged while the reader
   // (and any view from it) lives. For fuzzing and in-memory pipelines.
   static Result<TraceReader> from_memory(const void* data, size_t size);
@@ -186,7 +190,7 @@ class TraceReader {
   int64_t entries(int layer) const;
   uint64_t file_size() const;
   const std::string& path() const;  // "<memory>" for from_memory
-  // A file up to 256 MiB is copied into memory at open (truncating or rewriting it afterwards
+  // A file up to copy_below_bytes (256 MiB) is copied into memory at open (truncating or rewriting it afterwards
   // changes nothing the reader shows); a larger one is memory-mapped, and check_unchanged() is
   // kDataLoss once it is shorter than at open — reading a mapped file's lost tail would be SIGBUS,
   // so callers that hand out views of a long-lived reader (the Python bindings) call it first.

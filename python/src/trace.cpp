@@ -85,6 +85,13 @@ const spin::TraceReader& keys_of(nb::handle self, int64_t layer, const char* wha
                        std::string(what) + ": " + r.path() + " is a score trace (kind=scores): it holds no keys or queries"));
   return r;
 }
+spin::TraceReader open_reader(const std::string& path, int64_t copy_below_bytes) {
+  if (copy_below_bytes < 0) raise_value("copy_below_bytes: " + std::to_string(copy_below_bytes) + " is negative");
+  auto r = spin::TraceReader::open(path_arg(path, "path"), static_cast<uint64_t>(copy_below_bytes));
+  if (!r.ok()) raise_status(r.status());
+  return std::move(r).value();
+}
+
 // A layer entry of make_trace: the array under `key` of the dict, or InvalidType naming both.
 InArray layer_array(nb::dict d, const char* key, size_t layer) {
   const std::string name = "layers[" + std::to_string(layer) + "]['" + key + "']";
@@ -282,12 +289,11 @@ void bind_trace(nb::module_& m) {
                                 "A mapped file truncated while open raises DataLoss at the next access.")
       .def_static(
           "open",
-          [](const std::string& path) {
-            auto r = spin::TraceReader::open(path_arg(path, "path"));
-            if (!r.ok()) raise_status(r.status());
-            return std::move(r).value();
+          [](const std::string& path, int64_t copy_below_bytes) {
+            return open_reader(path, copy_below_bytes);
           },
-          nb::arg("path"), "Opens and validates a trace file.")
+          nb::arg("path"), nb::arg("copy_below_bytes") = int64_t(spin::kTraceCopyBelowBytes),
+          "Opens and validates a trace file (read into memory up to copy_below_bytes, mapped above).")
       .def_prop_ro("meta", [](const spin::TraceReader& r) { return meta_dict(r.meta()); })
       .def_prop_ro("num_layers", &spin::TraceReader::num_layers)
       .def_prop_ro("steps", &spin::TraceReader::steps)
@@ -390,11 +396,9 @@ void bind_trace(nb::module_& m) {
       .def("write", [](const PyTrace& t, const std::string& path) { check(spin::write_trace(*t.t, path_arg(path, "path"))); },
            nb::arg("path"), "Validates, then writes atomically (spin/trace.h schema).");
 
-  m.def("open_trace", [](const std::string& path) {
-    auto r = spin::TraceReader::open(path_arg(path, "path"));
-    if (!r.ok()) raise_status(r.status());
-    return std::move(r).value();
-  }, nb::arg("path"), "Opens and validates a trace file (memory-mapped TraceReader).");
+  m.def("open_trace", &open_reader, nb::arg("path"), nb::arg("copy_below_bytes") = int64_t(spin::kTraceCopyBelowBytes),
+        "Opens and validates a trace file: a TraceReader, read into memory up to copy_below_bytes "
+        "(256 MiB), memory-mapped above (a mapped file truncated while open raises DataLoss).");
   m.def("make_trace", &make_trace, nb::arg("meta"), nb::arg("ctx_len"), nb::arg("layers"),
         nb::arg("accepted") = nb::none(),
         "Builds a validated in-memory Trace: meta {model, num_layers, next_n, num_heads, page_size, "

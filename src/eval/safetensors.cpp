@@ -170,7 +170,7 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = default;
 SafetensorsFile::~SafetensorsFile() = default;
 
-Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+Result<SafetensorsFile> SafetensorsFile::open(const std::string& path, uint64_t copy_below_bytes) {
   if (path.find('\0') != std::string::npos)  // the OS would open the name cut at the NUL
     return invalid_argument("path holds a NUL byte at {} (the OS would cut the name there)", path.find('\0'));
   // O_NONBLOCK: opening a named pipe must not wait for a writer; fstat below then refuses it.
@@ -189,7 +189,7 @@ Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   SafetensorsFile file;
   file.label_ = path;
   file.size_ = static_cast<size_t>(sb.st_size);
-  if (file.size_ > 0 && file.size_ <= kCopyBelowBytes) {
+  if (file.size_ > 0 && file.size_ <= copy_below_bytes) {
     auto copy = copy_file(fd, file.size_, path);
     ::close(fd);
     if (!copy.ok()) return copy.status();

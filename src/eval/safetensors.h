@@ -53,11 +53,11 @@ class SafetensorsFile {
   // Reads `path` and validates the header. A file up to kCopyBelowBytes is copied into private
   // memory at open, so that truncating or rewriting it afterwards cannot fault a reader (SIGBUS);
   // a larger one is memory-mapped read-only, and check_unchanged() tells whether it shrank since.
-  static Result<SafetensorsFile> open(const std::string& path);
   // Measured (README "Python"): copying costs about what reading the file once does; a mapping
   // reads only what is touched. 256 MiB keeps every generated test trace and a real-model trace
   // of a few thousand tokens copied, and the copy's RAM small next to the memory budget.
   static constexpr size_t kCopyBelowBytes = size_t{256} << 20;
+  static Result<SafetensorsFile> open(const std::string& path, uint64_t copy_below_bytes = kCopyBelowBytes);
   // Validates `size` bytes at `data`, which the caller keeps alive and unchanged for the lifetime
   // of the returned object (nothing is copied). `label` names the source in error messages.
   static Result<SafetensorsFile> from_memory(const void* data, size_t size,

@@ -926,8 +926,8 @@ TraceReader::TraceReader(TraceReader&&) noexcept = default;
 TraceReader& TraceReader::operator=(TraceReader&&) noexcept = default;
 TraceReader::~TraceReader() = default;
 
-Result<TraceReader> TraceReader::open(const std::string& path) {
-  auto file = st::SafetensorsFile::open(path);
+Result<TraceReader> TraceReader::open(const std::string& path, uint64_t copy_below_bytes) {
+  auto file = st::SafetensorsFile::open(path, copy_below_bytes);
   if (!file.ok()) return file.status();
   auto impl = std::make_unique<Impl>(std::move(file).value());
   SPIN_RETURN_IF_ERROR(impl->load());

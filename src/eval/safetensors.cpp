@@ -134,6 +134,7 @@ namespace {
 Result<void*> copy_file(int fd, size_t size, const std::string& path) {
   void* addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (addr == MAP_FAILED) return resource_exhausted("cannot allocate {} bytes to read {}: {}", size, path, std::strerror(errno));
+  madvise(addr, size, MADV_HUGEPAGE);  // 2 MiB pages where the kernel allows: far fewer faults
   size_t done = 0;
   while (done < size) {
     const ssize_t n = ::pread(fd, static_cast<uint8_t*>(addr) + done, size - done, static_cast<off_t>(done));

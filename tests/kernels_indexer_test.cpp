@@ -306,6 +306,8 @@ TEST(IndexerValidation, RejectsBadArgumentsWithClearErrors) {
                          "num_threads");
   testing::expect_status(indexer_scores(good, {IndexerImpl::kAuto, -1}), StatusCode::kInvalidArgument, "num_threads");
   EXPECT_TRUE(indexer_scores(good, {IndexerImpl::kAuto, max_threads()}).ok());
+  testing::expect_status(indexer_scores(good, {static_cast<IndexerImpl>(99), 0}), StatusCode::kInvalidArgument,
+                         "not a known implementation");
 }
 
 // Every path this CPU lacks (on x86 at least neon, on aarch64 every x86 path) is refused by name

@@ -46,6 +46,22 @@ class Finding(Exception):
     """An output that breaks its documented contract."""
 
 
+class Notes(list):
+    """What a case did, step by step; printed as it happens when replaying (-v), so a case that
+    kills the process still shows how far it got."""
+    verbose = False
+
+    def __init__(self, items=()):
+        super().__init__()
+        for item in items:
+            self.append(item)
+
+    def append(self, text):
+        if Notes.verbose:
+            print(f"  {text}", flush=True)
+        super().append(text)
+
+
 # --- argument mutations ----------------------------------------------------------------------------
 
 INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
@@ -186,7 +202,7 @@ def check_topk(result, args):
 
 def run_call(rng, make, verbose):
     fn, args, arrays, scalars, check = make(rng)
-    described = []
+    described = Notes()
     for _ in range(rng.choice([1, 1, 2, 3])):
         if rng.random() < 0.6 and arrays:
             name = rng.choice(arrays)
@@ -213,7 +229,7 @@ def serving_case(rng, verbose):
     opts = dict(max_requests=rng.choice([1, 3, 4]), num_layers=2, max_entries=rng.choice([100, 2048]),
                 predictor=rng.choice(["spin", "spin", "prev-iter", "random"]), config=dict(CFG),
                 max_next_n=rng.choice([1, 2, 3]), compress_ratio=rng.choice([1, 1, 4]))
-    described = []
+    described = Notes()
     if rng.random() < 0.2:
         key = rng.choice(list(opts))
         opts[key], text = mutate_scalar(rng, opts[key], key) if key != "config" else (
@@ -297,7 +313,7 @@ def _mutate_dict(rng, args, arrays, scalars):
 def predictor_case(rng, verbose):
     name = rng.choice(["spin", "prev-iter", "ema-slot", "random", "oracle", "hisa"])
     p = spin_dsa.make_predictor(name, dict(CFG), num_layers=2, request_id=rng.randrange(100))
-    described = [name]
+    described = Notes([name])
     num_entries = rng.choice([0, 10, 100, 500])
     for step in range(rng.randrange(1, 4)):
         next_n = rng.choice([1, 2])
@@ -334,7 +350,7 @@ def trace_case(rng, verbose, files):
     src = files[kind]
     path = os.path.join(files["dir"], f"case-{os.getpid()}.safetensors")
     data = open(src, "rb").read()
-    described = [kind]
+    described = Notes([kind])
     damage = rng.choice(["none", "none", "truncate", "flip", "utf8", "nul_path", "missing"])
     if damage == "truncate":
         data = data[:rng.randrange(len(data))]
@@ -354,7 +370,7 @@ def trace_case(rng, verbose, files):
         cut = rng.randrange(len(data) + 1)
         with open(path, "r+b") as f:
             f.truncate(cut)
-        described.append(f"truncated to {cut} under the reader (mapped={r.mapped})")
+        described.append(f"truncated to {cut} under the reader (mapped={getattr(r, 'mapped', '?')})")
     for _ in range(rng.randrange(1, 6)):
         op = rng.choice(["k", "k_scale", "q", "w", "scores", "entries", "visible_entries", "ctx_len", "accepted",
                          "meta", "describe", "to_trace", "score", "replay", "facts"])
@@ -391,7 +407,7 @@ def trace_case(rng, verbose, files):
 def misc_case(rng, verbose):
     op = rng.choice(["check_config", "budget_blocks", "diagnose", "generate_workload", "make_trace",
                      "write_score_trace"])
-    described = [op]
+    described = Notes([op])
     if op == "check_config":
         spin_dsa.check_config(rng.choice([None, {}, {"alpha": 0.3}, {"alpha": "x"}, "topk=0", 7, [1],
                                           {"alpha": float("nan")}, {"\ud800": 1}]))
@@ -438,6 +454,7 @@ def misc_case(rng, verbose):
 def run_case(seed, case, files, verbose=False):
     """Runs case `case` of `seed`; returns None or a finding (str). Raises nothing."""
     rng = random.Random(seed * 1_000_003 + case)
+    Notes.verbose = verbose
     family = rng.choice(["indexer", "topk", "serving", "serving", "predictor", "trace", "trace", "misc"])
     try:
         if family == "indexer":
@@ -543,16 +560,18 @@ def main():
             finding = run_case(a.seed, a.case, files, verbose=True)
             print(finding or "no finding")
             return 1 if finding else 0
-        start, case, findings = time.monotonic(), 0, []
+        start, case, findings, slowest = time.monotonic(), 0, [], (0.0, -1)
         while time.monotonic() - start < a.seconds:
+            t0 = time.monotonic()
             finding = run_forked(a.seed, case, files)
+            slowest = max(slowest, (time.monotonic() - t0, case))
             if finding:
                 findings.append((case, finding))
                 print(f"FINDING case {case}: {finding}\n  reproduce: python python/tests/fuzz_boundary.py "
                       f"--seed {a.seed} --case {case} -v", flush=True)
             case += 1
         print(f"spin fuzz_boundary: seed {a.seed}, {case} cases in {time.monotonic() - start:.0f} s, "
-              f"{len(findings)} findings")
+              f"{len(findings)} findings (slowest: case {slowest[1]}, {slowest[0]:.1f} s)")
         return 1 if findings else 0
 
 

@@ -7,11 +7,11 @@
 #include <limits>
 
 #include "core/errors.h"
-#include "spin/memory.h"
 #include "kernels/cpu_features.h"
 #include "kernels/indexer_internal.h"
 #include "spin/cache.h"
 #include "spin/cpu.h"
+#include "spin/memory.h"
 
 namespace spin {
 
@@ -223,6 +223,10 @@ Status indexer_scores(const IndexerParams& params, const IndexerOptions& options
                             max_threads(), options.num_threads);
   }
   SPIN_RETURN_IF_ERROR(cpu_cap_status());
+  // An enum value outside the list (a cast from a bad int) would otherwise run the portable path.
+  const auto& known = indexer_impls();
+  if (options.impl != IndexerImpl::kAuto && std::find(known.begin(), known.end(), options.impl) == known.end())
+    return invalid_argument("indexer impl {} is not a known implementation", static_cast<int>(options.impl));
   IndexerImpl impl = options.impl == IndexerImpl::kAuto ? indexer_best_impl() : options.impl;
   if (!indexer_impl_supported(impl)) {
     return invalid_argument("indexer impl {} requested but {}; this CPU runs {} (or use auto)", indexer_impl_name(impl),

@@ -303,3 +303,22 @@ def test_index_arrays_any_integer_kind_same_result():
                        (np.array([[0, 9], [3, 9]], np.int64)[:, 0], np.array([700, 0, 900], np.int64)[::2])):
         np.testing.assert_array_equal(serving().select(slots, 0, seq), ref)
     raises(spin_dsa.InvalidArgument, "seq_lens", serving().select, [0], 0, np.array([2 ** 63 + 1], np.uint64))
+
+
+def test_predictor_index_arrays_read_in_order():
+    """Predictor.observe's scored_blocks and select's visible_entries: any strides, same result."""
+    def run(scored, visible):
+        p = spin_dsa.make_predictor("spin", CFG, num_layers=1, request_id=3)
+        blocks = p.select(0, 0, 200, visible_entries=visible)
+        scores = np.linspace(0, 1, 200).astype(np.float32)
+        p.observe(0, 0, scores, scored_blocks=scored)
+        p.commit(0)
+        return blocks, p.select(0, 1, 201)
+
+    ref = run(np.arange(13, dtype=np.int32), np.array([200], np.int64))
+    got = run(np.arange(12, -1, -1, dtype=np.int32)[::-1], np.array([0, 200], np.int64)[::-1][:1])
+    for a, b in zip(ref, got):
+        np.testing.assert_array_equal(a, b)
+    got = run(list(range(13)), [200])
+    for a, b in zip(ref, got):
+        np.testing.assert_array_equal(a, b)

@@ -1,5 +1,7 @@
 // spin_dsa._core: the nanobind module. Each area binds itself (predict.cpp, serving.cpp,
-// trace.cpp, kernels.cpp); this file holds the Status → exception mapping they share.
+// trace.cpp, kernels.cpp); this file holds what they share: the Status → exception mapping, the
+// argument layer declared in common.h (index arrays, scalars, paths, sizes, aliasing), and the
+// translator that turns a C++ exception escaping a binding into the library's classes.
 #include <nanobind/nanobind.h>
 
 #include <cstring>

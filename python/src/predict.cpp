@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,6 +82,7 @@ class Predictor {
   nb::ndarray<nb::numpy, int32_t> select(int64_t layer_arg, int64_t step, int64_t num_entries,
                                          int64_t next_n_arg, nb::handle visible_entries,
                                          nb::handle true_topk) {
+    CallGuard guard(*busy_, "Predictor.select");
     const int32_t layer = layer_index(layer_arg);
     const int32_t next_n = int_arg(next_n_arg, "next_n", 1, spin::kMaxNextN);
     if (step < 0) raise_value("step: " + std::to_string(step) + " is negative");
@@ -125,6 +127,7 @@ class Predictor {
 
   void observe(int64_t layer_arg, int64_t row_arg, nb::handle scores_obj, nb::handle topk,
                nb::handle scored_blocks) {
+    CallGuard guard(*busy_, "Predictor.observe");
     const int32_t layer = layer_index(layer_arg);
     const LayerSel& l = layers_[static_cast<size_t>(layer)];
     if (row_arg < 0 || row_arg >= l.next_n || row_arg >= spin::kMaxNextN)
@@ -161,9 +164,13 @@ class Predictor {
   }
 
   void commit(int64_t accepted) {
+    CallGuard guard(*busy_, "Predictor.commit");
     check(p_->commit(int_arg(accepted, "accepted", 0, spin::kMaxNextN - 1)));
   }
-  void reset() { p_->reset(); }
+  void reset() {
+    CallGuard guard(*busy_, "Predictor.reset");
+    p_->reset();
+  }
   Predictor fork(int64_t request_id, int64_t shared_entries) const {
     auto r = p_->fork(request_id, shared_entries);
     if (!r.ok()) raise_status(r.status());
@@ -189,6 +196,8 @@ class Predictor {
     return static_cast<int32_t>(layer);
   }
   std::unique_ptr<spin::BlockPredictor> p_;
+  // One call at a time (not thread-safe); on the heap so that the object stays movable.
+  std::unique_ptr<std::atomic<bool>> busy_ = std::make_unique<std::atomic<bool>>(false);
   std::vector<LayerSel> layers_;
 };
 

@@ -268,6 +268,30 @@ def test_serving_refuses_misuse():
     s3.commit([0])  # the object is usable after it
 
 
+def test_predictor_refuses_a_second_call_at_once():
+    p = spin_dsa.make_predictor("spin", CFG, num_layers=1)
+    seen = []
+
+    class Sneaky:  # scores (DLPack) whose export calls back into the predictor
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, *args, **kw):
+            try:
+                p.select(0, 1, 100)
+            except spin_dsa.FailedPrecondition as e:
+                seen.append(str(e))
+            return self.a.__dlpack__(*args, **kw)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    p.select(0, 0, 100)
+    p.observe(0, 0, Sneaky(np.zeros(100, np.float32)))
+    assert seen and "Predictor.select: another call" in seen[0]
+    p.commit(0)
+
+
 def test_concurrent_threads_never_crash():
     """Threads hammering one object: each call either works or raises FailedPrecondition."""
     s = serving()

@@ -158,13 +158,14 @@ PyTrace make_trace(nb::dict meta, nb::handle ctx_len, nb::list layers, nb::handl
       raise_type("layers[" + std::to_string(i) + "]: expected a dict {k, k_scale, q, w[, k_draft, k_draft_scale]}");
     nb::dict d = nb::borrow<nb::dict>(l);
     spin::TraceLayer tl;
-    tl.k = copy_array<uint8_t>(layer_array(d, "k", i), "k", 2);
-    tl.k_scale = copy_array<float>(layer_array(d, "k_scale", i), "k_scale", 1);
-    tl.q = copy_array<uint8_t>(layer_array(d, "q", i), "q", 4);
-    tl.w = copy_array<float>(layer_array(d, "w", i), "w", 3);
+    const auto name = [i](const char* key) { return "layers[" + std::to_string(i) + "]['" + key + "']"; };
+    tl.k = copy_array<uint8_t>(layer_array(d, "k", i), name("k").c_str(), 2);
+    tl.k_scale = copy_array<float>(layer_array(d, "k_scale", i), name("k_scale").c_str(), 1);
+    tl.q = copy_array<uint8_t>(layer_array(d, "q", i), name("q").c_str(), 4);
+    tl.w = copy_array<float>(layer_array(d, "w", i), name("w").c_str(), 3);
     if (d.contains("k_draft")) {
-      tl.k_draft = copy_array<uint8_t>(layer_array(d, "k_draft", i), "k_draft", 3);
-      tl.k_draft_scale = copy_array<float>(layer_array(d, "k_draft_scale", i), "k_draft_scale", 2);
+      tl.k_draft = copy_array<uint8_t>(layer_array(d, "k_draft", i), name("k_draft").c_str(), 3);
+      tl.k_draft_scale = copy_array<float>(layer_array(d, "k_draft_scale", i), name("k_draft_scale").c_str(), 2);
     }
     t->layers.push_back(std::move(tl));
     ++i;

@@ -34,7 +34,8 @@
 //   entries may differ between layers (each must cover the last step).
 // - k, q and k_draft may also be stored as F8_E4M3 (what safetensors.torch writes for
 //   torch.float8_e4m3fn): the bytes are the same. The writer always writes U8.
-// - Views are zero-copy into the mapping; a tensor that a hand-written file puts at an offset
+// - Views are zero-copy into the reader's bytes (the file read into memory up to
+//   kTraceCopyBelowBytes, else its mapping); a tensor that a hand-written file puts at an offset
 //   misaligned for its dtype is copied once at open (write_trace and the Python package align).
 //
 // Score traces (metadata kind=scores; kind=keys or no kind = the key trace above): what a serving
@@ -165,7 +166,7 @@ Status write_score_trace(const ScoreTrace& trace, const std::string& path);
 // an invalid trace or an I/O failure leaves nothing behind and an existing `path` untouched.
 Status write_trace(const Trace& trace, const std::string& path);
 
-// A validated trace file, memory-mapped (or borrowed) and read in place. Every view below is
+// A validated trace file, read into memory or memory-mapped (or borrowed), read in place. Every view below is
 // valid while the reader lives. Accessors take valid indices (layer < num_layers, step < steps,
 // row < next_n); out of range they return empty spans / 0.
 // Files up to this size are read into memory at open; larger ones are memory-mapped (see

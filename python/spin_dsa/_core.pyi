@@ -125,7 +125,7 @@ class Serving:
         """
 
     def counts(self, rows: int) -> NDArray[numpy.int32]:
-        """Valid blocks per row of the last select (int32 [rows], a view)."""
+        """Valid blocks per row of the last select (int32 [rows], a view; rows at most the batch · next_n it wrote)."""
 
     def observe(self, slots: ArrayLike, layer: int, logits: Annotated[NDArray, dict(writable=False)], topk: ArrayLike | None = None) -> None:
         """

@@ -72,17 +72,21 @@ class Serving {
       raise_value("select: batch · next_n = " + std::to_string(rows) + " is above max_requests · max_next_n = " +
                   std::to_string(counts_.size()));
     }
+    last_rows_ = 0;  // a refused select leaves no rows to read
     check(s_->select(slots.data, static_cast<int32_t>(batch), l, seq.data, nn, dst, stride, counts_.data()));
+    last_rows_ = rows;
     if (!out.is_none()) return nb::borrow(out);
     nb::object self = nb::find(this);  // the view keeps this object (and its buffer) alive
     return nb::cast(nb::ndarray<nb::numpy, int32_t>(blocks_.data(), {rows, cols}, self));
   }
 
+  // Only the rows the last select wrote: the buffer's other entries are older selects' counts.
   nb::ndarray<nb::numpy, int32_t> counts(int64_t rows) {
-    if (rows < 0) raise_value("rows: " + std::to_string(rows) + " is negative");
+    if (rows < 0 || static_cast<uint64_t>(rows) > last_rows_)
+      raise_value("rows: " + std::to_string(rows) + " is outside 0.." + std::to_string(last_rows_) +
+                  " (the rows the last select wrote)");
     nb::object self = nb::find(this);
-    const size_t n = std::min(static_cast<size_t>(rows), counts_.size());
-    return nb::ndarray<nb::numpy, int32_t>(counts_.data(), {n}, self);
+    return nb::ndarray<nb::numpy, int32_t>(counts_.data(), {static_cast<size_t>(rows)}, self);
   }
 
   void observe(nb::handle slots_obj, int64_t layer, nb::handle logits_obj, nb::handle topk_obj) {
@@ -191,6 +195,7 @@ class Serving {
   std::unique_ptr<spin::ServingPredictor> s_;
   std::vector<int32_t> blocks_;
   std::vector<int32_t> counts_;
+  size_t last_rows_ = 0;  // rows (batch · next_n) the last select wrote
   std::atomic<bool> busy_{false};
 };
 
@@ -235,7 +240,7 @@ void bind_serving(nb::module_& m) {
            "seq_lens: tokens cached per slot including the step's rows. Without `out` the result "
            "is a view of the object's buffer, valid until the next select.")
       .def("counts", &Serving::counts, nb::arg("rows"),
-           "Valid blocks per row of the last select (int32 [rows], a view).")
+           "Valid blocks per row of the last select (int32 [rows], a view; rows at most the batch · next_n it wrote).")
       .def("observe", &Serving::observe, nb::arg("slots"), nb::arg("layer"), nb::arg("logits"),
            nb::arg("topk") = nb::none(),
            "The rows' indexer logits, float32 [batch · next_n, cols >= visible], request-local "

@@ -238,6 +238,8 @@ def test_serving_refuses_misuse():
     raises(spin_dsa.InvalidArgument, "same order", s.observe, [0], 0, logits[:1])  # fewer slots
     raises(spin_dsa.FailedPrecondition, "must follow select", s.observe, [2, 3], 0, logits)  # other slots
     s.observe([0, 1], 0, logits)
+    assert s.counts(2).shape == (2,)
+    raises(spin_dsa.InvalidArgument, "rows the last select wrote", s.counts, 3)  # stale rows
     s.drop(3)
     raises(spin_dsa.FailedPrecondition, "free", s.select, [3], 0, [500])  # a slot not active
     # MTP: rows must be batch · next_n.

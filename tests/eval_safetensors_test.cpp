@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -213,6 +214,41 @@ TEST(Safetensors, OpenReportsFileSystemErrors) {
   expect_error(SafetensorsFile::open(dir.file("pipe")).status(), "not a regular file");
   std::ofstream(dir.file("empty")).close();
   expect_error(SafetensorsFile::open(dir.file("empty")).status(), "file is 0 bytes");
+}
+
+// Issue 20: a file changed under an open reader never faults it. Up to copy_below_bytes it is read
+// into memory (truncating the file changes nothing the reader shows); above, it is mapped and
+// check_unchanged() reports the truncation before a read of the lost tail could raise SIGBUS.
+TEST(Safetensors, TruncatedUnderAnOpenReader) {
+  TempDir dir;
+  const std::string path = dir.file("t.safetensors");
+  std::vector<float> values(4096, 1.5f);
+  const std::vector<TensorSpec> specs = {{"x", Dtype::kF32, {4096}, values.data(), values.size() * 4}};
+  ASSERT_TRUE(write_safetensors(path, specs, {}).ok());
+  auto copied = SafetensorsFile::open(path);
+  auto mapped = SafetensorsFile::open(path, /*copy_below_bytes=*/0);
+  ASSERT_TRUE(copied.ok() && mapped.ok());
+  EXPECT_FALSE(copied->mapped());
+  EXPECT_TRUE(mapped->mapped());
+  ASSERT_EQ(::truncate(path.c_str(), 16), 0);
+  EXPECT_TRUE(copied->check_unchanged().ok());
+  const TensorView x = copied->tensor("x").value();
+  float last = 0;
+  std::memcpy(&last, x.data + 4095 * 4, 4);  // the old contents, after the file lost them
+  EXPECT_EQ(last, 1.5f);
+  const Status lost = mapped->check_unchanged();
+  EXPECT_EQ(lost.code(), StatusCode::kDataLoss);
+  expect_error(lost, "shrank");
+}
+
+TEST(Safetensors, PathWithANulByteIsRefused) {
+  TempDir dir;
+  const std::string path = dir.file("a.st") + std::string(1, '\0') + ".bak";
+  expect_error(SafetensorsFile::open(path).status(), "NUL");
+  std::vector<float> v(4, 0.0f);
+  const std::vector<TensorSpec> specs = {{"x", Dtype::kF32, {4}, v.data(), 16}};
+  expect_error(write_safetensors(path, specs, {}), "NUL");
+  EXPECT_FALSE(fs::exists(dir.file("a.st")));
 }
 
 }  // namespace

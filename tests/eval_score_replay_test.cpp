@@ -79,6 +79,34 @@ TEST(ScoreReplay, AllKeepClosedLoopOnAScoreTraceIsExact) {
   }
 }
 
+// Issue 20: open loop with keep_topk keeps every row (the all-keep top-k it saw), so nothing
+// returned is unwritten; trace_facts refuses block_entries 0 instead of dividing by it.
+TEST(ScoreReplay, OpenLoopKeepsEveryTopkRowAndFactsRefuseZero) {
+  WorkloadParams p = small_params();
+  p.prompt_tokens = 3000;
+  p.steps = 4;
+  const Trace t = generate_workload(p).value();
+  auto scored = score_trace(t).value();
+  ReplayOptions o;
+  o.open_loop = true;
+  o.keep_topk = true;
+  o.config.topk = p.topk;
+  auto r = replay(t, *scored, o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->topk.size(), static_cast<size_t>(p.layers));
+  for (const auto& layer : r->topk) {
+    ASSERT_EQ(layer.size(), static_cast<size_t>(p.steps));
+    for (const auto& row : layer) EXPECT_EQ(row.size(), static_cast<size_t>(p.topk));
+  }
+  EXPECT_EQ(check_trace_facts(*scored, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(check_trace_facts(*scored, 64, p.layers).code(), StatusCode::kOutOfRange);
+  EXPECT_TRUE(check_trace_facts(*scored, 64).ok());
+  EXPECT_EQ(trace_facts(*scored, 0).samples, 0);
+  ScoreOptions many;
+  many.threads = 1 << 20;
+  EXPECT_EQ(score_trace(t, many).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(ScoreReplay, KeyTraceAndItsScoreTraceReplayIdentically) {
   for (int32_t next_n : {1, 3}) {
     const KeyAndScores k = key_and_scores(small_params(next_n));

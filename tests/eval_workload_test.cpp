@@ -204,6 +204,17 @@ TEST(Workload, AskedNeedleIsInTheAllKeepTopK) {
   }
 }
 
+// Issue 20: a trace that cannot fit is refused up front, in GiB, as `spin trace gen` refuses it.
+TEST(Workload, RefusesATraceLargerThanMemoryBeforeGenerating) {
+  WorkloadParams p = scenario_params("doc-qa-10k").value();
+  p.layers = 100000;
+  const auto r = generate_workload(p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("GiB trace"), std::string::npos) << r.status().message();
+  EXPECT_GT(workload_trace_bytes(p), 1e11);
+}
+
 TEST(Workload, RejectsBadRetrievalSettings) {
   const auto refused = [](const char* key, const char* value) {
     WorkloadParams p = small_niah();

@@ -12,6 +12,7 @@
 #include "kernel_harness.h"
 #include "spin/attention.h"
 #include "spin/cpu.h"
+#include "spin/memory.h"
 #include "spin/numerics.h"
 #include "test_util.h"
 
@@ -304,6 +305,16 @@ TEST(IndexerValidation, RejectsBadArgumentsWithClearErrors) {
   std::vector<int64_t> lens = {-1, 5};
   p.context_lens = lens.data();
   expect_error(p, StatusCode::kInvalidArgument, "negative");
+  p = good;
+  p.compress_ratio = 0;
+  expect_error(p, StatusCode::kInvalidArgument, "compress_ratio");
+  // Issue 20: a thread count above the machine's is refused, not handed to OpenMP.
+  testing::expect_status(indexer_scores(good, {IndexerImpl::kAuto, max_threads() + 1}), StatusCode::kInvalidArgument,
+                         "num_threads");
+  testing::expect_status(indexer_scores(good, {IndexerImpl::kAuto, -1}), StatusCode::kInvalidArgument, "num_threads");
+  EXPECT_TRUE(indexer_scores(good, {IndexerImpl::kAuto, max_threads()}).ok());
+  testing::expect_status(indexer_scores(good, {static_cast<IndexerImpl>(99), 0}), StatusCode::kInvalidArgument,
+                         "not a known implementation");
 }
 
 // Every path this CPU lacks (on x86 at least neon, on aarch64 every x86 path) is refused by name

@@ -279,6 +279,50 @@ TEST(ServingPredictor, RefusesBadCalls) {
   EXPECT_NE(nan.message().find("slot 0"), std::string::npos) << nan.message();
 }
 
+// Issue 20: observe must list the select's slots, all of them, in its order — another list would
+// read one request's logits rows as another's. open_next_n tells a binding how many rows to expect.
+TEST(ServingPredictor, ObserveMustRepeatTheSelectSlots) {
+  auto s = make(small_options(4, 2));
+  for (int32_t slot = 0; slot < 3; ++slot) ASSERT_TRUE(s->add(slot, 10 + slot).ok());
+  const int32_t cols = s->max_blocks();
+  std::vector<int32_t> blocks(static_cast<size_t>(8 * cols));
+  const int32_t two[2] = {0, 1}, swapped[2] = {1, 0}, one[1] = {0}, three[3] = {0, 1, 2};
+  const int64_t seq[3] = {500, 600, 700};
+  EXPECT_EQ(s->open_next_n(0), 0);
+  ASSERT_TRUE(s->select(two, 2, 0, seq, 2, blocks.data(), cols).ok());
+  EXPECT_EQ(s->open_next_n(0), 2);
+  EXPECT_EQ(s->open_next_n(2), 0);   // active, nothing open
+  EXPECT_EQ(s->open_next_n(99), 0);  // outside the object
+  std::vector<float> logits(4 * 700, 0.0f);
+  const Status other_order = s->observe(swapped, 2, 0, logits.data(), 700, 700);
+  EXPECT_EQ(other_order.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(other_order.message().find("same order"), std::string::npos) << other_order.message();
+  EXPECT_EQ(s->observe(one, 1, 0, logits.data(), 700, 700).code(), StatusCode::kInvalidArgument);  // fewer
+  EXPECT_EQ(s->observe(three, 3, 0, logits.data(), 700, 700).code(), StatusCode::kFailedPrecondition);  // slot 2 not selected
+  // Two selects of one layer in two sub-batches: each observe must match its own.
+  ASSERT_TRUE(s->observe(two, 2, 0, logits.data(), 700, 700).ok());
+  ASSERT_TRUE(s->select(one, 1, 1, seq, 2, blocks.data(), cols).ok());
+  ASSERT_TRUE(s->select(two + 1, 1, 1, seq + 1, 2, blocks.data(), cols).ok());
+  EXPECT_EQ(s->observe(two, 2, 1, logits.data(), 700, 700).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(s->observe(one, 1, 1, logits.data(), 700, 700).ok());
+  EXPECT_TRUE(s->observe(two + 1, 1, 1, logits.data(), 700, 700).ok());
+}
+
+// Issue 20: a size that cannot fit is refused at create(), in GiB, before any slot is allocated.
+TEST(ServingPredictor, RefusesWhatWouldNotFitBeforeAllocating) {
+  ServingOptions o = small_options();
+  o.max_requests = 1 << 20;
+  o.num_layers = 1024;
+  o.max_entries = int64_t{1} << 31;
+  auto r = ServingPredictor::create(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("GiB"), std::string::npos) << r.status().message();
+  // What it plans is what memory_bytes() reports for one that fits.
+  auto small = make(small_options());
+  EXPECT_GT(small->memory_bytes(), size_t{0});
+}
+
 TEST(ServingPredictor, ObserveScoredEqualsObserve) {
   auto a = make(small_options());
   auto b = make(small_options());

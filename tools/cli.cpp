@@ -108,15 +108,7 @@ CLI::Validator output_dir() {
 CLI::Validator threads() { return int_range(0, 1024).description("THREADS in 0..1024 (0 = all)"); }
 
 Status check_fits_in_memory(double bytes, const std::string& what) {
-  const double limit = static_cast<double>(memory_budget_bytes());
-  if (bytes > limit) {
-    return {StatusCode::kResourceExhausted,
-            fmt::format("{} needs about {:.1f} GiB, more than the {:.1f} GiB this machine can give it "
-                        "(80 % of {:.1f} GiB)",
-                        what, bytes / 1073741824.0, limit / 1073741824.0,
-                        static_cast<double>(physical_memory_bytes()) / 1073741824.0)};
-  }
-  return ok_status();
+  return spin::check_fits_in_memory(bytes, what);  // one message for the CLI and the library
 }
 
 void Progress::update(const std::string& stage, double fraction) {

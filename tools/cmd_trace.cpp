@@ -19,15 +19,7 @@ struct GenArgs {
   std::vector<std::string> settings;  // --set: workload fields, key=value, after the options above
 };
 
-// Bytes of the trace the generator holds in memory (and then writes): per layer the keys and
-// scales of every entry, and the queries and weights of every row.
-double trace_bytes(const WorkloadParams& p) {
-  const double rows = static_cast<double>(p.steps) * p.next_n;
-  const double bursts = p.burst_steps > 0 ? static_cast<double>(p.steps / p.burst_steps + 1) : 0.0;
-  const double entries = static_cast<double>(p.prompt_tokens) + rows + bursts * static_cast<double>(p.tool_tokens);
-  const double per_layer = entries * (kTraceHeadDim + 4) + rows * p.num_heads * (kTraceHeadDim + 4);
-  return per_layer * p.layers;
-}
+double trace_bytes(const WorkloadParams& p) { return workload_trace_bytes(p); }
 
 int run_gen(const GenArgs& a) {
   auto params = scenario_params(a.scenario);

@@ -74,13 +74,16 @@ struct TraceFacts {
   double mean_visible_entries = 0;
 };
 // Over every layer, or only `layer` (≥ 0): real models' layers differ a lot (issue 12).
+// block_entries must be ≥ 1 and layer < the trace's layers (check_trace_facts says why not);
+// arguments it refuses give an all-zero TraceFacts, never a division by zero.
+Status check_trace_facts(const ScoredTrace& scored, int32_t block_entries, int32_t layer = -1);
 TraceFacts trace_facts(const ScoredTrace& scored, int32_t block_entries, int32_t layer = -1);
 
 struct ReplayOptions {
   std::string predictor = "spin";
   PredictorConfig config;   // page_size and topk are taken from the trace
   bool open_loop = false;
-  bool keep_topk = false;   // keep every row's closed-loop top-k (for --dump-topk)
+  bool keep_topk = false;   // keep every row's top-k (for --dump-topk; open loop: the all-keep one)
   // Step 0 stands for prefill: DSA prefill scores every prompt entry anyway, so an engine has the
   // last prompt token's full indexer row before its first decode step. With warm_start the
   // predictor observes step 0 in full and step 0 is not counted as a sample (otherwise every
@@ -117,7 +120,7 @@ struct ReplayResult {
   double overhead_fraction() const;  // overhead_seconds / (indexer time of the visible entries)
   double cost_fraction() const;      // quality.work_fraction() + overhead_fraction()
   int64_t prefill_steps = 0;     // steps observed as prefills (not samples)
-  // [layer][step · next_n + row][topk] when keep_topk (closed loop).
+  // [layer][step · next_n + row][topk] when keep_topk (open loop: the all-keep top-k it saw).
   std::vector<std::vector<std::vector<int32_t>>> topk;
 };
 

@@ -58,7 +58,9 @@ struct ServingOptions {
 
 class ServingPredictor {
  public:
-  // Validates the options and allocates every slot's state and every buffer.
+  // Validates the options, refuses (kResourceExhausted, in GiB) what would not fit the memory
+  // budget of spin/memory.h before allocating anything, then allocates every slot's state and
+  // every buffer.
   static Result<std::unique_ptr<ServingPredictor>> create(const ServingOptions& options);
   ~ServingPredictor();
   ServingPredictor(const ServingPredictor&) = delete;
@@ -76,6 +78,7 @@ class ServingPredictor {
   bool active(int32_t slot) const;
   int64_t request_id(int32_t slot) const;  // -1 when the slot is free
   int64_t step(int32_t slot) const;        // steps committed in the slot (prefill included)
+  int32_t open_next_n(int32_t slot) const; // rows of the slot's open step, 0 when none is open
 
   // Writes the blocks of each of the batch · next_n rows to blocks[row · blocks_stride + c]
   // (c < max_blocks; ascending, -1 after the last), and their count to counts[row] when counts is
@@ -86,7 +89,7 @@ class ServingPredictor {
   // row's visible entries; only the selected blocks' entries are read: -inf = scored, lowest;
   // NaN/+inf are errors) and optionally their top-k ([rows, topk_stride], the first config.topk
   // read, -1 padded). Must follow select(slots, layer) of the open step; the same slots in the
-  // same order.
+  // same order, all of them (another list is kInvalidArgument: its rows would be misread).
   Status observe(const int32_t* slots, int32_t batch, int32_t layer, const float* logits,
                  int64_t logits_stride, int64_t logits_cols, const int32_t* topk = nullptr,
                  int64_t topk_stride = 0);

@@ -34,7 +34,8 @@
 //   entries may differ between layers (each must cover the last step).
 // - k, q and k_draft may also be stored as F8_E4M3 (what safetensors.torch writes for
 //   torch.float8_e4m3fn): the bytes are the same. The writer always writes U8.
-// - Views are zero-copy into the mapping; a tensor that a hand-written file puts at an offset
+// - Views are zero-copy into the reader's bytes (the file read into memory up to
+//   kTraceCopyBelowBytes, else its mapping); a tensor that a hand-written file puts at an offset
 //   misaligned for its dtype is copied once at open (write_trace and the Python package align).
 //
 // Score traces (metadata kind=scores; kind=keys or no kind = the key trace above): what a serving
@@ -165,12 +166,16 @@ Status write_score_trace(const ScoreTrace& trace, const std::string& path);
 // an invalid trace or an I/O failure leaves nothing behind and an existing `path` untouched.
 Status write_trace(const Trace& trace, const std::string& path);
 
-// A validated trace file, memory-mapped (or borrowed) and read in place. Every view below is
+// A validated trace file, read into memory or memory-mapped (or borrowed), read in place. Every view below is
 // valid while the reader lives. Accessors take valid indices (layer < num_layers, step < steps,
 // row < next_n); out of range they return empty spans / 0.
+// Files up to this size are read into memory at open; larger ones are memory-mapped (see
+// TraceReader::mapped). The cost of each is measured in the README's Python section.
+inline constexpr uint64_t kTraceCopyBelowBytes = uint64_t{256} << 20;
+
 class TraceReader {
  public:
-  static Result<TraceReader> open(const std::string& path);
+  static Result<TraceReader> open(const std::string& path, uint64_t copy_below_bytes = kTraceCopyBelowBytes);
   // Validates `size` bytes at `data`; the caller keeps them alive and unchanged while the reader
   // (and any view from it) lives. For fuzzing and in-memory pipelines.
   static Result<TraceReader> from_memory(const void* data, size_t size);
@@ -186,6 +191,12 @@ class TraceReader {
   int64_t entries(int layer) const;
   uint64_t file_size() const;
   const std::string& path() const;  // "<memory>" for from_memory
+  // A file up to copy_below_bytes (256 MiB) is copied into memory at open (truncating or rewriting it afterwards
+  // changes nothing the reader shows); a larger one is memory-mapped, and check_unchanged() is
+  // kDataLoss once it is shorter than at open — reading a mapped file's lost tail would be SIGBUS,
+  // so callers that hand out views of a long-lived reader (the Python bindings) call it first.
+  bool mapped() const;
+  Status check_unchanged() const;
 
   std::span<const int64_t> ctx_len() const;   // [steps]
   std::span<const int32_t> accepted() const;  // [steps], empty when absent

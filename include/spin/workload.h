@@ -133,7 +133,12 @@ const std::vector<std::string>& scenario_names();
 Result<WorkloadParams> scenario_params(std::string_view name);
 
 // Generates the trace (deterministic per seed, independent of thread count).
+// Refuses (kResourceExhausted, in GiB, before generating) a trace whose working set — twice
+// workload_trace_bytes — is over the memory budget of spin/memory.h, as `spin trace gen` does.
 Result<Trace> generate_workload(const WorkloadParams& params);
+// Bytes of the trace the generator holds in memory (and then writes): per layer the keys and
+// scales of every entry, and the queries and weights of every row.
+double workload_trace_bytes(const WorkloadParams& params);
 
 // The span a decode step's query asks for (needle or turn), entries [begin, end).
 struct WorkloadTarget {

@@ -3,8 +3,10 @@ must score, from the indexer's own past scores (the C++ library of this reposito
 nanobind).
 
 Arrays go in and out without copies: numpy arrays (buffer protocol) and torch CPU tensors
-(DLPack) of the exact dtype the library reads; a wrong dtype, layout or device is a TypeError,
-never a silent conversion. Library errors are raised as the classes of ``spin_dsa._errors`` (all
+(DLPack) of the exact dtype the library reads; a wrong dtype, layout or device is
+:class:`InvalidType` (a TypeError and a SpinError), never a silent conversion. Small index arrays
+(slots, seq_lens, accepted, block ids, offsets) may be lists or other integer dtypes: those are
+copied once and range-checked. Library errors are raised as the classes of ``spin_dsa._errors`` (all
 derive from :class:`SpinError`) with the library's messages.
 
 Research API (one object per request)::
@@ -20,8 +22,8 @@ Traces, replay, workloads: :func:`open_trace`, :func:`score_trace`, :func:`repla
 The vLLM plugin: ``spin_dsa.vllm`` (README "Use spin in vLLM"; imports vLLM only when loaded).
 """
 
-from ._errors import (DataLoss, FailedPrecondition, InvalidArgument, IoError, OutOfRange,
-                      ResourceExhausted, SpinError)
+from ._errors import (DataLoss, FailedPrecondition, InvalidArgument, InvalidType, IoError,
+                      OutOfRange, ResourceExhausted, SpinError)
 from ._core import (Predictor, ScoredTrace, Serving, Trace, TraceReader, budget_blocks,
                     check_config, cpu_summary, default_config, diagnose, generate_workload, indexer_impls,
                     indexer_scores, make_predictor, make_trace, open_trace, predictor_names,
@@ -31,7 +33,7 @@ from ._core import (Predictor, ScoredTrace, Serving, Trace, TraceReader, budget_
 __version__ = "0.1.0"
 
 __all__ = [
-    "SpinError", "InvalidArgument", "OutOfRange", "ResourceExhausted", "FailedPrecondition",
+    "SpinError", "InvalidArgument", "InvalidType", "OutOfRange", "ResourceExhausted", "FailedPrecondition",
     "DataLoss", "IoError",
     "Predictor", "make_predictor", "predictor_names", "default_config", "check_config",
     "budget_blocks",

@@ -125,7 +125,7 @@ class Serving:
         """
 
     def counts(self, rows: int) -> NDArray[numpy.int32]:
-        """Valid blocks per row of the last select (int32 [rows], a view)."""
+        """Valid blocks per row of the last select (int32 [rows], a view; rows at most the batch · next_n it wrote)."""
 
     def observe(self, slots: ArrayLike, layer: int, logits: Annotated[NDArray, dict(writable=False)], topk: ArrayLike | None = None) -> None:
         """
@@ -149,12 +149,12 @@ class Serving:
 
 class TraceReader:
     """
-    A validated trace file (include/spin/trace.h), memory-mapped; tensors are zero-copy read-only views into the mapping.
+    A validated trace file (include/spin/trace.h): read into memory up to 256 MiB, memory-mapped above; tensors are zero-copy read-only views. A mapped file truncated while open raises DataLoss at the next access.
     """
 
     @staticmethod
-    def open(path: str) -> TraceReader:
-        """Opens and validates a trace file."""
+    def open(path: str, copy_below_bytes: int = 268435456) -> TraceReader:
+        """Opens and validates a trace file (read into memory up to copy_below_bytes, mapped above)."""
 
     @property
     def meta(self) -> dict: ...
@@ -170,6 +170,10 @@ class TraceReader:
 
     @property
     def file_size(self) -> int: ...
+
+    @property
+    def mapped(self) -> bool:
+        """Whether the file is memory-mapped (above 256 MiB) rather than read into memory."""
 
     def entries(self, layer: int) -> int: ...
 
@@ -235,8 +239,8 @@ class Trace:
     def write(self, path: str) -> None:
         """Validates, then writes atomically (spin/trace.h schema)."""
 
-def open_trace(path: str) -> TraceReader:
-    """Opens and validates a trace file (memory-mapped TraceReader)."""
+def open_trace(path: str, copy_below_bytes: int = 268435456) -> TraceReader:
+    """Opens and validates a trace file: a TraceReader, read into memory up to copy_below_bytes (256 MiB), memory-mapped above (a mapped file truncated while open raises DataLoss)."""
 
 def make_trace(meta: dict, ctx_len: ArrayLike, layers: Sequence[Mapping[str, ArrayLike]], accepted: ArrayLike | None = None) -> Trace:
     """

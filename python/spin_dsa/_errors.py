@@ -13,6 +13,12 @@ class InvalidArgument(SpinError, ValueError):
     """A shape, size, pointer or value the call does not support (StatusCode::kInvalidArgument)."""
 
 
+class InvalidType(InvalidArgument, TypeError):
+    """An argument of the wrong kind: a float, bool or string array where integers are expected, a
+    list where an array is, a wrong dtype, non-contiguous or negative strides on a big array. It is
+    an InvalidArgument (so a SpinError and a ValueError) and a TypeError."""
+
+
 class OutOfRange(SpinError, IndexError):
     """An index (slot, layer, page, block, position) outside what exists."""
 
@@ -33,5 +39,5 @@ class IoError(SpinError, OSError):
     """The operating system refused a read or write."""
 
 
-__all__ = ["SpinError", "InvalidArgument", "OutOfRange", "ResourceExhausted",
+__all__ = ["SpinError", "InvalidArgument", "InvalidType", "OutOfRange", "ResourceExhausted",
            "FailedPrecondition", "DataLoss", "IoError"]

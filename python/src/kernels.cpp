@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "spin/engine.h"
 #include "spin/geometry.h"
 #include "spin/indexer.h"
+#include "spin/memory.h"
 #include "spin/topk.h"
 
 namespace spin_py {
@@ -26,128 +28,192 @@ spin::IndexerImpl indexer_impl(const std::string& name) {
   if (name == "auto") return spin::IndexerImpl::kAuto;
   for (spin::IndexerImpl i : spin::indexer_impls())
     if (name == spin::indexer_impl_name(i)) return i;
-  raise_value("impl: unknown indexer implementation '" + name + "'");
+  std::string known = "auto";
+  for (spin::IndexerImpl i : spin::indexer_impls()) known += std::string(", ") + spin::indexer_impl_name(i);
+  raise_value("impl: unknown indexer implementation '" + name + "' (known: " + known + ")");
 }
 
-// Writes into `out` (float32 [rows, >= cols]) or a new array.
+// Writes into `out` (float32 [rows, >= cols]) or a new array (sized against the memory budget
+// first: a huge logits_cols or context is refused in GiB, not as a std::bad_alloc).
 nb::object float_out(nb::handle out, size_t rows, size_t cols, float** data, int64_t* stride) {
   if (!out.is_none()) {
-    OutArray o = nb::cast<OutArray>(out);
+    OutArray o = out_array(out, "out");
     *data = array_data<float>(o, "out", 2);
     if (o.shape(0) != rows || o.shape(1) < cols)
-      raise_value("out: expected [" + std::to_string(rows) + ", >= " + std::to_string(cols) + "]");
+      raise_value("out: expected float32 [" + std::to_string(rows) + ", >= " + std::to_string(cols) + "], got " +
+                  shape_text(o));
     *stride = static_cast<int64_t>(o.shape(1));
     return nb::borrow(out);
   }
-  auto arr = owned_array(std::vector<float>(rows * cols), {rows, cols});
+  const int64_t cells = checked_mul(static_cast<int64_t>(rows), static_cast<int64_t>(cols), "logits");
+  check_fits(static_cast<double>(cells) * sizeof(float),
+             "indexer_scores: logits [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
+  auto arr = owned_array(std::vector<float>(static_cast<size_t>(cells)), {rows, cols});
   *data = arr.data();
   *stride = static_cast<int64_t>(cols);
   return nb::cast(arr);
 }
 
-nb::object indexer(const InArray& key_cache, nb::handle block_table_obj, nb::handle context_lens_obj,
-                   const InArray& q, const InArray& weights, int32_t page_size, int32_t compress_ratio,
-                   nb::handle block_ids_obj, nb::handle block_offsets_obj, int32_t block_pages,
-                   int64_t logits_cols, nb::handle out, const std::string& impl, int threads) {
+// `out` must not share a byte with an input the kernel reads while it writes.
+template <typename A>
+void check_no_alias(float* out, size_t out_bytes, const A& input, const char* name) {
+  if (overlaps(out, out_bytes, input.data(), input.nbytes()))
+    raise_value(std::string("out: shares memory with ") + name + " (pass a separate array)");
+}
+
+// A block mask (block_ids with block_offsets [masks + 1]): offsets within the ids, both or neither.
+struct BlockMask {
+  IndexArray<int32_t> ids, offsets;
+  bool present = false;
+};
+BlockMask block_mask(nb::handle ids_obj, nb::handle offsets_obj, int64_t masks, const char* masks_text) {
+  BlockMask m;
+  if (ids_obj.is_none() && offsets_obj.is_none()) return m;
+  if (ids_obj.is_none() || offsets_obj.is_none())
+    raise_value(std::string(ids_obj.is_none() ? "block_ids" : "block_offsets") +
+                ": expected with " + (ids_obj.is_none() ? "block_offsets" : "block_ids") + " (a mask needs both)");
+  m.ids = index_i32(ids_obj, {"block_ids", {-1}, 0, INT32_MAX});
+  m.offsets = index_i32(offsets_obj, {"block_offsets", {masks + 1}, 0, m.ids.dim(0), masks_text});
+  m.present = true;
+  return m;
+}
+
+nb::object indexer(nb::handle key_cache_obj, nb::handle block_table_obj, nb::handle context_lens_obj,
+                   nb::handle q_obj, nb::handle weights_obj, int64_t page_size, int64_t compress_ratio,
+                   nb::handle block_ids_obj, nb::handle block_offsets_obj, int64_t block_pages,
+                   int64_t logits_cols, nb::handle out, const std::string& impl_name, int64_t threads) {
+  // Scalars first: nothing below may divide by compress_ratio or start threads before they hold.
   spin::IndexerParams p;
+  p.page_size = int_arg(page_size, "page_size", 1, 1 << 16);
+  p.compress_ratio = int_arg(compress_ratio, "compress_ratio", 1, 64);
+  p.block_pages = int_arg(block_pages, "block_pages", 1, 1 << 16);
+  const spin::IndexerOptions options{indexer_impl(impl_name), threads_arg(threads)};
+  InArray key_cache = in_array(key_cache_obj, "key_cache");
   p.key_cache = array_data<const uint8_t>(key_cache, "key_cache", -1);
-  p.page_size = page_size;
-  const int64_t page_bytes = spin::IndexerPageLayout{page_size}.page_bytes();
-  if (page_size < 1 || key_cache.nbytes() % static_cast<size_t>(page_bytes) != 0)
+  const int64_t page_bytes = spin::IndexerPageLayout{p.page_size}.page_bytes();
+  if (key_cache.nbytes() % static_cast<size_t>(page_bytes) != 0)
     raise_value("key_cache: " + std::to_string(key_cache.nbytes()) + " bytes is not a whole number of " +
-                std::to_string(page_bytes) + "-byte pages (page_size " + std::to_string(page_size) + ")");
-  p.num_pages = static_cast<int32_t>(key_cache.nbytes() / static_cast<size_t>(page_bytes));
-  InArray bt = as_index_array(block_table_obj, "int32");
-  array_data<const int32_t>(bt, "block_table", 2);
-  p.block_table = static_cast<const int32_t*>(bt.data());
-  p.block_table_stride = static_cast<int32_t>(bt.shape(1));
-  InArray cl = as_index_array(context_lens_obj, "int64");
-  array_data<const int64_t>(cl, "context_lens", 1);
-  p.batch = static_cast<int32_t>(cl.shape(0));
-  p.context_lens = static_cast<const int64_t*>(cl.data());
-  if (bt.shape(0) != cl.shape(0)) raise_value("block_table: expected [batch, max_pages] with batch = len(context_lens)");
+                std::to_string(page_bytes) + "-byte pages (page_size " + std::to_string(p.page_size) + ")");
+  const size_t num_pages = key_cache.nbytes() / static_cast<size_t>(page_bytes);
+  if (num_pages > INT32_MAX) raise_value("key_cache: " + std::to_string(num_pages) + " pages do not fit int32");
+  p.num_pages = static_cast<int32_t>(num_pages);
+  const auto cl = index_i64(context_lens_obj, {"context_lens", {-1}, 0, int64_t{1} << 40, nullptr, false});
+  const int64_t batch = cl.dim(0);
+  p.batch = static_cast<int32_t>(batch);
+  p.context_lens = cl.data;
+  const auto bt = index_i32(block_table_obj, {"block_table", {batch, -1}, INT32_MIN, INT32_MAX, "len(context_lens)"});
+  if (bt.dim(1) > INT32_MAX) raise_value("block_table: more than 2^31 - 1 pages per request");
+  p.block_table = bt.data;
+  p.block_table_stride = static_cast<int32_t>(bt.dim(1));
+  InArray q = in_array(q_obj, "q");
   p.q = array_data<const uint8_t>(q, "q", 4);
-  if (q.shape(0) != cl.shape(0) || q.shape(3) != 128)
-    raise_value("q: expected uint8 [batch, next_n, heads, 128]");
+  if (static_cast<int64_t>(q.shape(0)) != batch || q.shape(3) != 128 || q.shape(1) < 1 ||
+      q.shape(1) > static_cast<size_t>(spin::kMaxNextN) || q.shape(2) < 1 || q.shape(2) > 1024)
+    raise_value("q: expected uint8 [batch = " + std::to_string(batch) + ", next_n 1.." +
+                std::to_string(spin::kMaxNextN) + ", heads, 128], got " + shape_text(q));
   p.next_n = static_cast<int32_t>(q.shape(1));
   p.num_heads = static_cast<int32_t>(q.shape(2));
+  InArray weights = in_array(weights_obj, "weights");
   p.weights = array_data<const float>(weights, "weights", 3);
   if (weights.shape(0) != q.shape(0) || weights.shape(1) != q.shape(1) || weights.shape(2) != q.shape(2))
-    raise_value("weights: expected float32 [batch, next_n, heads] like q");
-  p.compress_ratio = compress_ratio;
-  InArray ids, offs;
-  if (!block_offsets_obj.is_none()) {
-    ids = as_index_array(block_ids_obj, "int32");
-    offs = as_index_array(block_offsets_obj, "int32");
-    p.block_ids = static_cast<const int32_t*>(ids.data());
-    p.block_offsets = static_cast<const int32_t*>(offs.data());
-    if (offs.ndim() != 1 || offs.shape(0) != cl.shape(0) + 1)
-      raise_value("block_offsets: expected int32 [batch + 1]");
+    raise_value("weights: expected float32 [batch, next_n, heads] like q " + shape_text(q) + ", got " +
+                shape_text(weights));
+  const BlockMask mask = block_mask(block_ids_obj, block_offsets_obj, batch, "len(context_lens) + 1");
+  if (mask.present) {
+    p.block_ids = mask.ids.data;
+    p.block_offsets = mask.offsets.data;
   }
-  p.block_pages = block_pages;
-  if (logits_cols < 0) {
-    int64_t most = 1;
-    for (int32_t b = 0; b < p.batch; ++b)
-      most = std::max(most, spin::visible_entries(p.context_lens[b], p.next_n, p.next_n - 1, compress_ratio));
-    logits_cols = most;
-  }
-  const size_t rows = static_cast<size_t>(p.batch) * static_cast<size_t>(p.next_n);
+  int64_t most = 1;
+  for (int64_t b = 0; b < batch; ++b)
+    most = std::max(most, spin::visible_entries(p.context_lens[b], p.next_n, p.next_n - 1, p.compress_ratio));
+  if (logits_cols < 0) logits_cols = most;
+  if (logits_cols > INT32_MAX) raise_value("logits_cols: " + std::to_string(logits_cols) + " is above 2^31 - 1");
+  const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(p.next_n);
   nb::object result = float_out(out, rows, static_cast<size_t>(logits_cols), &p.logits, &p.logits_stride);
   p.logits_cols = logits_cols;
+  const size_t out_bytes = rows * static_cast<size_t>(p.logits_stride) * sizeof(float);
+  check_no_alias(p.logits, out_bytes, key_cache, "key_cache");
+  check_no_alias(p.logits, out_bytes, q, "q");
+  check_no_alias(p.logits, out_bytes, weights, "weights");
   spin::Status st;
   {
-    nb::gil_scoped_release release;
-    st = spin::indexer_scores(p, {indexer_impl(impl), threads});
+    nb::gil_scoped_release release;  // only library code below: every argument is checked above
+    st = spin::indexer_scores(p, options);
   }
   check(st);
   return result;
 }
 
-nb::object topk(const InArray& scores, int32_t k, nb::handle visible_obj, nb::handle block_ids_obj,
-                nb::handle block_offsets_obj, int32_t rows_per_mask, int64_t block_entries,
-                nb::handle out, int threads) {
+nb::object topk(nb::handle scores_obj, int64_t k, nb::handle visible_obj, nb::handle block_ids_obj,
+                nb::handle block_offsets_obj, int64_t rows_per_mask, int64_t block_entries,
+                nb::handle out, int64_t threads) {
   spin::TopkParams p;
+  p.topk = int_arg(k, "k", 1, INT32_MAX);
+  const int nthreads = threads_arg(threads);
+  InArray scores = in_array(scores_obj, "scores");
   p.scores = array_data<const float>(scores, "scores", 2);
-  p.rows = static_cast<int32_t>(scores.shape(0));
+  if (scores.shape(0) > INT32_MAX || scores.shape(1) > INT32_MAX)
+    raise_value("scores: " + shape_text(scores) + " is above 2^31 - 1 rows or columns");
+  const int64_t rows = static_cast<int64_t>(scores.shape(0));
+  p.rows = static_cast<int32_t>(rows);
   p.cols = static_cast<int64_t>(scores.shape(1));
   p.scores_stride = p.cols;
-  p.topk = k;
-  InArray vis, ids, offs;
+  IndexArray<int64_t> vis;
   if (!visible_obj.is_none()) {
-    vis = as_index_array(visible_obj, "int64");
-    if (vis.ndim() != 1 || vis.shape(0) != scores.shape(0)) raise_value("visible_entries: expected int64 [rows]");
-    p.visible_entries = static_cast<const int64_t*>(vis.data());
+    vis = index_i64(visible_obj, {"visible_entries", {rows}, 0, p.cols, "scores rows"});
+    p.visible_entries = vis.data;
   }
-  if (!block_offsets_obj.is_none()) {
-    ids = as_index_array(block_ids_obj, "int32");
-    offs = as_index_array(block_offsets_obj, "int32");
-    p.block_ids = static_cast<const int32_t*>(ids.data());
-    p.block_offsets = static_cast<const int32_t*>(offs.data());
-    p.rows_per_mask = rows_per_mask;
+  BlockMask mask;
+  if (!block_offsets_obj.is_none() || !block_ids_obj.is_none()) {
+    p.rows_per_mask = int_arg(rows_per_mask, "rows_per_mask", 1, INT32_MAX);
+    if (rows % p.rows_per_mask != 0)
+      raise_value("rows_per_mask: " + std::to_string(rows) + " rows are not a multiple of " +
+                  std::to_string(p.rows_per_mask));
+    if (block_entries < 1 || block_entries > INT32_MAX)
+      raise_value("block_entries: " + std::to_string(block_entries) + " is outside 1..2^31 - 1 (a mask needs it)");
     p.block_entries = block_entries;
-    if (rows_per_mask < 1 || offs.ndim() != 1 || offs.shape(0) != scores.shape(0) / static_cast<size_t>(rows_per_mask) + 1)
-      raise_value("block_offsets: expected int32 [rows / rows_per_mask + 1]");
+    mask = block_mask(block_ids_obj, block_offsets_obj, rows / p.rows_per_mask, "rows / rows_per_mask + 1");
+    // A block wholly past the scores' columns is no block of these rows.
+    const int64_t n_blocks = (p.cols + block_entries - 1) / block_entries;
+    for (int64_t i = 0; i < mask.ids.size(); ++i)
+      if (mask.ids.data[i] >= n_blocks)
+        raise_range("block_ids[" + std::to_string(i) + "] = " + std::to_string(mask.ids.data[i]) +
+                    " is past the " + std::to_string(n_blocks) + " blocks of " + std::to_string(p.cols) + " columns");
+    p.block_ids = mask.ids.data;
+    p.block_offsets = mask.offsets.data;
   }
-  const size_t rows = scores.shape(0);
   nb::object result;
   if (!out.is_none()) {
-    OutArray o = nb::cast<OutArray>(out);
+    OutArray o = out_array(out, "out");
     p.out = array_data<int32_t>(o, "out", 2);
-    if (o.shape(0) != rows || o.shape(1) < static_cast<size_t>(std::max(k, 0)))
-      raise_value("out: expected int32 [rows, >= k]");
+    if (static_cast<int64_t>(o.shape(0)) != rows || o.shape(1) < static_cast<size_t>(p.topk))
+      raise_value("out: expected int32 [rows = " + std::to_string(rows) + ", >= k = " + std::to_string(p.topk) +
+                  "], got " + shape_text(o));
     p.out_stride = static_cast<int64_t>(o.shape(1));
+    const size_t out_bytes = static_cast<size_t>(rows) * static_cast<size_t>(p.out_stride) * sizeof(int32_t);
+    if (overlaps(p.out, out_bytes, p.scores, scores.nbytes())) raise_value("out: shares memory with scores");
+    if (vis.held.is_valid() && overlaps(p.out, out_bytes, vis.data, vis.held.nbytes()))
+      raise_value("out: shares memory with visible_entries");
+    if (mask.present && mask.ids.held.is_valid() && overlaps(p.out, out_bytes, mask.ids.data, mask.ids.held.nbytes()))
+      raise_value("out: shares memory with block_ids");
+    if (mask.present && mask.offsets.held.is_valid() &&
+        overlaps(p.out, out_bytes, mask.offsets.data, mask.offsets.held.nbytes()))
+      raise_value("out: shares memory with block_offsets");
     result = nb::borrow(out);
   } else {
-    if (k < 1) check(spin::validate_topk_params(p));
-    auto arr = owned_array(std::vector<int32_t>(rows * static_cast<size_t>(k)), {rows, static_cast<size_t>(k)});
+    const int64_t cells = checked_mul(rows, p.topk, "topk output");
+    check_fits(static_cast<double>(cells) * sizeof(int32_t),
+               "topk: output [" + std::to_string(rows) + ", " + std::to_string(p.topk) + "]");
+    auto arr = owned_array(std::vector<int32_t>(static_cast<size_t>(cells), -1),
+                           {static_cast<size_t>(rows), static_cast<size_t>(p.topk)});
     p.out = arr.data();
-    p.out_stride = k;
+    p.out_stride = p.topk;
     result = nb::cast(arr);
   }
   spin::Status st;
   {
     nb::gil_scoped_release release;
-    st = spin::topk(p, {spin::TopkImpl::kAuto, threads});
+    st = spin::topk(p, {spin::TopkImpl::kAuto, nthreads});
   }
   check(st);
   return result;
@@ -155,8 +221,8 @@ nb::object topk(const InArray& scores, int32_t k, nb::handle visible_obj, nb::ha
 
 }  // namespace
 
-nb::dict diagnose(const std::string& model, const std::string& gpu, int64_t context, int32_t batch,
-                  int32_t next_n, nb::handle sparsities, double other_ms) {
+nb::dict diagnose(const std::string& model, const std::string& gpu, int64_t context, int64_t batch,
+                  int64_t next_n, nb::handle sparsities, double other_ms) {
   spin::DiagnoseInput in;
   auto mp = spin::model_preset(model);
   if (!mp.ok()) raise_status(mp.status());
@@ -165,12 +231,23 @@ nb::dict diagnose(const std::string& model, const std::string& gpu, int64_t cont
   in.model = mp.value();
   in.gpu = gp.value();
   in.context = context;
-  in.batch = batch;
-  in.next_n = next_n;
+  in.batch = int_arg(batch, "batch", 1, INT32_MAX);
+  in.next_n = int_arg(next_n, "next_n", 1, spin::kMaxNextN);
   in.other_ms = other_ms;
   if (!sparsities.is_none()) {
     in.sparsities.clear();
-    for (nb::handle s : sparsities) in.sparsities.push_back(nb::cast<double>(s));
+    nb::object items;
+    try {
+      items = nb::list(sparsities);
+    } catch (nb::python_error&) {
+      raise_type("sparsities: expected a sequence of floats");
+    }
+    for (nb::handle s : items) {
+      double v = 0;
+      if (!nb::try_cast(s, v) || nb::isinstance<nb::bool_>(s)) raise_type("sparsities: expected floats, got " +
+                                                                           nb::cast<std::string>(nb::repr(s)));
+      in.sparsities.push_back(v);
+    }
   }
   auto r = spin::diagnose(in);
   if (!r.ok()) raise_status(r.status());

@@ -5,7 +5,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,28 +79,30 @@ class Predictor {
   explicit Predictor(std::unique_ptr<spin::BlockPredictor> p)
       : p_(std::move(p)), layers_(static_cast<size_t>(p_->num_layers())) {}
 
-  nb::ndarray<nb::numpy, int32_t> select(int32_t layer, int64_t step, int64_t num_entries,
-                                         int32_t next_n, nb::handle visible_entries,
+  nb::ndarray<nb::numpy, int32_t> select(int64_t layer_arg, int64_t step, int64_t num_entries,
+                                         int64_t next_n_arg, nb::handle visible_entries,
                                          nb::handle true_topk) {
-    check_layer(layer);
+    CallGuard guard(*busy_, "Predictor.select");
+    const int32_t layer = layer_index(layer_arg);
+    const int32_t next_n = int_arg(next_n_arg, "next_n", 1, spin::kMaxNextN);
+    if (step < 0) raise_value("step: " + std::to_string(step) + " is negative");
+    if (num_entries < 0 || num_entries > (int64_t{1} << 31))
+      raise_value("num_entries: " + std::to_string(num_entries) + " is outside 0..2^31");
     LayerSel& l = layers_[static_cast<size_t>(layer)];
     spin::StepInput in;
     in.step = step;
     in.num_entries = num_entries;
     in.next_n = next_n;
-    InArray vis, tk;
+    IndexArray<int64_t> vis;
+    IndexArray<int32_t> tk;
     if (!visible_entries.is_none()) {
-      vis = as_index_array(visible_entries, "int64");
-      if (vis.ndim() != 1 || static_cast<int64_t>(vis.shape(0)) != next_n)
-        raise_value("visible_entries: expected shape [next_n]");
-      in.visible_entries = static_cast<const int64_t*>(vis.data());
+      vis = index_i64(visible_entries, {"visible_entries", {next_n}, 0, num_entries, "next_n", false});
+      in.visible_entries = vis.data;
     }
     if (!true_topk.is_none()) {
-      tk = nb::cast<InArray>(true_topk);
-      const int32_t* d = array_data<const int32_t>(tk, "true_topk", 2);
-      if (static_cast<int64_t>(tk.shape(0)) != next_n || static_cast<int64_t>(tk.shape(1)) != p_->config().topk)
-        raise_value("true_topk: expected shape [next_n, topk]");
-      in.true_topk = d;
+      tk = index_i32(true_topk, {"true_topk", {next_n, p_->config().topk}, -1, std::max<int64_t>(num_entries - 1, -1),
+                                 "[next_n, topk]"});
+      in.true_topk = tk.data;
     }
     check(p_->select(layer, in, &l.sel));
     l.next_n = next_n;
@@ -111,7 +115,7 @@ class Predictor {
     return owned_array(std::move(blocks), {n});
   }
 
-  nb::ndarray<nb::numpy, int32_t> row_blocks(int32_t layer, int32_t row) {
+  nb::ndarray<nb::numpy, int32_t> row_blocks(int64_t layer, int64_t row) {
     check_layer(layer);
     const LayerSel& l = layers_[static_cast<size_t>(layer)];
     if (row < 0 || row >= static_cast<int32_t>(l.sel.row_blocks.size()))
@@ -121,42 +125,52 @@ class Predictor {
     return owned_array(std::move(blocks), {n});
   }
 
-  void observe(int32_t layer, int32_t row, const InArray& scores, nb::handle topk,
+  void observe(int64_t layer_arg, int64_t row_arg, nb::handle scores_obj, nb::handle topk,
                nb::handle scored_blocks) {
-    check_layer(layer);
+    CallGuard guard(*busy_, "Predictor.observe");
+    const int32_t layer = layer_index(layer_arg);
     const LayerSel& l = layers_[static_cast<size_t>(layer)];
-    if (row < 0 || row >= l.next_n || row >= spin::kMaxNextN)
-      raise_value("observe: row " + std::to_string(row) + " is outside the last select's " +
+    if (row_arg < 0 || row_arg >= l.next_n || row_arg >= spin::kMaxNextN)
+      raise_value("observe: row " + std::to_string(row_arg) + " is outside the last select's " +
                   std::to_string(l.next_n) + " rows of layer " + std::to_string(layer));
+    const int32_t row = static_cast<int32_t>(row_arg);
     spin::RowScores rs;
+    InArray scores = in_array(scores_obj, "scores");
     rs.scores = array_data<const float>(scores, "scores", 1);
     rs.num_cols = static_cast<int64_t>(scores.shape(0));
     rs.visible_entries = l.visible[static_cast<size_t>(row)];
     if (rs.num_cols < rs.visible_entries)
       raise_value("scores: " + std::to_string(rs.num_cols) + " entries, but row " +
                   std::to_string(row) + " sees " + std::to_string(rs.visible_entries));
-    InArray sb, tk;
+    IndexArray<int32_t> sb, tk;
     if (scored_blocks.is_none()) {
       rs.scored_blocks = l.sel.blocks.data();
       rs.num_scored_blocks = static_cast<int64_t>(l.sel.blocks.size());
     } else {
-      sb = as_index_array(scored_blocks, "int32");
-      if (sb.ndim() != 1) raise_value("scored_blocks: expected one dimension");
-      rs.scored_blocks = static_cast<const int32_t*>(sb.data());
-      rs.num_scored_blocks = static_cast<int64_t>(sb.shape(0));
+      // Any block of the step (the union covers the step's widest row), none past it.
+      int64_t widest = 0;
+      for (int32_t j = 0; j < l.next_n; ++j) widest = std::max(widest, l.visible[static_cast<size_t>(j)]);
+      const int64_t E = p_->config().block_entries();
+      sb = index_i32(scored_blocks, {"scored_blocks", {-1}, 0, std::max<int64_t>((widest + E - 1) / E - 1, 0)});
+      rs.scored_blocks = sb.data;
+      rs.num_scored_blocks = sb.dim(0);
     }
     if (!topk.is_none()) {
-      tk = nb::cast<InArray>(topk);
-      rs.topk_positions = array_data<const int32_t>(tk, "topk", 1);
-      if (static_cast<int64_t>(tk.shape(0)) != p_->config().topk)
-        raise_value("topk: expected " + std::to_string(p_->config().topk) + " positions (-1 padded), got " +
-                    std::to_string(tk.shape(0)));
+      tk = index_i32(topk, {"topk", {p_->config().topk}, -1, std::max<int64_t>(rs.visible_entries - 1, -1),
+                            "config topk, -1 padded"});
+      rs.topk_positions = tk.data;
     }
     check(p_->observe(layer, row, rs));
   }
 
-  void commit(int32_t accepted) { check(p_->commit(accepted)); }
-  void reset() { p_->reset(); }
+  void commit(int64_t accepted) {
+    CallGuard guard(*busy_, "Predictor.commit");
+    check(p_->commit(int_arg(accepted, "accepted", 0, spin::kMaxNextN - 1)));
+  }
+  void reset() {
+    CallGuard guard(*busy_, "Predictor.reset");
+    p_->reset();
+  }
   Predictor fork(int64_t request_id, int64_t shared_entries) const {
     auto r = p_->fork(request_id, shared_entries);
     if (!r.ok()) raise_status(r.status());
@@ -170,14 +184,20 @@ class Predictor {
     int32_t next_n = 0;
     std::array<int64_t, spin::kMaxNextN> visible{};
   };
-  void check_layer(int32_t layer) const {
+  void check_layer(int64_t layer) const {
     if (layer < 0 || layer >= p_->num_layers()) {
       check(spin::Status(spin::StatusCode::kOutOfRange,
                          p_->name() + ": layer " + std::to_string(layer) + " is outside [0, " +
                              std::to_string(p_->num_layers()) + ")"));
     }
   }
+  int32_t layer_index(int64_t layer) const {
+    check_layer(layer);
+    return static_cast<int32_t>(layer);
+  }
   std::unique_ptr<spin::BlockPredictor> p_;
+  // One call at a time (not thread-safe); on the heap so that the object stays movable.
+  std::unique_ptr<std::atomic<bool>> busy_ = std::make_unique<std::atomic<bool>>(false);
   std::vector<LayerSel> layers_;
 };
 
@@ -187,11 +207,15 @@ void bind_predict(nb::module_& m) {
   m.def("predictor_names", &spin::predictor_names, "The predictor names make_predictor accepts.");
   m.def("default_config", [] { return config_dict(spin::PredictorConfig{}); },
         "The PredictorConfig defaults as a dict (include/spin/predict.h documents each field).");
-  m.def("check_config", [](nb::handle c) { return config_dict(config_from(c)); }, nb::arg("config"),
+  m.def("check_config", [](nb::handle c) { return config_dict(config_from(c)); }, nb::arg("config").none(),
         "Validates a config (dict or 'key=value ...') and returns it complete, as a dict.");
   m.def("budget_blocks",
-        [](nb::handle c, int64_t n_blocks) { return spin::budget_blocks(config_from(c), n_blocks); },
-        nb::arg("config"), nb::arg("n_blocks"),
+        [](nb::handle c, int64_t n_blocks) {
+          if (n_blocks < 0 || n_blocks > (int64_t{1} << 31))
+            raise_value("n_blocks: " + std::to_string(n_blocks) + " is outside 0..2^31");
+          return spin::budget_blocks(config_from(c), n_blocks);
+        },
+        nb::arg("config").none(), nb::arg("n_blocks"),
         "Blocks scored for a row that sees n_blocks blocks: ceil((1 - s)·n), at least what top-k needs.");
 
   nb::class_<Predictor>(m, "Predictor",
@@ -227,12 +251,13 @@ void bind_predict(nb::module_& m) {
 
   m.def(
       "make_predictor",
-      [](const std::string& name, nb::handle config, int32_t num_layers, int64_t request_id) {
-        auto r = spin::make_predictor(name, config_from(config), num_layers, request_id);
+      [](const std::string& name, nb::handle config, int64_t num_layers, int64_t request_id) {
+        auto r = spin::make_predictor(name, config_from(config), int_arg(num_layers, "num_layers", 1, 1024),
+                                      request_id);
         if (!r.ok()) raise_status(r.status());
         return Predictor(std::move(r).value());
       },
-      nb::arg("name") = "spin", nb::arg("config") = nb::none(), nb::arg("num_layers") = 1,
+      nb::arg("name") = "spin", nb::arg("config").none() = nb::none(), nb::arg("num_layers") = 1,
       nb::arg("request_id") = 0,
       "Creates a predictor by name (predictor_names()) for one request with num_layers indexer "
       "layers. config: None, a dict or a 'key=value ...' string of PredictorConfig fields.");

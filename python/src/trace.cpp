@@ -8,6 +8,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -27,7 +28,7 @@ nb::ndarray<nb::numpy, const T> view(const T* data, std::initializer_list<size_t
 
 nb::dict meta_dict(const spin::TraceMeta& m) {
   nb::dict d;
-  d["model"] = m.model;
+  d["model"] = py_str(m.model);  // header text: a corrupt file's bytes are replaced, not raised
   d["num_layers"] = m.num_layers;
   d["next_n"] = m.next_n;
   d["num_heads"] = m.num_heads;
@@ -35,7 +36,7 @@ nb::dict meta_dict(const spin::TraceMeta& m) {
   d["topk"] = m.topk;
   d["compress_ratio"] = m.compress_ratio;
   nb::dict extra;
-  for (const auto& [k, v] : m.extra) extra[k.c_str()] = v;
+  for (const auto& [k, v] : m.extra) extra[py_str(k)] = py_str(v);
   d["extra"] = extra;
   return d;
 }
@@ -51,7 +52,7 @@ struct PyScored {
   std::string path;  // "" when not read from a file
 };
 
-void check_layer(int32_t layer, int32_t n) {
+void check_layer(int64_t layer, int32_t n) {
   if (layer < 0 || layer >= n)
     check(spin::Status(spin::StatusCode::kOutOfRange,
                        "layer " + std::to_string(layer) + " is outside [0, " + std::to_string(n) + ")"));
@@ -60,25 +61,83 @@ void check_layer(int32_t layer, int32_t n) {
 template <typename T>
 std::vector<T> copy_array(const InArray& a, const char* name, int ndim) {
   const T* d = array_data<const T>(a, name, ndim);
+  check_fits(static_cast<double>(a.nbytes()), std::string(name) + " (copied into the trace)");
   return std::vector<T>(d, d + a.size());
+}
+template <typename T>
+std::vector<T> copy_index(const IndexArray<T>& a) {
+  return std::vector<T>(a.data, a.data + a.size());
+}
+
+// The live reader behind `self`: a mapped file that shrank since open is DataLoss here, before a
+// view into its lost tail could be handed out (a read there would be SIGBUS).
+const spin::TraceReader& live(nb::handle self) {
+  const auto& r = nb::cast<const spin::TraceReader&>(self);
+  check(r.check_unchanged());
+  return r;
+}
+// k, k_scale, q and w exist only in a key trace: a score trace has none (empty spans).
+const spin::TraceReader& keys_of(nb::handle self, int64_t layer, const char* what) {
+  const auto& r = live(self);
+  check_layer(layer, r.num_layers());
+  if (r.kind() != spin::TraceKind::kKeys)
+    check(spin::Status(spin::StatusCode::kFailedPrecondition,
+                       std::string(what) + ": " + r.path() + " is a score trace (kind=scores): it holds no keys or queries"));
+  return r;
+}
+spin::TraceReader open_reader(const std::string& path, int64_t copy_below_bytes) {
+  if (copy_below_bytes < 0) raise_value("copy_below_bytes: " + std::to_string(copy_below_bytes) + " is negative");
+  auto r = spin::TraceReader::open(path_arg(path, "path"), static_cast<uint64_t>(copy_below_bytes));
+  if (!r.ok()) raise_status(r.status());
+  return std::move(r).value();
+}
+
+// A layer entry of make_trace: the array under `key` of the dict, or InvalidType naming both.
+InArray layer_array(nb::dict d, const char* key, size_t layer) {
+  const std::string name = "layers[" + std::to_string(layer) + "]['" + key + "']";
+  if (!d.contains(key)) raise_value(name + ": missing");
+  return in_array(d[key], name.c_str());
 }
 
 // TraceMeta from a Python dict: the known fields by name, anything else kept in `extra`.
+int32_t meta_int(nb::handle v, const std::string& key) {
+  int overflow = 0;
+  const long long x = PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr()) ? PyLong_AsLongLongAndOverflow(v.ptr(), &overflow) : 0;
+  if (!PyLong_Check(v.ptr()) || PyBool_Check(v.ptr()))
+    raise_type("meta['" + key + "']: expected an int, got " + nb::cast<std::string>(nb::repr(v)));
+  if (overflow != 0 || x < INT32_MIN || x > INT32_MAX)
+    raise_value("meta['" + key + "']: " + nb::cast<std::string>(nb::repr(v)) + " does not fit int32");
+  return static_cast<int32_t>(x);
+}
+// str(v) as UTF-8 (a lone surrogate cannot be written to a file's JSON header).
+std::string meta_str(nb::handle v, const std::string& what) {
+  nb::str text(v);
+  Py_ssize_t n = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(text.ptr(), &n);
+  if (utf8 == nullptr) {
+    PyErr_Clear();
+    raise_type(what + ": not representable as UTF-8 text");
+  }
+  return std::string(utf8, static_cast<size_t>(n));
+}
+
 spin::TraceMeta parse_meta(nb::dict meta) {
   spin::TraceMeta m;
   for (auto [k, v] : meta) {
-    const std::string key = nb::cast<std::string>(k);
-    if (key == "model") m.model = nb::cast<std::string>(v);
-    else if (key == "num_layers") m.num_layers = nb::cast<int32_t>(v);
-    else if (key == "next_n") m.next_n = nb::cast<int32_t>(v);
-    else if (key == "num_heads") m.num_heads = nb::cast<int32_t>(v);
-    else if (key == "page_size") m.page_size = nb::cast<int32_t>(v);
-    else if (key == "topk") m.topk = nb::cast<int32_t>(v);
-    else if (key == "compress_ratio") m.compress_ratio = nb::cast<int32_t>(v);
+    if (!nb::isinstance<nb::str>(k)) raise_type("meta: keys must be str, got " + nb::cast<std::string>(nb::repr(k)));
+    const std::string key = meta_str(k, "meta key");
+    if (key == "model") m.model = meta_str(v, "meta['model']");
+    else if (key == "num_layers") m.num_layers = meta_int(v, key);
+    else if (key == "next_n") m.next_n = meta_int(v, key);
+    else if (key == "num_heads") m.num_heads = meta_int(v, key);
+    else if (key == "page_size") m.page_size = meta_int(v, key);
+    else if (key == "topk") m.topk = meta_int(v, key);
+    else if (key == "compress_ratio") m.compress_ratio = meta_int(v, key);
     else if (key == "extra") {
-      for (auto [ek, ev] : nb::cast<nb::dict>(v)) m.extra[nb::cast<std::string>(ek)] = nb::cast<std::string>(nb::str(ev));
+      if (!nb::isinstance<nb::dict>(v)) raise_type("meta['extra']: expected a dict");
+      for (auto [ek, ev] : nb::borrow<nb::dict>(v)) m.extra[meta_str(ek, "meta['extra'] key")] = meta_str(ev, "meta['extra'] value");
     } else {
-      m.extra[key] = nb::cast<std::string>(nb::str(v));
+      m.extra[key] = meta_str(v, "meta['" + key + "']");
     }
   }
   return m;
@@ -88,21 +147,28 @@ PyTrace make_trace(nb::dict meta, nb::handle ctx_len, nb::list layers, nb::handl
   auto t = std::make_shared<spin::Trace>();
   spin::TraceMeta& m = t->meta;
   m = parse_meta(meta);
-  if (!meta.contains("num_layers")) m.num_layers = static_cast<int32_t>(nb::len(layers));
-  t->ctx_len = copy_array<int64_t>(as_index_array(ctx_len, "int64"), "ctx_len", 1);
-  if (!accepted.is_none()) t->accepted = copy_array<int32_t>(as_index_array(accepted, "int32"), "accepted", 1);
+  if (!meta.contains("num_layers")) m.num_layers = static_cast<int32_t>(std::min<size_t>(nb::len(layers), INT32_MAX));
+  t->ctx_len = copy_index(index_i64(ctx_len, {"ctx_len", {-1}, 0, INT64_MAX, nullptr, false}));
+  const int64_t steps = static_cast<int64_t>(t->ctx_len.size());
+  if (!accepted.is_none())
+    t->accepted = copy_index(index_i32(accepted, {"accepted", {steps}, INT32_MIN, INT32_MAX, "ctx_len", false}));
+  size_t i = 0;
   for (nb::handle l : layers) {
-    nb::dict d = nb::cast<nb::dict>(l);
+    if (!nb::isinstance<nb::dict>(l))
+      raise_type("layers[" + std::to_string(i) + "]: expected a dict {k, k_scale, q, w[, k_draft, k_draft_scale]}");
+    nb::dict d = nb::borrow<nb::dict>(l);
     spin::TraceLayer tl;
-    tl.k = copy_array<uint8_t>(nb::cast<InArray>(d["k"]), "k", 2);
-    tl.k_scale = copy_array<float>(nb::cast<InArray>(d["k_scale"]), "k_scale", 1);
-    tl.q = copy_array<uint8_t>(nb::cast<InArray>(d["q"]), "q", 4);
-    tl.w = copy_array<float>(nb::cast<InArray>(d["w"]), "w", 3);
+    const auto name = [i](const char* key) { return "layers[" + std::to_string(i) + "]['" + key + "']"; };
+    tl.k = copy_array<uint8_t>(layer_array(d, "k", i), name("k").c_str(), 2);
+    tl.k_scale = copy_array<float>(layer_array(d, "k_scale", i), name("k_scale").c_str(), 1);
+    tl.q = copy_array<uint8_t>(layer_array(d, "q", i), name("q").c_str(), 4);
+    tl.w = copy_array<float>(layer_array(d, "w", i), name("w").c_str(), 3);
     if (d.contains("k_draft")) {
-      tl.k_draft = copy_array<uint8_t>(nb::cast<InArray>(d["k_draft"]), "k_draft", 3);
-      tl.k_draft_scale = copy_array<float>(nb::cast<InArray>(d["k_draft_scale"]), "k_draft_scale", 2);
+      tl.k_draft = copy_array<uint8_t>(layer_array(d, "k_draft", i), name("k_draft").c_str(), 3);
+      tl.k_draft_scale = copy_array<float>(layer_array(d, "k_draft_scale", i), name("k_draft_scale").c_str(), 2);
     }
     t->layers.push_back(std::move(tl));
+    ++i;
   }
   check(spin::validate_trace(*t));
   return PyTrace{std::move(t)};
@@ -115,42 +181,49 @@ void write_score_trace(nb::dict meta, nb::handle ctx_len, nb::list scores, const
   spin::ScoreTrace t;
   t.meta = parse_meta(meta);
   t.meta.kind = spin::TraceKind::kScores;
-  if (!meta.contains("num_layers")) t.meta.num_layers = static_cast<int32_t>(nb::len(scores));
-  t.ctx_len = copy_array<int64_t>(as_index_array(ctx_len, "int64"), "ctx_len", 1);
-  if (!accepted.is_none()) t.accepted = copy_array<int32_t>(as_index_array(accepted, "int32"), "accepted", 1);
+  if (!meta.contains("num_layers")) t.meta.num_layers = static_cast<int32_t>(std::min<size_t>(nb::len(scores), INT32_MAX));
+  const std::string out_path = path_arg(path, "path");
+  t.ctx_len = copy_index(index_i64(ctx_len, {"ctx_len", {-1}, 0, INT64_MAX, nullptr, false}));
+  const int64_t steps = static_cast<int64_t>(t.ctx_len.size());
+  if (!accepted.is_none())
+    t.accepted = copy_index(index_i32(accepted, {"accepted", {steps}, INT32_MIN, INT32_MAX, "ctx_len", false}));
+  size_t i = 0;
   for (nb::handle l : scores) {
-    InArray a = nb::cast<InArray>(l);
-    t.scores.push_back(copy_array<float>(a, "scores", 3));
+    const std::string name = "scores[" + std::to_string(i++) + "]";
+    InArray a = in_array(l, name.c_str());
+    array_data<const float>(a, name.c_str(), 3);  // shape checked before the copy
     if (a.shape(0) != t.ctx_len.size() || static_cast<int64_t>(a.shape(1)) != t.meta.next_n)
-      raise_value("scores: expected float32 [steps, next_n, entries] per layer with steps = len(ctx_len) = " +
-                  std::to_string(t.ctx_len.size()) + " and next_n = " + std::to_string(t.meta.next_n));
+      raise_value(name + ": expected float32 [steps, next_n, entries] per layer with steps = len(ctx_len) = " +
+                  std::to_string(t.ctx_len.size()) + " and next_n = " + std::to_string(t.meta.next_n) + ", got " +
+                  shape_text(a));
+    t.scores.push_back(copy_array<float>(a, name.c_str(), 3));
     t.entries.push_back(static_cast<int64_t>(a.shape(2)));
   }
   const spin::Status st = [&] {
     nb::gil_scoped_release release;
-    return spin::write_score_trace(t, path);
+    return spin::write_score_trace(t, out_path);
   }();
   check(st);
 }
 
-PyScored score(nb::handle trace, int threads) {
+PyScored score(nb::handle trace, int64_t threads) {
   PyScored out;
+  spin::ScoreOptions o;
+  o.threads = threads_arg(threads);
   if (nb::isinstance<nb::str>(trace)) {
-    out.path = nb::cast<std::string>(trace);
+    out.path = path_arg(nb::cast<std::string>(trace), "trace");
     auto r = spin::read_trace(out.path);
     if (!r.ok()) raise_status(r.status());
     out.trace = std::make_shared<spin::Trace>(std::move(r).value());
   } else if (nb::isinstance<PyTrace>(trace)) {
     out.trace = nb::cast<PyTrace&>(trace).t;
   } else if (nb::isinstance<spin::TraceReader>(trace)) {
-    const spin::TraceReader& r = nb::cast<const spin::TraceReader&>(trace);
+    const spin::TraceReader& r = live(trace);
     out.path = r.path();
     out.trace = std::make_shared<spin::Trace>(r.to_trace());
   } else {
     raise_type("trace: expected a path, a Trace or a TraceReader");
   }
-  spin::ScoreOptions o;
-  o.threads = threads;
   spin::Result<std::shared_ptr<const spin::ScoredTrace>> r = [&] {
     nb::gil_scoped_release release;
     return spin::score_trace(*out.trace, o);
@@ -176,7 +249,13 @@ nb::dict replay(const PyScored& s, const std::string& predictor, nb::handle conf
   }();
   if (!r.ok()) raise_status(r.status());
   const spin::TraceFacts facts = spin::trace_facts(*s.scored, r->config.block_entries());
-  const std::string json = spin::replay_json(s.path, r.value(), facts);
+  std::string json;
+  try {
+    json = spin::replay_json(s.path, r.value(), facts);
+  } catch (const std::exception& e) {  // nlohmann refuses to dump invalid UTF-8 (a corrupt model name)
+    check(spin::Status(spin::StatusCode::kDataLoss, std::string("replay: the report holds text that is not UTF-8 (") +
+                                                        e.what() + ")"));
+  }
   nb::dict out = nb::cast<nb::dict>(nb::module_::import_("json").attr("loads")(json));
   if (keep_topk) {
     nb::list layers;
@@ -185,7 +264,16 @@ nb::dict replay(const PyScored& s, const std::string& predictor, nb::handle conf
     for (const auto& layer : r->topk) {
       std::vector<int32_t> flat;
       flat.reserve(static_cast<size_t>(rows) * k);
-      for (const auto& row : layer) flat.insert(flat.end(), row.begin(), row.end());
+      // Every row must be one the replay wrote: a short one would leave the array's tail unset.
+      if (static_cast<int64_t>(layer.size()) != rows)
+        check(spin::Status(spin::StatusCode::kFailedPrecondition, "replay kept " + std::to_string(layer.size()) +
+                                                                     " top-k rows of " + std::to_string(rows)));
+      for (const auto& row : layer) {
+        if (row.size() != k)
+          check(spin::Status(spin::StatusCode::kFailedPrecondition,
+                             "replay kept a top-k row of " + std::to_string(row.size()) + " positions, not " + std::to_string(k)));
+        flat.insert(flat.end(), row.begin(), row.end());
+      }
       layers.append(owned_array(std::move(flat), {static_cast<size_t>(rows), k}));
     }
     out["topk"] = layers;
@@ -197,73 +285,82 @@ nb::dict replay(const PyScored& s, const std::string& predictor, nb::handle conf
 
 void bind_trace(nb::module_& m) {
   nb::class_<spin::TraceReader>(m, "TraceReader",
-                                "A validated trace file (include/spin/trace.h), memory-mapped; "
-                                "tensors are zero-copy read-only views into the mapping.")
+                                "A validated trace file (include/spin/trace.h): read into memory up "
+                                "to 256 MiB, memory-mapped above; tensors are zero-copy read-only views. "
+                                "A mapped file truncated while open raises DataLoss at the next access.")
       .def_static(
           "open",
-          [](const std::string& path) {
-            auto r = spin::TraceReader::open(path);
-            if (!r.ok()) raise_status(r.status());
-            return std::move(r).value();
+          [](const std::string& path, int64_t copy_below_bytes) {
+            return open_reader(path, copy_below_bytes);
           },
-          nb::arg("path"), "Opens and validates a trace file.")
+          nb::arg("path"), nb::arg("copy_below_bytes") = int64_t(spin::kTraceCopyBelowBytes),
+          "Opens and validates a trace file (read into memory up to copy_below_bytes, mapped above).")
       .def_prop_ro("meta", [](const spin::TraceReader& r) { return meta_dict(r.meta()); })
       .def_prop_ro("num_layers", &spin::TraceReader::num_layers)
       .def_prop_ro("steps", &spin::TraceReader::steps)
-      .def_prop_ro("path", &spin::TraceReader::path)
+      .def_prop_ro("path", [](const spin::TraceReader& r) { return py_str(r.path()); })
       .def_prop_ro("file_size", &spin::TraceReader::file_size)
-      .def("entries", [](const spin::TraceReader& r, int32_t l) { check_layer(l, r.num_layers()); return r.entries(l); }, nb::arg("layer"))
-      .def("visible_entries", &spin::TraceReader::visible_entries, nb::arg("step"), nb::arg("row"))
+      .def_prop_ro("mapped", &spin::TraceReader::mapped,
+                   "Whether the file is memory-mapped (above 256 MiB) rather than read into memory.")
+      .def("entries", [](const spin::TraceReader& r, int64_t l) { check_layer(l, r.num_layers()); return r.entries(static_cast<int>(l)); }, nb::arg("layer"))
+      .def("visible_entries", [](nb::handle self, int64_t step, int64_t row) {
+        const auto& r = live(self);
+        if (step < 0 || step >= r.steps())
+          raise_range("step: " + std::to_string(step) + " is outside 0.." + std::to_string(r.steps() - 1));
+        if (row < 0 || row >= r.meta().next_n)
+          raise_range("row: " + std::to_string(row) + " is outside 0.." + std::to_string(r.meta().next_n - 1));
+        return r.visible_entries(step, static_cast<int>(row));
+      }, nb::arg("step"), nb::arg("row"))
       .def_prop_ro("ctx_len", [](nb::handle self) {
-        auto& r = nb::cast<const spin::TraceReader&>(self);
+        auto& r = live(self);
         return view(r.ctx_len().data(), {r.ctx_len().size()}, self);
       })
       .def_prop_ro("accepted", [](nb::handle self) {
-        auto& r = nb::cast<const spin::TraceReader&>(self);
+        auto& r = live(self);
         return view(r.accepted().data(), {r.accepted().size()}, self);
       })
-      .def("k", [](nb::handle self, int32_t l) {
-        auto& r = nb::cast<const spin::TraceReader&>(self);
-        check_layer(l, r.num_layers());
-        return view(r.k(l).data(), {static_cast<size_t>(r.entries(l)), 128}, self);
+      .def("k", [](nb::handle self, int64_t l) {
+        auto& r = keys_of(self, l, "k");
+        return view(r.k(static_cast<int>(l)).data(), {static_cast<size_t>(r.entries(static_cast<int>(l))), 128}, self);
       }, nb::arg("layer"), "e4m3 key codes, uint8 [entries, 128] (a view).")
-      .def("k_scale", [](nb::handle self, int32_t l) {
-        auto& r = nb::cast<const spin::TraceReader&>(self);
-        check_layer(l, r.num_layers());
-        return view(r.k_scale(l).data(), {static_cast<size_t>(r.entries(l))}, self);
+      .def("k_scale", [](nb::handle self, int64_t l) {
+        auto& r = keys_of(self, l, "k_scale");
+        return view(r.k_scale(static_cast<int>(l)).data(), {static_cast<size_t>(r.entries(static_cast<int>(l)))}, self);
       }, nb::arg("layer"), "key scales, float32 [entries] (a view).")
-      .def("q", [](nb::handle self, int32_t l) {
-        auto& r = nb::cast<const spin::TraceReader&>(self);
-        check_layer(l, r.num_layers());
+      .def("q", [](nb::handle self, int64_t l) {
+        auto& r = keys_of(self, l, "q");
         const auto& m = r.meta();
-        return view(r.q(l).data(), {static_cast<size_t>(r.steps()), static_cast<size_t>(m.next_n),
+        return view(r.q(static_cast<int>(l)).data(), {static_cast<size_t>(r.steps()), static_cast<size_t>(m.next_n),
                                     static_cast<size_t>(m.num_heads), 128}, self);
       }, nb::arg("layer"), "e4m3 query codes, uint8 [steps, next_n, heads, 128] (a view).")
-      .def("w", [](nb::handle self, int32_t l) {
-        auto& r = nb::cast<const spin::TraceReader&>(self);
-        check_layer(l, r.num_layers());
+      .def("w", [](nb::handle self, int64_t l) {
+        auto& r = keys_of(self, l, "w");
         const auto& m = r.meta();
-        return view(r.w(l).data(), {static_cast<size_t>(r.steps()), static_cast<size_t>(m.next_n),
+        return view(r.w(static_cast<int>(l)).data(), {static_cast<size_t>(r.steps()), static_cast<size_t>(m.next_n),
                                     static_cast<size_t>(m.num_heads)}, self);
       }, nb::arg("layer"), "head weights, float32 [steps, next_n, heads] (a view).")
       .def_prop_ro("kind", [](const spin::TraceReader& r) { return std::string(spin::trace_kind_name(r.kind())); })
-      .def("scores", [](nb::handle self, int32_t l) {
-        auto& r = nb::cast<const spin::TraceReader&>(self);
+      .def("scores", [](nb::handle self, int64_t l) {
+        auto& r = live(self);
         check_layer(l, r.num_layers());
         if (r.kind() != spin::TraceKind::kScores)
           check(spin::Status(spin::StatusCode::kFailedPrecondition, "scores: " + r.path() + " is a key trace (kind=keys)"));
-        return view(r.scores(l).data(), {static_cast<size_t>(r.steps()), static_cast<size_t>(r.meta().next_n),
-                                         static_cast<size_t>(r.entries(l))}, self);
+        return view(r.scores(static_cast<int>(l)).data(), {static_cast<size_t>(r.steps()), static_cast<size_t>(r.meta().next_n),
+                                         static_cast<size_t>(r.entries(static_cast<int>(l)))}, self);
       }, nb::arg("layer"), "A score trace's logits, float32 [steps, next_n, entries] (a view).")
-      .def("to_trace", [](const spin::TraceReader& r) { return PyTrace{std::make_shared<spin::Trace>(r.to_trace())}; },
-           "Copies the whole trace into memory.")
-      .def("describe", [](const spin::TraceReader& r) { return spin::describe(r); });
+      .def("to_trace", [](nb::handle self) {
+        auto& r = live(self);
+        if (r.kind() != spin::TraceKind::kKeys)
+          check(spin::Status(spin::StatusCode::kFailedPrecondition, "to_trace: " + r.path() + " is a score trace (kind=scores)"));
+        return PyTrace{std::make_shared<spin::Trace>(r.to_trace())};
+      }, "Copies the whole trace into memory.")
+      .def("describe", [](nb::handle self) { return py_str(spin::describe(live(self))); });
 
   nb::class_<PyTrace>(m, "Trace", "An in-memory trace (generated, or built with make_trace).")
       .def_prop_ro("meta", [](const PyTrace& t) { return meta_dict(t.t->meta); })
       .def_prop_ro("num_layers", [](const PyTrace& t) { return t.t->meta.num_layers; })
       .def_prop_ro("steps", [](const PyTrace& t) { return t.t->steps(); })
-      .def("entries", [](const PyTrace& t, int32_t l) {
+      .def("entries", [](const PyTrace& t, int64_t l) {
         check_layer(l, t.t->meta.num_layers);
         return static_cast<int64_t>(t.t->layers[l].k_scale.size());
       }, nb::arg("layer"))
@@ -275,36 +372,34 @@ void bind_trace(nb::module_& m) {
         auto& t = *nb::cast<const PyTrace&>(self).t;
         return view(t.accepted.data(), {t.accepted.size()}, self);
       })
-      .def("k", [](nb::handle self, int32_t l) {
+      .def("k", [](nb::handle self, int64_t l) {
         auto& t = *nb::cast<const PyTrace&>(self).t;
         check_layer(l, t.meta.num_layers);
         return view(t.layers[l].k.data(), {t.layers[l].k_scale.size(), 128}, self);
       }, nb::arg("layer"))
-      .def("k_scale", [](nb::handle self, int32_t l) {
+      .def("k_scale", [](nb::handle self, int64_t l) {
         auto& t = *nb::cast<const PyTrace&>(self).t;
         check_layer(l, t.meta.num_layers);
         return view(t.layers[l].k_scale.data(), {t.layers[l].k_scale.size()}, self);
       }, nb::arg("layer"))
-      .def("q", [](nb::handle self, int32_t l) {
+      .def("q", [](nb::handle self, int64_t l) {
         auto& t = *nb::cast<const PyTrace&>(self).t;
         check_layer(l, t.meta.num_layers);
         return view(t.layers[l].q.data(), {static_cast<size_t>(t.steps()), static_cast<size_t>(t.meta.next_n),
                                            static_cast<size_t>(t.meta.num_heads), 128}, self);
       }, nb::arg("layer"))
-      .def("w", [](nb::handle self, int32_t l) {
+      .def("w", [](nb::handle self, int64_t l) {
         auto& t = *nb::cast<const PyTrace&>(self).t;
         check_layer(l, t.meta.num_layers);
         return view(t.layers[l].w.data(), {static_cast<size_t>(t.steps()), static_cast<size_t>(t.meta.next_n),
                                            static_cast<size_t>(t.meta.num_heads)}, self);
       }, nb::arg("layer"))
-      .def("write", [](const PyTrace& t, const std::string& path) { check(spin::write_trace(*t.t, path)); },
+      .def("write", [](const PyTrace& t, const std::string& path) { check(spin::write_trace(*t.t, path_arg(path, "path"))); },
            nb::arg("path"), "Validates, then writes atomically (spin/trace.h schema).");
 
-  m.def("open_trace", [](const std::string& path) {
-    auto r = spin::TraceReader::open(path);
-    if (!r.ok()) raise_status(r.status());
-    return std::move(r).value();
-  }, nb::arg("path"), "Opens and validates a trace file (memory-mapped TraceReader).");
+  m.def("open_trace", &open_reader, nb::arg("path"), nb::arg("copy_below_bytes") = int64_t(spin::kTraceCopyBelowBytes),
+        "Opens and validates a trace file: a TraceReader, read into memory up to copy_below_bytes "
+        "(256 MiB), memory-mapped above (a mapped file truncated while open raises DataLoss).");
   m.def("make_trace", &make_trace, nb::arg("meta"), nb::arg("ctx_len"), nb::arg("layers"),
         nb::arg("accepted") = nb::none(),
         "Builds a validated in-memory Trace: meta {model, num_layers, next_n, num_heads, page_size, "
@@ -315,7 +410,7 @@ void bind_trace(nb::module_& m) {
         "Validates and writes a score trace (kind=scores) atomically: meta {model, next_n, page_size, "
         "topk, compress_ratio, extra}, ctx_len int64 [steps], scores [float32 [steps, next_n, "
         "entries] per layer], accepted int32 [steps] (next_n > 1).");
-  m.def("write_trace", [](const PyTrace& t, const std::string& path) { check(spin::write_trace(*t.t, path)); },
+  m.def("write_trace", [](const PyTrace& t, const std::string& path) { check(spin::write_trace(*t.t, path_arg(path, "path"))); },
         nb::arg("trace"), nb::arg("path"));
 
   m.def("scenario_names", &spin::scenario_names, "The built-in workload scenarios.");
@@ -329,11 +424,17 @@ void bind_trace(nb::module_& m) {
       [](nb::handle scenario, nb::kwargs params) {
         spin::WorkloadParams p;
         if (!scenario.is_none()) {
+          if (!nb::isinstance<nb::str>(scenario)) raise_type("scenario: expected a name (str) or None");
           auto r = spin::scenario_params(nb::cast<std::string>(scenario));
           if (!r.ok()) raise_status(r.status());
           p = std::move(r).value();
         }
-        for (auto [k, v] : params) check(p.set(nb::cast<std::string>(k), nb::cast<std::string>(nb::str(v))));
+        for (auto [k, v] : params) {
+          const std::string key = meta_str(k, "a keyword");
+          if (nb::isinstance<nb::bool_>(v)) raise_type(key + ": expected a number, got a bool");
+          const std::string value = meta_str(v, key);
+          check(p.set(key, value));
+        }
         check(p.validate());
         spin::Result<spin::Trace> r = [&] {
           nb::gil_scoped_release release;
@@ -349,8 +450,10 @@ void bind_trace(nb::module_& m) {
   nb::class_<PyScored>(m, "ScoredTrace",
                        "A trace with its all-keep ground truth (the real indexer and top-k over "
                        "every block), shared by every replay of it.")
-      .def_prop_ro("path", [](const PyScored& s) { return s.path; })
-      .def("facts", [](const PyScored& s, int32_t block_entries) {
+      .def_prop_ro("path", [](const PyScored& s) { return py_str(s.path); })
+      .def("facts", [](const PyScored& s, int64_t block_entries_arg) {
+        const int32_t block_entries = int_arg(block_entries_arg, "block_entries", 1, INT32_MAX);
+        check(spin::check_trace_facts(*s.scored, block_entries));
         const spin::TraceFacts f = spin::trace_facts(*s.scored, block_entries);
         nb::dict d;
         d["samples"] = f.samples;
@@ -363,7 +466,7 @@ void bind_trace(nb::module_& m) {
   m.def("score_trace", &score, nb::arg("trace"), nb::arg("threads") = 0,
         "Scores a trace (a path, Trace or TraceReader) with the all-keep indexer and top-k.");
   m.def("replay", &replay, nb::arg("scored"), nb::arg("predictor") = "spin",
-        nb::arg("config") = nb::none(), nb::arg("open_loop") = false, nb::arg("warm_start") = true,
+        nb::arg("config").none() = nb::none(), nb::arg("open_loop") = false, nb::arg("warm_start") = true,
         nb::arg("keep_topk") = false,
         "Replays a ScoredTrace through a predictor; returns the metrics dict of `spin replay --json` "
         "(recall_mean, miss_p50/p99/max, block_recall_mean, sparsity_mean, ...), plus 'topk' (per "

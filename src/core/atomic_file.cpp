@@ -100,6 +100,9 @@ extern "C" void remove_temps_and_reraise(int sig) {
 }  // namespace
 
 Result<std::string> resolve_output_path(const std::string& path) {
+  // The OS reads a path up to its first NUL: "a.st\0.bak" would write a.st.
+  if (path.find('\0') != std::string::npos)
+    return invalid_argument("output path holds a NUL byte at {} (the OS would cut the name there)", path.find('\0'));
   std::string p = path;
   for (int hop = 0; hop < 40; ++hop) {
     struct stat sb {};

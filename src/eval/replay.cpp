@@ -18,6 +18,7 @@
 #include "predict/pooling.h"
 #include "spin/cache.h"
 #include "spin/indexer.h"
+#include "spin/memory.h"
 #include "spin/topk.h"
 
 #include <nlohmann/json.hpp>
@@ -70,6 +71,10 @@ namespace {
 Status check_topk_override(const ScoreOptions& options) {
   if (options.topk < 0 || options.topk > kTraceMaxTopk) {
     return invalid_argument("score options: topk {} is outside [0, {}] (0 = the trace's)", options.topk, kTraceMaxTopk);
+  }
+  if (options.threads < 0 || options.threads > max_threads()) {
+    return invalid_argument("score options: threads {} is outside 0..{} (this machine's logical CPUs; 0 = all)",
+                            options.threads, max_threads());
   }
   return ok_status();
 }
@@ -310,8 +315,17 @@ double finite_pearson(const std::vector<double>& a, const std::vector<double>& b
 
 }  // namespace
 
+Status check_trace_facts(const ScoredTrace& st, int32_t block_entries, int32_t layer) {
+  if (block_entries < 1)
+    return invalid_argument("trace facts: block_entries {} must be ≥ 1 (entries per block)", block_entries);
+  if (layer >= st.layers)
+    return out_of_range("trace facts: layer {} is outside [0, {})", layer, st.layers);
+  return ok_status();
+}
+
 TraceFacts trace_facts(const ScoredTrace& st, int32_t block_entries, int32_t layer) {
   TraceFacts facts;
+  if (!check_trace_facts(st, block_entries, layer).ok()) return facts;
   double share_sum = 0;
   double recall_sum = 0;
   int64_t recall_n = 0;
@@ -445,7 +459,7 @@ static Result<ReplayResult> replay_impl(const Trace* trace, const ScoredTrace& s
       for (int32_t l = 0; l < st.layers; ++l) {
         for (int32_t j = 0; j < next_n; ++j) {
           const size_t i = st.index(l, s, j);
-          if (options.keep_topk && !options.open_loop) result.topk[l][static_cast<size_t>(s * next_n + j)] = st.truth[i];
+          if (options.keep_topk) result.topk[l][static_cast<size_t>(s * next_n + j)] = st.truth[i];
           if (j > accepted) continue;  // rejected drafts were never tokens of the sequence
           const int64_t visible = st.visible_entries[i];
           const int64_t n_blocks = (visible + E - 1) / E;
@@ -549,6 +563,9 @@ static Result<ReplayResult> replay_impl(const Trace* trace, const ScoredTrace& s
           rs.scored_blocks = all_blocks.data();
           rs.num_scored_blocks = n_blocks;
           rs.topk_positions = st.truth[i].data();
+          // Open loop scores every block, so the step's top-k is the all-keep one: kept as such,
+          // never left unwritten.
+          if (options.keep_topk) result.topk[l][static_cast<size_t>(s * next_n + j)] = st.truth[i];
           SPIN_RETURN_IF_ERROR(at_row(pool_row(config, rs, &pooled, &pool_scratch), l, s, j));
           px.clear();
           py.clear();

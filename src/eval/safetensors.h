@@ -50,8 +50,14 @@ struct TensorView {
 // A validated, read-only safetensors file. Move-only; unmaps on destruction.
 class SafetensorsFile {
  public:
-  // Memory-maps `path` read-only and validates the header.
-  static Result<SafetensorsFile> open(const std::string& path);
+  // Reads `path` and validates the header. A file up to kCopyBelowBytes is copied into private
+  // memory at open, so that truncating or rewriting it afterwards cannot fault a reader (SIGBUS);
+  // a larger one is memory-mapped read-only, and check_unchanged() tells whether it shrank since.
+  // Measured (README "Python"): copying costs about what reading the file once does; a mapping
+  // reads only what is touched. 256 MiB keeps every generated test trace and a real-model trace
+  // of a few thousand tokens copied, and the copy's RAM small next to the memory budget.
+  static constexpr size_t kCopyBelowBytes = size_t{256} << 20;
+  static Result<SafetensorsFile> open(const std::string& path, uint64_t copy_below_bytes = kCopyBelowBytes);
   // Validates `size` bytes at `data`, which the caller keeps alive and unchanged for the lifetime
   // of the returned object (nothing is copied). `label` names the source in error messages.
   static Result<SafetensorsFile> from_memory(const void* data, size_t size,
@@ -68,6 +74,12 @@ class SafetensorsFile {
   Result<TensorView> tensor(std::string_view name) const;
   size_t file_size() const { return size_; }
   const std::string& label() const { return label_; }
+  // Whether the bytes are a live mapping of the file (else a private copy or borrowed memory).
+  bool mapped() const;
+  // kDataLoss when a mapped file is now shorter than at open (reading the lost tail would raise
+  // SIGBUS); ok for a copy, borrowed memory, or a file replaced by rename (the mapping keeps the
+  // old one).
+  Status check_unchanged() const;
 
  private:
   struct Entry {
@@ -75,7 +87,7 @@ class SafetensorsFile {
     std::vector<int64_t> shape;
     size_t begin, end;  // relative to data_
   };
-  struct Mapping;  // RAII mmap
+  struct Mapping;  // RAII mmap (of the file, or anonymous holding its copy)
   SafetensorsFile() = default;
   Status parse();
   Status check_contiguous(size_t data_size) const;

@@ -926,8 +926,8 @@ TraceReader::TraceReader(TraceReader&&) noexcept = default;
 TraceReader& TraceReader::operator=(TraceReader&&) noexcept = default;
 TraceReader::~TraceReader() = default;
 
-Result<TraceReader> TraceReader::open(const std::string& path) {
-  auto file = st::SafetensorsFile::open(path);
+Result<TraceReader> TraceReader::open(const std::string& path, uint64_t copy_below_bytes) {
+  auto file = st::SafetensorsFile::open(path, copy_below_bytes);
   if (!file.ok()) return file.status();
   auto impl = std::make_unique<Impl>(std::move(file).value());
   SPIN_RETURN_IF_ERROR(impl->load());
@@ -945,6 +945,8 @@ Result<TraceReader> TraceReader::from_memory(const void* data, size_t size) {
 const TraceMeta& TraceReader::meta() const { return impl_->meta; }
 int64_t TraceReader::steps() const { return kind() == TraceKind::kScores ? impl_->sv.steps : impl_->v.steps; }
 uint64_t TraceReader::file_size() const { return impl_->file.file_size(); }
+bool TraceReader::mapped() const { return impl_->file.mapped(); }
+Status TraceReader::check_unchanged() const { return impl_->file.check_unchanged(); }
 const std::string& TraceReader::path() const { return impl_->file.label(); }
 std::span<const int64_t> TraceReader::ctx_len() const {
   return kind() == TraceKind::kScores ? impl_->sv.ctx_len : impl_->v.ctx_len;

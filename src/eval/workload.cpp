@@ -15,6 +15,7 @@
 
 #include "core/errors.h"
 #include "spin/cache.h"
+#include "spin/memory.h"
 #include "spin/numerics.h"
 #include "spin/rng.h"
 
@@ -815,8 +816,19 @@ std::string targets_text(const std::vector<WorkloadTarget>& targets) {
 
 }  // namespace
 
+double workload_trace_bytes(const WorkloadParams& p) {
+  const double rows = static_cast<double>(p.steps) * p.next_n;
+  const double bursts = p.burst_steps > 0 ? static_cast<double>(p.steps / p.burst_steps + 1) : 0.0;
+  const double entries = static_cast<double>(p.prompt_tokens) + rows + bursts * static_cast<double>(p.tool_tokens);
+  const double per_layer = entries * (kTraceHeadDim + 4) + rows * p.num_heads * (kTraceHeadDim + 4);
+  return per_layer * p.layers;
+}
+
 Result<Trace> generate_workload(const WorkloadParams& P) {
   SPIN_RETURN_IF_ERROR(P.validate());
+  // The trace is built whole in memory (and usually written); twice its size covers the working set.
+  const double bytes = workload_trace_bytes(P);
+  SPIN_RETURN_IF_ERROR(check_fits_in_memory(2 * bytes, fmt::format("a {:.1f} GiB trace", bytes / 1073741824.0)));
   World world = make_prompt(P);
   Trace trace;
   trace.meta.model = "synthetic:" + P.scenario;

@@ -11,6 +11,7 @@
 #include "kernels/indexer_internal.h"
 #include "spin/cache.h"
 #include "spin/cpu.h"
+#include "spin/memory.h"
 
 namespace spin {
 
@@ -216,8 +217,16 @@ Status score_fp32_keys(const float* keys, int64_t count, const float* q, const f
 
 Status indexer_scores(const IndexerParams& params, const IndexerOptions& options) {
   SPIN_RETURN_IF_ERROR(validate_indexer_params(params));
-  if (options.num_threads < 0) return invalid_argument("num_threads must be ≥ 0, got {}", options.num_threads);
+  if (options.num_threads < 0 || options.num_threads > max_threads()) {
+    // An unbounded count would have OpenMP start that many threads (100000 exhausts the process).
+    return invalid_argument("num_threads must be in 0..{} (this machine's logical CPUs; 0 = all), got {}",
+                            max_threads(), options.num_threads);
+  }
   SPIN_RETURN_IF_ERROR(cpu_cap_status());
+  // An enum value outside the list (a cast from a bad int) would otherwise run the portable path.
+  const auto& known = indexer_impls();
+  if (options.impl != IndexerImpl::kAuto && std::find(known.begin(), known.end(), options.impl) == known.end())
+    return invalid_argument("indexer impl {} is not a known implementation", static_cast<int>(options.impl));
   IndexerImpl impl = options.impl == IndexerImpl::kAuto ? indexer_best_impl() : options.impl;
   if (!indexer_impl_supported(impl)) {
     return invalid_argument("indexer impl {} requested but {}; this CPU runs {} (or use auto)", indexer_impl_name(impl),

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "spin/memory.h"
 #include "spin/topk.h"
 
 namespace spin {
@@ -404,7 +405,11 @@ void for_each_range(const TopkParams& p, int32_t r, int64_t n, const F& f) {
 
 Status topk(const TopkParams& p, const TopkOptions& options) {
   SPIN_RETURN_IF_ERROR(validate_topk_params(p));
-  if (options.num_threads < 0) return invalid_argument("num_threads must be ≥ 0, got {}", options.num_threads);
+  if (options.num_threads < 0 || options.num_threads > max_threads()) {
+    // An unbounded count would have OpenMP start that many threads (100000 exhausts the process).
+    return invalid_argument("num_threads must be in 0..{} (this machine's logical CPUs; 0 = all), got {}",
+                            max_threads(), options.num_threads);
+  }
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   const bool reference = options.impl == TopkImpl::kReference;
   // No row holds more than cols candidates, so short rows never pay for 2k + kSlack slots.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "spin/memory.h"
 #include "predict/block_state.h"
 
 namespace spin {
@@ -39,6 +40,28 @@ Status ServingOptions::validate() const {
   return ok_status();
 }
 
+namespace {
+
+// What create() reserves (capacities, not the sizes in use): per slot and layer the block state,
+// the offset EMA, max_next_n pending rows (block, x, top-k hits) and the last top-k's blocks; per
+// slot the predictor's scratch and the Selection; once the scatter row and the block list. In
+// double, so that an absurd request is measured (and refused) instead of overflowing.
+double planned_bytes(const ServingOptions& o, int64_t max_blocks) {
+  const double n = static_cast<double>(max_blocks);
+  const double entries = static_cast<double>(o.max_entries);
+  const double rows = static_cast<double>(o.max_next_n);
+  const double buckets = static_cast<double>(offset_bucket(std::max<int64_t>(0, max_blocks - 1))) + 1;
+  const double per_layer = n * kStateBytesPerBlock + buckets * kStateBytesPerOffsetBucket +
+                           rows * n * (sizeof(int32_t) + sizeof(float) + sizeof(int32_t)) +
+                           n * 2 * sizeof(int32_t);
+  const double per_slot = o.num_layers * per_layer +
+                          n * (sizeof(float) + sizeof(uint8_t) + sizeof(uint64_t) + sizeof(int32_t)) +
+                          entries * sizeof(float) + n * sizeof(int32_t) * (1 + rows);
+  return o.max_requests * per_slot + entries * sizeof(float) + n * sizeof(int32_t);
+}
+
+}  // namespace
+
 struct ServingPredictor::Impl {
   struct Slot {
     std::unique_ptr<BlockPredictor> predictor;
@@ -49,6 +72,9 @@ struct ServingPredictor::Impl {
     int32_t next_n = 0;         // rows of the open step
     int32_t layer = -1;         // the layer of the last select (observe must match it)
     bool observed = true;       // that layer's rows were observed
+    uint64_t select_call = 0;   // which select() call opened that layer (observe must repeat its
+    int32_t select_pos = 0;     // slots in its order: the rows of logits are laid out by it)
+    int32_t select_batch = 0;
     std::array<int64_t, kMaxNextN> visible{};
     Selection sel;
   };
@@ -59,6 +85,7 @@ struct ServingPredictor::Impl {
   std::vector<Slot> slots;
   std::vector<uint32_t> seen;  // per slot: the batch epoch it was last listed in (duplicates)
   uint32_t epoch = 0;
+  uint64_t select_calls = 0;   // numbers select() calls, so observe can tell them apart
   std::vector<float> scatter;       // [max_entries] observe_scored's full-width row
   std::vector<int32_t> all_blocks;  // [max_blocks] 0..max_blocks-1 (prefill scores everything)
 
@@ -140,6 +167,17 @@ struct ServingPredictor::Impl {
         return failed_precondition("{}: {}(layer {}) must follow select(layer {}) of the open step",
                                    who(ids[i]), call, layer, layer);
     }
+    // Row r of the logits belongs to slots[r / next_n] only if these are the select's slots, all
+    // of them, in its order: another list would be read as the wrong requests' rows.
+    for (int32_t i = 0; i < batch; ++i) {
+      const Slot& slot = slots[static_cast<size_t>(ids[i])];
+      const Slot& first = slots[static_cast<size_t>(ids[0])];
+      if (slot.select_call != first.select_call || slot.select_pos != i || slot.select_batch != batch)
+        return invalid_argument("serving: {}: slots must be those of select(layer {}) in the same order "
+                                "(slots[{}] = {} was position {} of a select of {} slots; this call "
+                                "lists {})",
+                                call, layer, i, ids[i], slot.select_pos, slot.select_batch, batch);
+    }
     return ok_status();
   }
   Status check_topk(const int32_t* topk, int64_t topk_stride, const char* call) const {
@@ -161,6 +199,10 @@ Result<std::unique_ptr<ServingPredictor>> ServingPredictor::create(const Serving
   const int64_t max_blocks = blocks_for_entries(options.config, options.max_entries);
   if (max_blocks > INT32_MAX) return invalid_argument("serving: {} blocks do not fit int32", max_blocks);
   impl->max_blocks = static_cast<int32_t>(max_blocks);
+  // Refused before the first slot is allocated, in the CLI's GiB terms, not after touching part of it.
+  SPIN_RETURN_IF_ERROR(check_fits_in_memory(
+      planned_bytes(options, max_blocks),
+      fmt::format("serving: {} slots × {} layers × {} blocks", options.max_requests, options.num_layers, max_blocks)));
   try {
     impl->slots.resize(static_cast<size_t>(options.max_requests));
     impl->seen.assign(static_cast<size_t>(options.max_requests), 0u);
@@ -233,6 +275,11 @@ int64_t ServingPredictor::request_id(int32_t slot) const {
 int64_t ServingPredictor::step(int32_t slot) const {
   return active(slot) ? impl_->slots[static_cast<size_t>(slot)].step : 0;
 }
+int32_t ServingPredictor::open_next_n(int32_t slot) const {
+  if (!active(slot)) return 0;
+  const Impl::Slot& s = impl_->slots[static_cast<size_t>(slot)];
+  return s.open ? s.next_n : 0;
+}
 
 Status ServingPredictor::select(const int32_t* slots, int32_t batch, int32_t layer,
                                 const int64_t* seq_lens, int32_t next_n, int32_t* blocks,
@@ -257,6 +304,7 @@ Status ServingPredictor::select(const int32_t* slots, int32_t batch, int32_t lay
       return failed_precondition("{}: select(layer {}): layer {} was selected but not observed",
                                  m.who(slots[i]), layer, s.layer);
   }
+  const uint64_t call = ++m.select_calls;
   for (int32_t i = 0; i < batch; ++i) {
     Impl::Slot& s = m.slots[static_cast<size_t>(slots[i])];
     std::array<int64_t, kMaxNextN> vis{};
@@ -267,6 +315,9 @@ Status ServingPredictor::select(const int32_t* slots, int32_t batch, int32_t lay
     s.layer = layer;
     s.observed = false;
     s.visible = vis;
+    s.select_call = call;
+    s.select_pos = i;
+    s.select_batch = batch;
     const int64_t n = static_cast<int64_t>(s.sel.blocks.size());
     for (int32_t j = 0; j < next_n; ++j) {
       const int64_t r = int64_t{i} * next_n + j;
@@ -424,21 +475,7 @@ Status ServingPredictor::prefill(const int32_t* slots, int32_t batch, int32_t la
 }
 
 size_t ServingPredictor::memory_bytes() const {
-  // What create() reserved (capacities, not the sizes in use): per slot and layer the block state,
-  // the offset EMA, max_next_n pending rows (block, x, top-k hits) and the last top-k's blocks; per
-  // slot the predictor's scratch and the Selection; once the scatter row and the block list.
-  const Impl& m = *impl_;
-  const size_t n = static_cast<size_t>(m.max_blocks);
-  const size_t entries = static_cast<size_t>(m.options.max_entries);
-  const size_t rows = static_cast<size_t>(m.options.max_next_n);
-  const size_t buckets = static_cast<size_t>(offset_bucket(std::max<int64_t>(0, m.max_blocks - 1))) + 1;
-  const size_t per_layer = n * kStateBytesPerBlock + buckets * kStateBytesPerOffsetBucket +
-                           rows * n * (sizeof(int32_t) + sizeof(float) + sizeof(int32_t)) +
-                           n * 2 * sizeof(int32_t);
-  const size_t per_slot = static_cast<size_t>(m.options.num_layers) * per_layer +
-                          n * (sizeof(float) + sizeof(uint8_t) + sizeof(uint64_t) + sizeof(int32_t)) +
-                          entries * sizeof(float) + n * sizeof(int32_t) * (1 + rows);
-  return m.slots.size() * per_slot + entries * sizeof(float) + n * sizeof(int32_t);
+  return static_cast<size_t>(planned_bytes(impl_->options, impl_->max_blocks));
 }
 
 }  // namespace spin

@@ -20,13 +20,8 @@ python_package() {
 # spin_dsa is installed into that venv from this tree first (reusing build/python/).
 device() {
   echo "=== spin tests: device path (torch + Triton; the interpreter without a GPU) ==="
-  local py start
-  start=$SECONDS
-  py="$(./scripts/vllm-env.sh)"
-  echo "device: virtualenv ready in $((SECONDS - start)) s ($py)"
-  start=$SECONDS
-  "$py" -m pip install --quiet --disable-pip-version-check --no-deps .
-  echo "device: spin_dsa installed in $((SECONDS - start)) s"
+  local start
+  use_vllm_venv device
   start=$SECONDS
   TRITON_INTERPRET=1 "$py" -m pytest -q -rs tests/device  # its last line is the summary
   echo "device: tests took $((SECONDS - start)) s"
@@ -41,13 +36,8 @@ device() {
 # a pip cache (6.2 GB), spin_dsa 3.5 min cold / 45 s warm, tests 1-3 min; a warm rerun ~2 min.
 vllm_plugin() {
   echo "=== spin tests: vllm plugin (CPU, against vLLM's own code) ==="
-  local py start
-  start=$SECONDS
-  py="$(./scripts/vllm-env.sh)"
-  echo "vllm plugin: virtualenv ready in $((SECONDS - start)) s ($py)"
-  start=$SECONDS
-  "$py" -m pip install --quiet --disable-pip-version-check --no-deps .
-  echo "vllm plugin: spin_dsa installed in $((SECONDS - start)) s"
+  local start
+  use_vllm_venv "vllm plugin"
   start=$SECONDS
   "$py" -m pytest -q -rs tests/integration  # its last line is the summary
   "$py" bench/vs_vllm.py --context 8192 --runs 1  # the README's comparison still runs (small)
@@ -91,6 +81,17 @@ x86_caps() {
   refused="$("${zen3[@]}" build/release/tools/spin bench indexer --impl avx512f 2>&1 | grep '^spin:' || true)"
   echo "emulated Zen 3, --impl avx512f: ${refused}"
   [[ "${refused}" == *"this CPU lacks it (it runs avx2)"* ]]
+}
+
+# The vLLM virtualenv (scripts/vllm-env.sh, cached) with spin_dsa installed into it from this
+# tree (reusing build/python/): sets $py, its python, for the device and vllm_plugin sections.
+use_vllm_venv() {
+  local start=$SECONDS
+  py="$(./scripts/vllm-env.sh)"
+  echo "$1: virtualenv ready in $((SECONDS - start)) s ($py)"
+  start=$SECONDS
+  "$py" -m pip install --quiet --disable-pip-version-check --no-deps .
+  echo "$1: spin_dsa installed in $((SECONDS - start)) s"
 }
 
 # Sections to run: all by default (CI), or the ones named: ./scripts/test-integration.sh vllm_plugin

@@ -50,7 +50,6 @@ PREDICTORS = tuple(_PARTS)
 _FLT_MAX = float(np.finfo(np.float32).max)
 _INT64_MAX = (1 << 63) - 1
 _OFFSET_SCALE = 2.0 ** 30  # src/predict/block_state.h kOffsetMeanScale
-_MAX_NEXT_N = 4            # spin/numerics.h kMaxNextN
 
 
 def budget_blocks(config, n):
@@ -523,9 +522,9 @@ class Serving:
             accepted = torch.zeros(batch, dtype=torch.int64, device=self.device)
         _check_tensor(accepted, "accepted", self.device, 1, "int", rows=batch)
         rows = self._open_next_n[S]
-        mode = self.config["mtp_update"]
-        last = {"prefix": accepted.long(), "row0": torch.zeros_like(rows),
-                "all-rows": rows - 1}[mode].clamp(min=0).minimum(rows - 1)
+        mode = self.config["mtp_update"]  # the last row replayed: prefix, row 0 or every row
+        last = accepted.long() if mode == "prefix" else rows - 1 if mode == "all-rows" else rows * 0
+        last = last.clamp(min=0).minimum(rows - 1)
         if self._commit_kernel is not None:  # one fused launch (_commit_kernel.py)
             self._commit_kernel.launch(self, S, last)
             self._close(S, last)

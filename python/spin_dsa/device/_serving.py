@@ -116,7 +116,7 @@ class Serving:
     """
 
     def __init__(self, max_requests, num_layers, max_entries, predictor="spin", config=None,
-                 max_next_n=1, compress_ratio=1, device="cpu", impl="auto"):
+                 max_next_n=1, compress_ratio=1, device="cpu", impl="auto", dense_blocks=0):
         if predictor not in _PARTS:
             raise spin_dsa.InvalidArgument(
                 f"spin_dsa.device: predictor '{predictor}' is not on the device path; it runs "
@@ -130,6 +130,14 @@ class Serving:
         if not 1 <= max_requests <= 1 << 20:
             raise spin_dsa.InvalidArgument(
                 f"serving: max_requests {max_requests} is outside 1..2^20")
+        if isinstance(dense_blocks, bool) or not isinstance(dense_blocks, (int, np.integer)) \
+                or dense_blocks < 0:
+            raise spin_dsa.InvalidArgument(
+                f"serving: dense_blocks {dense_blocks!r} must be an int >= 0")
+        # Rows that see at most this many blocks keep every block (an engine's short-context
+        # threshold: there the indexer is cheap and skipping saves nothing). 0: the budget rule
+        # alone, as in the library.
+        self.dense_blocks = int(dense_blocks)
         self.device = torch.empty(0, device=device).device  # "cuda" → "cuda:N", as tensors say
         self._kernel = _kernel_module(impl, self.device, "_select_kernel")
         self.impl = "torch" if self._kernel is None else "triton"
@@ -173,7 +181,7 @@ class Serving:
         budget = budget_blocks(c, n)
         sink_part = np.minimum(int(c["sink_blocks"]), n)
         forced = sink_part + n - np.maximum(np.maximum(0, n - int(c["local_blocks"])), sink_part)
-        keep_all = (budget >= n) | (self._fill == "all")
+        keep_all = (budget >= n) | (self._fill == "all") | (n <= self.dense_blocks)
         left = np.where(keep_all, 0, budget - forced)
         if self._fill == "random":
             explore = left
@@ -184,7 +192,7 @@ class Serving:
         else:
             explore = np.zeros_like(left)
         history = left - explore
-        widest = n_max if self._fill == "all" else int(budget[n_max])
+        widest = n_max if self._fill == "all" else max(int(budget[n_max]), self.dense_blocks)
         self.width = min(n_max, self.max_next_n * widest)
         dev = self.device
         self._n_explore = torch.from_numpy(explore).to(dev)
@@ -514,7 +522,12 @@ class Serving:
     def commit(self, slots, accepted=None):
         """Closes the open step of every slot: accepted (int tensor [batch], None = zeros) draft
         tokens kept; replays each selected layer's rows per mtp_update (prefix: rows 0..accepted
-        in order) into the state, as the library's commit does."""
+        in order) into the state, as the library's commit does.
+
+        A slot with no open step (nothing selected or prefilled since its last commit) is left
+        as it is, where the library refuses: inside a captured step nothing can refuse, and an
+        engine commits its whole batch at the start of a step without knowing which rows
+        opened one."""
         _check_tensor(slots, "slots", self.device, 1, "int")
         S = slots.long()
         batch = S.shape[0]
@@ -546,8 +559,9 @@ class Serving:
                                   last.view(batch, 1, 1, 1).expand(-1, self.num_layers, 1, N))
             selected = self._selected[S].unsqueeze(-1)
             self.prev_hits[S] = torch.where(selected, newest.squeeze(2), self.prev_hits[S])
+        opened = self._selected[S].any(dim=1)
         self._selected.index_fill_(0, S, False)
-        self._step.index_add_(0, S, torch.ones_like(S))
+        self._step.index_add_(0, S, opened.long())
 
 
 class _SlotState:

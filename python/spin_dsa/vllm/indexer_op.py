@@ -3,17 +3,15 @@
 vLLM's op (model_executor/layers/sparse_attn_indexer.py) scores every cached entry of every
 decode row (paged MQA logits), then takes the top-k. With spin on, at decode:
 
-  CPU  select (spin) → spin's block-masked indexer kernel over vLLM's own paged fp8 cache (only
-       the chosen blocks are read) → spin's masked top-k into vLLM's topk_indices_buffer →
+  CPU  select (spin, host) → spin's block-masked indexer kernel over vLLM's own paged fp8 cache
+       (only the chosen blocks are read) → spin's masked top-k into vLLM's topk_indices_buffer →
        observe. Prefill rows stay on vLLM's kernels (their full scores are computed anyway).
-  GPU  select → vLLM's dense logits, masked to spin's blocks through vLLM's own V4.1 candidate
-       hook (candidate_blocks / apply_candidate_mask) → vLLM's top-k → observe (logits copied
-       to the host). Quality numbers, no speedup, until a CUDA block-sparse logits kernel exists.
-       Never run on a GPU yet: tests/integration checks its host side on CPU with a stand-in for
-       vLLM's CUDA op.
+  GPU  the device path (device_path.py): select on the device → the compacted page table into
+       vLLM's own paged-logits kernel and top-k backend → observe and remap on the device. No
+       logits leave the device, nothing synchronises with the host.
 
 With spin off (no "spin" in --additional-config, or "enabled": false) every call goes to vLLM's
-own code unchanged. Acceptance is not an input: SpinRuntime commits lazily from seq_len deltas.
+own code unchanged.
 """
 
 from __future__ import annotations
@@ -164,85 +162,70 @@ def _(prefix, hidden_states, q_quant, k, weights, topk_indices_buffer) -> None:
     return None
 
 
-# -- GPU: dense logits + spin's candidate mask (vLLM's V4.1 hook) ----------------------------------
+# -- GPU: the device path (device_path.py) around vLLM's own CUDA indexer ---------------------
 
-def gpu_candidates(op, md, device) -> tuple[torch.Tensor, int]:
-    """spin's blocks for the decode rows as vLLM candidate_blocks (-1 padded, one row per logits
-    row when seq_lens is [B, next_n], else one per request), and the block size in entries."""
-    rt = state.runtime()
-    batch, next_n, seq_lens = _decode_shape(md)
-    rt.ensure_serving(int(op.k_cache.kv_cache.shape[1]), int(op.topk_tokens))
-    block_ids, offsets = rt.select(op.spin_layer, seq_lens, next_n)
-    width = 1 << max(0, int(np.diff(offsets).max()) - 1).bit_length()  # a power of two
-    per_row = md.decode.seq_lens[:batch].numel() == batch * next_n
-    reps = next_n if per_row else 1
-    cand = np.full((batch * reps, width), -1, np.int32)
-    for b in range(batch):
-        ids = block_ids[offsets[b]:offsets[b + 1]]
-        cand[b * reps:(b + 1) * reps, :ids.shape[0]] = ids
-    return torch.from_numpy(cand).to(device), rt.serving.block_entries
+def device_call(prefix: str, md_dict, run, q_quant, weights):
+    """One indexer layer on the device path. `run(max_model_len)` runs vLLM's CUDA indexer,
+    which reads the layer's metadata from md_dict (the forward context's attn_metadata): spin
+    puts the compacted decode metadata there for the call, and passes the compact width as
+    max_model_len (None: vLLM's own)."""
+    op = _OPS.get(prefix)
+    md = md_dict.get(prefix) if isinstance(md_dict, dict) else None
+    if op is None or not op.spin_on or md is None:  # spin off, or a profiling / dummy run
+        return run(None)
 
-
-class TopkTap:
-    """Wraps vLLM's top-k dispatcher: when a spin GPU call is in flight, hands the (masked)
-    logits and the top-k to spin's observe. Installed over get_indexer_topk in vLLM's module."""
-
-    active_layer: int | None = None
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def __call__(self, logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len):
-        self.inner(logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len)
-        layer = TopkTap.active_layer
-        if layer is not None:
-            TopkTap.active_layer = None
-            lg = logits.float().cpu().numpy()
-            lg = np.where(np.isfinite(lg), lg, -np.inf).astype(np.float32)  # vLLM pads with NaN/inf
-            state.runtime().observe(layer, lg, topk_indices.cpu().numpy().astype(np.int32))
-
-
-def gpu_call(op_or_layer, md, call):
-    """Runs vLLM's CUDA indexer `call(candidate_blocks, candidate_block_size)` with spin's mask."""
-    cand, block_entries = gpu_candidates(op_or_layer, md, op_or_layer.topk_indices_buffer.device)
-    TopkTap.active_layer = op_or_layer.spin_layer
-    try:
-        return call(cand, block_entries)
-    finally:
-        TopkTap.active_layer = None
+    def call(metadata, max_model_len):
+        md_dict[prefix] = metadata
+        try:
+            return run(max_model_len)
+        finally:
+            md_dict[prefix] = md
+    return state.runtime().indexer(op.spin_layer, md, call, q_quant, weights, op.k_cache.kv_cache)
 
 
 def cuda_forward(op, hidden_states, q_quant, k, weights):
-    """The op's CUDA forward with spin on: vLLM's own op, its decode logits masked to spin's
-    blocks through the V4.1 candidate arguments (set on the layer for the call)."""
+    """The op's CUDA forward with spin on: vLLM's own forward_cuda inside the device path."""
     from vllm.forward_context import get_forward_context
 
-    md = get_forward_context().attn_metadata
-    md = md.get(op.k_cache.prefix) if isinstance(md, dict) else None
-    if md is None or md.num_decodes == 0 or op.candidate_blocks is not None:
-        # no decode rows, or a V4.1 model whose own candidates already mask the logits
-        return op.spin_base_forward_cuda(hidden_states, q_quant, k, weights)
-
-    def call(cand, block_entries):
-        saved = (op.candidate_blocks, op.candidate_block_size, op.candidate_write)
-        op.candidate_blocks, op.candidate_block_size, op.candidate_write = cand, block_entries, False
+    def run(max_model_len):
+        saved = op.max_model_len
+        if max_model_len is not None:
+            op.max_model_len = max_model_len
         try:
             return op.spin_base_forward_cuda(hidden_states, q_quant, k, weights)
         finally:
-            op.candidate_blocks, op.candidate_block_size, op.candidate_write = saved
-    return gpu_call(op, md, call)
+            op.max_model_len = saved
+    q = q_quant[0] if isinstance(q_quant, tuple) else q_quant
+    return device_call(op.k_cache.prefix, get_forward_context().attn_metadata, run, q, weights)
 
 
-# The CUDA forward as one opaque torch op too (the host-side select would break a fullgraph trace).
+_breakable = None
+
+
+def eager_break(fn):
+    """`fn` as a break point of vLLM's breakable CUDA graphs: run eagerly at capture and again at
+    every replay (FULL graphs capture it whole), as vLLM marks its own indexer; `fn` itself where
+    that mechanism does not exist."""
+    try:
+        from vllm.compilation.breakable_cudagraph import eager_break_during_capture
+    except ImportError:
+        return fn
+    return eager_break_during_capture(fn)
+
+
+# The CUDA forward as one opaque torch op (Dynamo traces over it, not into the host code).
 @torch.library.custom_op("spin_dsa::sparse_attn_indexer_cuda", mutates_args=("topk_indices_buffer",))
 def _cuda_op(prefix: str, hidden_states: torch.Tensor, q_quant: torch.Tensor,
              k: torch.Tensor | None, weights: torch.Tensor,
              topk_indices_buffer: torch.Tensor) -> None:
+    global _breakable
+    if _breakable is None:  # decorated at the first call: vLLM's env is read by then
+        _breakable = eager_break(cuda_forward)
     op = _OPS[prefix]
     saved = op.topk_indices_buffer
     op.topk_indices_buffer = topk_indices_buffer
     try:
-        cuda_forward(op, hidden_states, q_quant, k, weights)
+        _breakable(op, hidden_states, q_quant, k, weights)
     finally:
         op.topk_indices_buffer = saved
 
@@ -258,11 +241,12 @@ def make_op_class(base):
     class SpinSparseAttnIndexer(base):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.spin_on = state.enabled()
-            self.spin_layer = layer_number(self.k_cache.prefix) if self.spin_on else -1
+            self.spin_layer = layer_number(self.k_cache.prefix) if state.enabled() else -1
+            self.spin_on = self.spin_layer >= 0 and state.attach(self)
             if self.spin_on:
                 if self.use_fp4_cache:
-                    raise NotImplementedError("spin: the MXFP4 indexer cache is not supported yet")
+                    raise NotImplementedError("spin: the MXFP4 indexer cache is not supported; "
+                                              "use the FP8 indexer cache")
                 _OPS[self.k_cache.prefix] = self
 
         def spin_base_forward_cpu(self, hidden_states, q_quant, k, weights):

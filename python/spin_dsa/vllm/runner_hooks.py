@@ -31,7 +31,24 @@ def _lifecycle_after(rt, out, runner):
         rt.add(new.req_id)
     for req_id in sorted(getattr(out.scheduled_cached_reqs, "resumed_req_ids", ()) or ()):
         rt.add(req_id)  # a preempted request back: its state was dropped, start it empty
-    rt.begin_step(list(runner.input_batch.req_ids))
+    ids = [r for r in runner.input_batch.req_ids if r is not None]
+    scheduled = [int(out.num_scheduled_tokens.get(r, 0)) for r in ids]
+    rt.begin_step(ids, scheduled, prompt_ends(runner, ids, scheduled))
+
+
+def prompt_ends(runner, ids, scheduled):
+    """The rows whose prefill (prompt, or the recompute of a resumed request) ends in this step:
+    more than one known token not yet computed (a decode step has exactly one, the token
+    sampled last), and this step schedules them all."""
+    ends = []
+    for i, (r, n) in enumerate(zip(ids, scheduled)):
+        req = runner.requests.get(r)
+        if req is None:
+            continue
+        left = req.num_tokens - req.num_computed_tokens
+        if left > 1 and n >= left:
+            ends.append(i)
+    return ends
 
 
 def hook_model_runner(cls):

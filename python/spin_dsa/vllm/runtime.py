@@ -34,6 +34,44 @@ def request_key(request_id: str) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
+class SlotTable:
+    """Request ids → spin slots (lowest free first, so every tensor-parallel rank that sees the
+    same adds and drops in the same order assigns the same slots) and their exploration keys."""
+
+    def __init__(self, capacity: int):
+        self.capacity = int(capacity)
+        self._slot: dict[str, int] = {}
+        self._free = list(range(self.capacity))
+
+    def __contains__(self, request_id) -> bool:
+        return request_id in self._slot
+
+    def __getitem__(self, request_id) -> int:
+        return self._slot[request_id]
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def ids(self):
+        return list(self._slot)
+
+    def take(self, request_id: str, key: int | None = None) -> tuple[int, int]:
+        """(slot, exploration key) for a new request; key defaults to request_key(request_id)."""
+        if not self._free:
+            raise RuntimeError(f"spin: no free slot for request {request_id!r} "
+                               f"(max_requests={self.capacity}; raise spin.max_requests)")
+        slot = heapq.heappop(self._free)
+        self._slot[request_id] = slot
+        return slot, request_key(request_id) if key is None else int(key)
+
+    def release(self, request_id: str) -> int | None:
+        """The freed slot, or None for an id never added (ignored)."""
+        slot = self._slot.pop(request_id, None)
+        if slot is not None:
+            heapq.heappush(self._free, slot)
+        return slot
+
+
 class ScoreRecorder:
     """Collects the logits rows of chosen requests and layers; writes one score trace per request
     (spin_dsa.write_score_trace: validated, atomic) when it finishes or reaches max_steps."""
@@ -140,9 +178,8 @@ class SpinRuntime:
         self.model = model
         self.serving: spin_dsa.Serving | None = None  # made at the first decode (geometry known)
         self.page_size = self.topk = 0
-        self._slot: dict[str, int] = {}
+        self._slots = SlotTable(self.max_requests)
         self._key: dict[int, int] = {}  # slot → exploration key
-        self._free = list(range(self.max_requests))
         self._open = np.zeros(self.max_requests, bool)        # slot has an uncommitted step
         self._base = np.zeros(self.max_requests, np.int64)    # its L (cached before its rows)
         self._open_next_n = np.ones(self.max_requests, np.int64)
@@ -159,14 +196,10 @@ class SpinRuntime:
     def add(self, request_id: str, key: int | None = None):
         """A new or resumed request: a free slot with empty state. key: the exploration key
         (default request_key(request_id); tests pass replay's 0)."""
-        if request_id in self._slot:
+        if request_id in self._slots:
             self.drop(request_id)  # resumed after a preemption we did not see: start over
-        if not self._free:
-            raise RuntimeError(f"spin: no free slot for request {request_id!r} "
-                               f"(max_requests={self.max_requests}; raise spin.max_requests)")
-        slot = heapq.heappop(self._free)
-        self._slot[request_id] = slot
-        self._key[slot] = request_key(request_id) if key is None else int(key)
+        slot, key = self._slots.take(request_id, key)
+        self._key[slot] = key
         self._open[slot] = False
         if self.serving is not None:
             self.serving.add(slot, self._key[slot])
@@ -175,26 +208,27 @@ class SpinRuntime:
 
     def drop(self, request_id: str):
         """A finished or preempted request; unknown ids are ignored (never scheduled here)."""
-        slot = self._slot.pop(request_id, None)
+        slot = self._slots.release(request_id)
         if slot is None:
             return
         if self.serving is not None and self.serving.active(slot):
             self.serving.drop(slot)
         self._open[slot] = False
-        heapq.heappush(self._free, slot)
         if self.recorder is not None:
             self.recorder.on_drop(request_id, self.page_size, self.topk)
 
     def slot(self, request_id: str) -> int:
-        return self._slot[request_id]
+        return self._slots[request_id]
 
-    def begin_step(self, request_ids):
-        """The batch's request ids in row order (decodes first, as vLLM orders them)."""
+    def begin_step(self, request_ids, scheduled=None, prompt_ends=None):
+        """The batch's request ids in row order (decodes first, as vLLM orders them). The host
+        path reads neither the scheduled token counts nor the rows whose prompt ends (the device
+        path does: spin_dsa.vllm.device_path)."""
         self._batch = [r for r in request_ids if r is not None]
         for r in self._batch:
-            if r not in self._slot:
+            if r not in self._slots:
                 self.add(r)
-        self.batch_slots = np.array([self._slot[r] for r in self._batch], np.int32)
+        self.batch_slots = np.array([self._slots[r] for r in self._batch], np.int32)
         self._step += 1
 
     # -- the decode step -------------------------------------------------------------------------
@@ -209,7 +243,7 @@ class SpinRuntime:
                                         predictor=self.cfg.predictor, config=config,
                                         max_next_n=self.max_next_n)
         self.page_size, self.topk = page_size, topk
-        for slot in sorted(self._slot.values()):
+        for slot in sorted(self._slots[r] for r in self._slots.ids()):
             self.serving.add(slot, self._key[slot])
 
     def _commit_open(self, slots: np.ndarray, seq_lens: np.ndarray, next_n: int):
@@ -333,5 +367,5 @@ class SpinRuntime:
 
     def close(self):
         """Writes the traces of requests still recording (process exit)."""
-        for request_id in list(self._slot):
+        for request_id in self._slots.ids():
             self.drop(request_id)

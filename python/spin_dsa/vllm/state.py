@@ -1,8 +1,13 @@
-"""The plugin's per-process state: the parsed --additional-config and the one SpinRuntime.
+"""The plugin's per-process state: the parsed --additional-config and the one runtime.
 
-vLLM builds every indexer op under set_current_vllm_config(...), so the first op that finds spin
-on creates the runtime from that config (layers, context, batch, speculative tokens). Tests call
-reset() between configurations.
+vLLM builds every indexer op under set_current_vllm_config(...). The first op that finds spin on
+creates the runtime from that config (layers, context, batch, speculative tokens):
+- on CUDA, the device path (device_path.DeviceRuntime: state and selection on the GPU), after
+  the startup checks below — a combination it cannot serve stops the engine at load, with one
+  line naming the setting and what to use instead, never inside a forward;
+- on CPU, the host path (runtime.SpinRuntime: the C++ predictor and spin's CPU kernels).
+Tests call reset() between configurations, and may set DEVICE_PATH_ON to run the device path on
+CPU tensors (vLLM's CUDA-path Python with its kernels stood in).
 """
 
 from __future__ import annotations
@@ -12,7 +17,13 @@ import atexit
 from .config import SpinConfig, parse_spin_config
 from .runtime import SpinRuntime
 
-_runtime: SpinRuntime | None = None
+# The vLLM versions whose DSA code the plugin was written and tested against (major, minor).
+SUPPORTED_VLLM = ((0, 32), (0, 33))
+
+#: Tests: a torch device to run the device path on where vLLM's platform is not CUDA.
+DEVICE_PATH_ON: str | None = None
+
+_runtime = None
 _config_id: int | None = None
 
 
@@ -26,43 +37,147 @@ def spin_config(vllm_config=None) -> SpinConfig:
     return parse_spin_config(vc.additional_config if isinstance(vc.additional_config, dict) else {})
 
 
+def _model_layers(vc) -> tuple[int, int]:
+    """(decoder layers, MTP draft layers) of the model."""
+    text = vc.model_config.hf_text_config
+    return (int(text.num_hidden_layers),
+            int(getattr(text, "num_nextn_predict_layers", 0) or 0))
+
+
+def _next_n(vc) -> int:
+    spec = vc.speculative_config
+    return 1 + (int(spec.num_speculative_tokens) if spec is not None else 0)
+
+
 def enabled() -> bool:
-    """Whether the current vLLM config turns spin on; creates the runtime when it does."""
+    """Whether the current vLLM config turns spin on."""
+    return spin_config().enabled
+
+
+def attach(op) -> bool:
+    """Called by every indexer op at construction: whether spin drives this op's layer. Creates
+    the runtime at the first op with spin on (and refuses what it cannot serve)."""
     vc = _vllm_config()
     cfg = spin_config(vc)
-    if cfg.enabled:
-        _ensure_runtime(vc, cfg)
-    return cfg.enabled
+    if not cfg.enabled:
+        return False
+    layers, draft_layers = _model_layers(vc)
+    if on_device():
+        if op.spin_layer >= layers:
+            return False  # the MTP drafter's indexer stays vLLM's (dense)
+        rt = _ensure_device_runtime(vc, cfg, op)
+        rt.first_layer = op.spin_layer if rt.first_layer is None else min(rt.first_layer,
+                                                                           op.spin_layer)
+        rt.last_layer = op.spin_layer if rt.last_layer is None else max(rt.last_layer,
+                                                                        op.spin_layer)
+        return True
+    global _runtime, _config_id
+    if _runtime is None or _config_id != id(vc):
+        _runtime = SpinRuntime(cfg, num_layers=layers + draft_layers,
+                               max_entries=int(vc.model_config.max_model_len),
+                               max_requests=int(vc.scheduler_config.max_num_seqs),
+                               max_next_n=_next_n(vc), model=str(vc.model_config.model))
+        _config_id = id(vc)
+    return True
 
 
-def _ensure_runtime(vc, cfg: SpinConfig):
+def on_device() -> bool:
+    if DEVICE_PATH_ON is not None:
+        return True
+    from vllm.platforms import current_platform
+    return current_platform.is_cuda_alike()
+
+
+def _ensure_device_runtime(vc, cfg: SpinConfig, op):
     global _runtime, _config_id
     if _runtime is not None and _config_id == id(vc):
-        return
-    text = vc.model_config.hf_text_config
-    layers = int(text.num_hidden_layers) + int(getattr(text, "num_nextn_predict_layers", 0) or 0)
-    spec = vc.speculative_config
-    next_n = 1 + (int(spec.num_speculative_tokens) if spec is not None else 0)
-    _runtime = SpinRuntime(cfg, num_layers=layers, max_entries=int(vc.model_config.max_model_len),
-                           max_requests=int(vc.scheduler_config.max_num_seqs),
-                           max_next_n=next_n, model=str(vc.model_config.model))
+        return _runtime
+    check_device_path(vc, cfg, op)
+    import torch
+
+    from .device_path import DeviceRuntime
+    layers, _ = _model_layers(vc)
+    device = DEVICE_PATH_ON or f"cuda:{torch.cuda.current_device()}"
+    try:
+        _runtime = DeviceRuntime(
+            cfg, num_layers=layers, max_tokens=int(vc.model_config.max_model_len),
+            max_requests=int(vc.scheduler_config.max_num_seqs), max_next_n=_next_n(vc),
+            max_batch=int(vc.scheduler_config.max_num_seqs),
+            page_size=int(vc.cache_config.block_size), topk=int(op.topk_tokens),
+            compress_ratio=int(getattr(op, "compress_ratio", 1) or 1), device=device,
+            model=str(vc.model_config.model))
+    except ValueError as e:  # spin_dsa's InvalidArgument/OutOfRange name the setting
+        raise RuntimeError(f"spin: --additional-config spin cannot run on the device path: {e}") \
+            from e
     _config_id = id(vc)
+    _add_splitting_op(vc)
+    return _runtime
 
 
-def runtime() -> SpinRuntime:
+def check_device_path(vc, cfg: SpinConfig, op):
+    """Refuses, at load, every combination the device path cannot serve."""
+    import vllm
+
+    import spin_dsa.device as sd
+
+    def refuse(setting, instead):
+        raise RuntimeError(f"spin: {setting} is not supported on the GPU path; {instead}")
+
+    version = tuple(int(p) for p in vllm.__version__.split(".")[:2] if p.isdigit())
+    if version not in SUPPORTED_VLLM:
+        refuse(f"vLLM {vllm.__version__}", "use vLLM "
+               + " or ".join(f"{a}.{b}" for a, b in SUPPORTED_VLLM) + ", or turn spin off")
+    from vllm.platforms import current_platform
+    if DEVICE_PATH_ON is None and current_platform.is_rocm():
+        refuse("ROCm", "run spin on NVIDIA GPUs, or turn spin off")
+    if getattr(op, "use_fp4_cache", False):
+        refuse("the MXFP4 indexer cache", "use the FP8 indexer cache (indexer_kv_dtype fp8)")
+    pc = vc.parallel_config
+    if int(getattr(pc, "decode_context_parallel_size", 1) or 1) > 1:
+        refuse("decode context parallelism (-dcp > 1)", "run with -dcp 1")
+    if int(getattr(pc, "prefill_context_parallel_size", 1) or 1) > 1:
+        refuse("prefill context parallelism (-pcp > 1)", "run with -pcp 1")
+    if getattr(pc, "enable_dbo", False) or getattr(pc, "use_ubatching", False):
+        refuse("micro-batching (--enable-dbo)", "run without it")
+    if DEVICE_PATH_ON is None and getattr(vc, "use_v2_model_runner", False):
+        refuse("vLLM's model runner V2", "set VLLM_USE_V2_MODEL_RUNNER=0 (spin hooks the V1 "
+               "runner's request lifecycle)")
+    if cfg.predictor not in sd.PREDICTORS:
+        refuse(f"predictor '{cfg.predictor}'", f"choose one of {list(sd.PREDICTORS)}")
+    if cfg.record is not None:
+        refuse("record mode", "record score traces on a CPU engine (the host path), or drop "
+               "'record'")
+
+
+def _add_splitting_op(vc):
+    """Piecewise compilation (breakable graphs off) must split the graph at spin's op, so that it
+    runs eagerly every step: a captured copy would replay its capture-time decisions (the decode
+    layout, a fallback, the prompts to observe) on every later batch."""
+    cc = getattr(vc, "compilation_config", None)
+    ops = getattr(cc, "splitting_ops", None)
+    if isinstance(ops, list) and "spin_dsa::sparse_attn_indexer_cuda" not in ops:
+        ops.append("spin_dsa::sparse_attn_indexer_cuda")
+
+
+def runtime():
     if _runtime is None:
         raise RuntimeError("spin: no runtime (spin is off, or no indexer op was built)")
     return _runtime
 
 
-def runtime_or_none() -> SpinRuntime | None:
+def runtime_or_none():
     return _runtime
+
+
+def stats() -> dict | None:
+    """The device path's counters (steps, fallback steps, blocks scored / visible), or None."""
+    return _runtime.stats() if _runtime is not None and hasattr(_runtime, "stats") else None
 
 
 def reset():
     """Forgets the runtime (writing any traces still recording)."""
     global _runtime, _config_id
-    if _runtime is not None:
+    if _runtime is not None and hasattr(_runtime, "close"):
         _runtime.close()
     _runtime, _config_id = None, None
 

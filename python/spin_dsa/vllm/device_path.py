@@ -1,0 +1,288 @@
+"""spin inside vLLM's CUDA decode: the device path (spin_dsa.device) fed to vLLM's own kernels.
+
+For every indexer layer with decode rows, around vLLM's own ``sparse_attn_indexer``:
+
+1. commit (first spin layer of a step): every batch request's open step is closed on the device,
+   its accepted drafts read from the seq_len delta (``(L − q) − opened_at − 1``: tokens cached
+   before this step's rows, minus those before the open step's rows, minus the bonus token);
+2. ``Serving.select`` chooses each decode request's blocks; ``compact`` turns vLLM's block table
+   into the chosen pages and the per-row compacted lengths;
+3. vLLM's function runs with the decode metadata swapped for the compacted one (block table,
+   lengths, a DeepGEMM schedule computed for them in spin's buffer, ``max_model_len`` = the
+   compact width): vLLM's own paged-logits kernel scores the chosen pages only, and vLLM's top-k
+   backend runs over the compact width. Prefill rows and their metadata are never touched.
+4. the top-k tap (over ``get_indexer_topk``) hands the compact logits and columns to
+   ``Serving.observe_scored`` and writes ``remap``'s request positions into vLLM's
+   ``topk_indices_buffer``.
+
+Steps 1–4 are device ops with static shapes and no host synchronisation; the per-row request
+slots live in a static device buffer that the runner hook fills before the step (pad rows get
+``pad_slot``), so vLLM's FULL CUDA graphs capture them and replay them with the current batch.
+
+A request's first decode step is warm: in the step that completes its prompt, the prompt's last
+row is scored over every block (spin's own Triton paged logits, one row per request and layer) and
+observed as its prefill (``Serving.prefill``). That runs eagerly: such steps carry prefill tokens
+and are never captured as FULL graphs.
+
+A step whose decode layout the device path cannot take (vLLM's padded path, unequal draft
+counts, more drafts than configured) runs vLLM's dense decode unchanged; it is counted
+(``stats()["fallback_steps"]``) and logged once per 1000.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import torch
+
+import spin_dsa
+import spin_dsa.device as sd
+
+from .runtime import SlotTable
+
+logger = logging.getLogger("spin_dsa.vllm")
+
+
+class DeviceRuntime:
+    """The device path's state for one worker: slots, the device Serving, static row buffers."""
+
+    def __init__(self, cfg, *, num_layers: int, max_tokens: int, max_requests: int,
+                 max_next_n: int, max_batch: int, page_size: int, topk: int,
+                 compress_ratio: int = 1, device="cuda", model: str = "vllm"):
+        self.cfg = cfg
+        self.num_layers, self.max_next_n = int(num_layers), int(max_next_n)
+        self.page_size, self.topk = int(page_size), int(topk)
+        self.compress_ratio = int(compress_ratio)
+        self.max_batch = int(max_batch)
+        self.slots = SlotTable(cfg.max_requests or max_requests)
+        config = dict(cfg.config, page_size=self.page_size, topk=self.topk)
+        block_entries = self.page_size * int(spin_dsa.check_config(config)["block_pages"])
+        self.serving = sd.Serving(self.slots.capacity, self.num_layers,
+                                  -(-int(max_tokens) // self.compress_ratio), cfg.predictor,
+                                  config, self.max_next_n, self.compress_ratio, device,
+                                  dense_blocks=int(cfg.min_context) // block_entries)
+        self.device = self.serving.device
+        self.block_entries = self.serving.block_entries
+        self.width_entries = self.serving.width * self.block_entries
+        pad = self.serving.pad_slot
+        i64 = dict(dtype=torch.int64, device=self.device)
+        self._rows = torch.full((self.max_batch,), pad, **i64)   # slot of each batch row
+        self._qlen = torch.zeros(self.max_batch, **i64)          # tokens it schedules
+        self._opened_at = torch.zeros(pad + 1, **i64)            # L − q of its open step
+        # [decode rows, blocks scored, blocks visible]: device counters, read only by stats().
+        self._counters = torch.zeros(3, **i64)
+        self._prompt_rows: list[tuple[int, int]] = []  # (batch row, token row) of ending prompts
+        self.first_layer = self.last_layer = None
+        self.steps = 0
+        self.fallback_steps = 0
+        self._fallback_step = -1
+
+    # -- lifecycle (the runner hook; host, outside any captured region) ------------------------
+
+    def add(self, request_id: str):
+        if request_id in self.slots:
+            self.drop(request_id)  # resumed after a preemption we did not see: start over
+        slot, key = self.slots.take(request_id)
+        self.serving.add(slot, key)
+
+    def drop(self, request_id: str):
+        slot = self.slots.release(request_id)
+        if slot is not None:
+            self.serving.drop(slot)
+
+    def begin_step(self, request_ids, scheduled=None, prompt_ends=None):
+        """The batch in row order; scheduled[i]: tokens row i schedules this step; prompt_ends:
+        the rows whose prompt's last token is in this step (their first decode is next)."""
+        ids = [r for r in request_ids if r is not None]
+        if len(ids) > self.max_batch:
+            raise RuntimeError(f"spin: a batch of {len(ids)} requests exceeds max_num_seqs "
+                               f"{self.max_batch}")
+        for r in ids:
+            if r not in self.slots:
+                self.add(r)
+        n = len(ids)
+        rows = np.full(self.max_batch, self.serving.pad_slot, np.int64)
+        rows[:n] = [self.slots[r] for r in ids]
+        qlen = np.zeros(self.max_batch, np.int64)
+        if scheduled is not None:
+            qlen[:n] = scheduled[:n]
+        # From pageable memory: the copy has left the host array when copy_ returns, so the next
+        # step may rewrite it while this one is still queued.
+        self._rows.copy_(torch.from_numpy(rows))
+        self._qlen.copy_(torch.from_numpy(qlen))
+        ends = np.cumsum(qlen[:n]) - 1
+        warm = prompt_ends if self.cfg.warm_start else ()
+        self._prompt_rows = [(i, int(ends[i])) for i in (warm or ()) if i < n]
+        self.steps += 1
+
+    # -- one indexer layer (inside the forward) ------------------------------------------------
+
+    def indexer(self, layer: int, md, call, q_quant, weights, kv_cache):
+        """Runs vLLM's indexer `call(metadata, max_model_len)` for this layer with spin choosing
+        the decode rows' blocks; returns what vLLM's function returns."""
+        if kv_cache.shape[1] != self.page_size:  # a host check on shapes: no sync
+            raise RuntimeError(f"spin: the indexer cache has {kv_cache.shape[1]}-entry pages, "
+                               f"vLLM's cache_config.block_size says {self.page_size}")
+        if layer == self.first_layer:
+            self._commit(md)
+        plan = _decode_plan(md, self.max_next_n)
+        if plan is None:
+            if md.num_decodes > 0:
+                self._count_fallback()
+            out = call(md, None)
+        else:
+            out = self._sparse_decode(layer, md, plan, call)
+        if self._prompt_rows and not _capturing(self.device):
+            self._observe_prompts(layer, md, q_quant, weights, kv_cache)
+        return out
+
+    def _commit(self, md):
+        n = md.num_decodes + md.num_prefills
+        if n == 0:
+            return
+        S, L = self._rows[:n], md.seq_lens[:n].long()
+        accepted = (L - self._qlen[:n]) - self._opened_at[S] - 1
+        self.serving.commit(S, accepted.clamp(min=0))
+
+    def _sparse_decode(self, layer, md, plan, call):
+        batch, next_n, seq_lens, table, per_token = plan
+        S = self._rows[:batch]
+        blocks, counts = self.serving.select(S, layer, seq_lens, next_n)
+        self._opened_at[S] = seq_lens.long() - next_n
+        pages, lengths = sd.compact(blocks, counts, table, seq_lens, next_n,
+                                    int(self.serving.config["block_pages"]), self.page_size,
+                                    self.compress_ratio)
+        if per_token:  # vLLM's flattened rows: one table row and one length per token
+            pages = pages.repeat_interleave(next_n, dim=0)
+            ctx = lengths.view(-1, 1)
+        else:
+            ctx = lengths.view(batch, next_n)
+        decode = dataclasses.replace(md.decode, block_table=pages, seq_lens=ctx,
+                                     schedule_metadata=_schedule(ctx, md.decode, self.page_size))
+        compact_md = dataclasses.replace(md, decode=decode, max_seq_len=self.width_entries)
+        self._count(blocks, counts, seq_lens, next_n)
+        with TopkTap.spin_call(self, S, layer, blocks):
+            return call(compact_md, self.width_entries)
+
+    def _observe_prompts(self, layer, md, q_quant, weights, kv_cache):
+        rows = torch.tensor([r for r, _ in self._prompt_rows], dtype=torch.int64,
+                            device=self.device)
+        tokens = torch.tensor([t for _, t in self._prompt_rows], dtype=torch.int64,
+                              device=self.device)
+        L = md.seq_lens[rows].long()
+        entries = (L // self.compress_ratio).to(torch.int32)
+        cache, table = _page_view(kv_cache, md.block_table[rows].to(torch.int32), self.page_size)
+        q = q_quant.index_select(0, tokens)
+        w = weights.index_select(0, tokens).float()
+        logits = _full_rows(q, w, cache, table, entries, self.page_size)
+        S = self._rows[rows]
+        self.serving.prefill(S, layer, L, logits)
+        self._opened_at[S] = L - 1
+
+    def _count(self, blocks, counts, seq_lens, next_n):
+        visible = sd.visible_entries(seq_lens, next_n, self.compress_ratio).view(-1, next_n)[:, -1]
+        self._counters[0] += counts.numel()
+        self._counters[1] += counts.view(-1, next_n)[:, 0].long().sum()
+        self._counters[2] += (-(-visible // self.block_entries)).sum()
+
+    def _count_fallback(self):
+        if self._fallback_step == self.steps:  # once per step, not per layer
+            return
+        self._fallback_step = self.steps
+        self.fallback_steps += 1
+        if self.fallback_steps % 1000 == 1:
+            logger.warning("spin: %d decode steps ran vLLM's dense indexer (a layout the device "
+                           "path does not take: padded or unequal draft rows)",
+                           self.fallback_steps)
+
+    def stats(self) -> dict:
+        """Counters since start (reading them synchronises with the device)."""
+        rows, scored, visible = (int(v) for v in self._counters.tolist())
+        return {"steps": self.steps, "fallback_steps": self.fallback_steps, "decode_rows": rows,
+                "blocks_scored": scored, "blocks_visible": visible,
+                "scored_fraction": scored / visible if visible else 1.0}
+
+
+def _decode_plan(md, max_next_n):
+    """(batch, next_n, per-request seq_lens, per-request block table, per-token rows) when the
+    step's decode rows are a layout the device path takes, else None (vLLM's dense decode)."""
+    d = md.decode
+    if md.num_decodes == 0 or d is None or d.requires_padding:
+        return None
+    batch, tokens = md.num_decodes, md.num_decode_tokens
+    if tokens % batch or not getattr(d, "decode_is_uniform", True):
+        return None
+    next_n = tokens // batch
+    if next_n > max_next_n:
+        return None
+    seq_lens = md.seq_lens[:batch]
+    if d.seq_lens.shape[0] == batch:  # native rows [B, next_n]
+        return batch, next_n, seq_lens, d.block_table[:batch], False
+    if d.seq_lens.shape[0] == tokens:  # flattened: token i·next_n + j is row j of request i
+        return batch, next_n, seq_lens, d.block_table[:tokens:next_n], True
+    return None
+
+
+def _schedule(ctx, decode, page_size):
+    """DeepGEMM's schedule for the compacted lengths (CUDA with DeepGEMM), else vLLM's."""
+    if ctx.device.type != "cuda":
+        return decode.schedule_metadata
+    from vllm.utils.deep_gemm import get_paged_mqa_logits_metadata, has_deep_gemm
+    if not has_deep_gemm():
+        return decode.schedule_metadata
+    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+    return get_paged_mqa_logits_metadata(ctx, page_size, sms, indices=decode.indices)
+
+
+def _page_view(kv_cache, table, page_size):
+    """vLLM's per-layer indexer cache as contiguous pages, and the table into them."""
+    from .indexer_op import kv_pages
+    pages, mult, base = kv_pages(kv_cache, page_size)
+    return pages, (table * mult + base if mult != 1 or base else table)
+
+
+def _full_rows(q, w, cache, table, entries, page_size):
+    """Every visible entry of one row per request: spin's Triton kernel on CUDA, its torch
+    reference elsewhere."""
+    width = table.shape[1] * page_size
+    if q.device.type == "cuda":
+        return sd.paged_logits(q, w, cache, table, entries, page_size=page_size, width=width)
+    from spin_dsa.device._logits import paged_logits_reference
+    return paged_logits_reference(q, w, cache, table, entries, page_size=page_size, width=width)
+
+
+def _capturing(device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+class TopkTap:
+    """Wraps vLLM's decode top-k dispatcher: during a spin call it observes the compact logits
+    and columns and writes request positions in their place. Installed over
+    ``get_indexer_topk`` in vLLM's sparse_attn_indexer module by register()."""
+
+    _active = None  # (runtime, slots, layer, blocks) while a spin call runs
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len):
+        self.inner(logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len)
+        active, TopkTap._active = TopkTap._active, None
+        if active is None:
+            return
+        rt, S, layer, blocks = active
+        scored = logits if logits.dtype == torch.float32 else logits.float()
+        rt.serving.observe_scored(S, layer, scored, topk_indices)
+        topk_indices.copy_(sd.remap(topk_indices, blocks, rt.block_entries))
+
+    class spin_call:
+        def __init__(self, rt, S, layer, blocks):
+            self.state = (rt, S, layer, blocks)
+
+        def __enter__(self):
+            TopkTap._active = self.state
+
+        def __exit__(self, *exc):
+            TopkTap._active = None

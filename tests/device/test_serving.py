@@ -296,6 +296,51 @@ def test_padded_rows_use_the_pad_slot_and_leave_every_request_alone():
         padded.add(padded.pad_slot, 1)
 
 
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_commit_leaves_a_slot_without_an_open_step_alone(impl):
+    """An engine commits its whole batch at the start of a step (the vLLM plugin: accepted drafts
+    from the seq_len delta) without knowing which rows opened a step: a slot that did not — a
+    request added this step, or one routed through vLLM's prefill branch — must keep its state
+    and its step number, where the library refuses."""
+    cfg = {"page_size": E, "topk": 32, "target_sparsity": 0.5}
+    dev = device.Serving(3, 2, 1024, "spin", cfg, impl=impl)
+    dev.add(0, 7)
+    dev.add(1, 8)
+    S, seq = torch.tensor([0]), torch.tensor([700])
+    for layer in range(2):
+        dev.select(S, layer, seq)
+        dev.observe_scored(S, layer, torch.randn(1, dev.width * E,
+                                                 generator=torch.Generator().manual_seed(layer)))
+    dev.commit(S)
+    before = {n: getattr(dev, n).clone() for n in ("slot_ema", "last_seen", "offset_ema",
+                                                   "offset_count", "_step")}
+    dev.commit(torch.tensor([0, 1]), torch.tensor([0, 0]))  # neither has an open step
+    for name, t in before.items():
+        assert torch.equal(getattr(dev, name), t), name
+    assert dev._step.tolist()[:2] == [1, 0]
+
+
+def test_dense_blocks_keeps_short_rows_whole_and_leaves_long_rows_to_the_budget():
+    """An engine's short-context threshold: rows that see at most dense_blocks blocks keep every
+    block; longer rows select exactly as without it; the output width covers both."""
+    cfg = {"page_size": E, "topk": 32, "target_sparsity": 0.5}
+    plain = device.Serving(2, 1, 8192, "spin", cfg)
+    dense = device.Serving(2, 1, 8192, "spin", cfg, dense_blocks=40)
+    assert dense.width >= 40 and dense.dense_blocks == 40
+    for s in (plain, dense):
+        s.add(0, 5)
+        s.add(1, 6)
+    S, seq = torch.tensor([0, 1]), torch.tensor([40 * E, 3000])
+    want, want_counts = plain.select(S, 0, seq)
+    got, counts = dense.select(S, 0, seq)
+    assert counts[0] == 40 and torch.equal(got[0, :40], torch.arange(40, dtype=torch.int32))
+    assert want_counts[0] < 40  # the budget rule alone would have skipped some
+    assert counts[1] == want_counts[1]
+    assert torch.equal(got[1, :int(counts[1])], want[1, :int(want_counts[1])])
+    with pytest.raises(spin_dsa.InvalidArgument):
+        device.Serving(2, 1, 8192, "spin", cfg, dense_blocks=-1)
+
+
 def test_output_shapes_are_fixed_at_construction():
     dev = device.Serving(3, 1, 4096, "spin", {"page_size": 64, "topk": 256,
                                               "target_sparsity": 0.5}, 2)

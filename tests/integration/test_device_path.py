@@ -1,0 +1,330 @@
+"""spin's GPU path inside vLLM (spin_dsa.vllm.device_path), run on CPU tensors: vLLM's own CUDA
+indexer function (the one DeepSeek-V3.2's CUDA attention calls) with only DeepGEMM's paged
+logits kernel stood in (spin's torch reference over exactly the page table it is given), vLLM's
+own torch top-k backend, and the plugin loaded as vLLM loads it (register(), ops built by vLLM's
+SparseAttnIndexer constructor under a VllmConfig).
+
+- spin on: every decode row's top-k equals spin_dsa.Serving (the C++ library, host) + the
+  library's block-masked indexer + its masked top-k on the same inputs, over steps whose batch
+  order changes, with next_n 1 and 3 (native MTP rows, acceptance read from seq_len deltas);
+  the logits kernel is asked for the chosen pages only;
+- a decode layer touches nothing on the host; two plugin instances (two tensor-parallel ranks)
+  select identically; the MTP drafter's indexer stays vLLM's; what the GPU path cannot serve
+  stops the engine at load with one line.
+Layouts (flattened rows, vLLM's padded path, mixed prefill + decode batches, warm start from
+the prompt's last row) are in test_device_layouts.py, on the shared harness cuda_path.py.
+"""
+import json
+import types
+
+import numpy as np
+import pytest
+import torch
+from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
+from vllm.forward_context import set_forward_context
+from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+from vllm.v1.attention.backends.mla.indexer import (DeepSeekV32IndexerDecodeMetadata,
+                                                   DeepseekV32IndexerMetadata)
+
+import spin_dsa
+import spin_dsa.vllm
+from spin_dsa.device import paged_logits_reference
+from spin_dsa.vllm import state
+from spin_dsa.vllm.runtime import request_key
+from cases import PAGE, scatter
+
+TOPK = 256
+LAYERS = 2
+STEPS = 6
+MAX_LEN = 8192
+SPIN = {"config": {"target_sparsity": 0.5}, "warm_start": False, "min_context": 0}
+
+
+def _prefix(layer):
+    return f"model.layers.{layer}.self_attn.indexer.k_cache"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-v32-device")
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
+        "num_hidden_layers": LAYERS, "hidden_size": 256, "intermediate_size": 512,
+        "moe_intermediate_size": 128, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "first_k_dense_replace": 1, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 64, "qk_rope_head_dim": 32,
+        "qk_nope_head_dim": 32, "v_head_dim": 32, "vocab_size": 1000,
+        "max_position_embeddings": MAX_LEN, "index_n_heads": 64, "index_head_dim": 128,
+        "index_topk": TOPK, "num_nextn_predict_layers": 1, "torch_dtype": "bfloat16"}))
+    return str(d)
+
+
+class World:
+    """Two requests' key traces on random physical pages, the plugin's ops, and the calls."""
+
+    def __init__(self, model_dir, next_n, spin=SPIN):
+        self.next_n = next_n
+        self.traces = [spin_dsa.generate_workload("doc-qa-10k", prompt_tokens=p, steps=STEPS,
+                                                  layers=LAYERS, topk=TOPK, next_n=next_n,
+                                                  seed=s)
+                       for p, s in ((3000, 21), (4500, 22))]
+        rng = np.random.default_rng(3)
+        self.paged = []
+        for l in range(LAYERS):
+            cache, table = scatter([(t.k(l), t.k_scale(l)) for t in self.traces], rng)
+            self.paged.append((torch.from_numpy(cache).view(cache.shape[0], PAGE, 132), table))
+        self.vc = VllmConfig(model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True,
+                                                      max_model_len=MAX_LEN),
+                             additional_config={"spin": spin})
+        self.vc.cache_config.block_size = PAGE
+        if next_n > 1:
+            self.vc.speculative_config = types.SimpleNamespace(num_speculative_tokens=next_n - 1)
+        self.buf = torch.full((16, TOPK), -1, dtype=torch.int32)
+        self.asked = []  # (context lens, page table, max_model_len) of each logits call
+
+    def build(self, layers=LAYERS):
+        state.DEVICE_PATH_ON = "cpu"
+        spin_dsa.vllm.register()
+        state.reset()
+        with set_current_vllm_config(self.vc):
+            self.ops = [SparseAttnIndexer(
+                types.SimpleNamespace(prefix=_prefix(l), kv_cache=self.paged[l % LAYERS][0]),
+                128, "ue8m0", TOPK, 128, MAX_LEN, MAX_LEN, self.buf, skip_k_cache_insert=True)
+                for l in range(layers)]
+        return state.runtime()
+
+    def metadata(self, order, s, l):
+        n = self.next_n
+        sl = torch.tensor([int(self.traces[i].ctx_len[s]) for i in order], dtype=torch.int32)
+        rows = sl[:, None] - n + 1 + torch.arange(n, dtype=torch.int32)
+        table = torch.from_numpy(self.paged[l][1][list(order)].copy())
+        decode = DeepSeekV32IndexerDecodeMetadata(
+            block_table=table, seq_lens=rows, decode_lens=torch.full((len(order),), n,
+                                                                    dtype=torch.int32),
+            requires_padding=False, schedule_metadata=torch.empty(0, dtype=torch.int32))
+        return DeepseekV32IndexerMetadata(
+            seq_lens=sl, max_seq_len=int(sl.max()),
+            slot_mapping=torch.zeros(len(order) * n, dtype=torch.int64),
+            num_decodes=len(order), num_decode_tokens=len(order) * n, num_prefills=0,
+            num_prefill_tokens=0, decode=decode)
+
+    def inputs(self, order, s, l):
+        q = np.concatenate([self.traces[i].q(l)[s] for i in order])
+        w = np.concatenate([self.traces[i].w(l)[s] for i in order])
+        return torch.from_numpy(q).view(torch.float8_e4m3fn), torch.from_numpy(w)
+
+    def logits_stand_in(self, q, kv, w, ctx, table, schedule, max_model_len, clean_logits,
+                        indices=None):
+        """DeepGEMM's fp8_fp4_paged_mqa_logits, shape-asserted: q [B, next_n, H, 128] e4m3,
+        context lens [B, next_n] int32, one table row per request; [B·next_n, max_model_len]."""
+        qv, q_scale = q
+        b, n, h, d = qv.shape
+        assert q_scale is None and d == 128 and kv.shape[1:] == (PAGE, 1, 132)
+        assert ctx.shape == (b, n) and ctx.dtype == torch.int32 and table.shape[0] == b
+        assert w.shape == (b * n, h) and indices is None
+        self.asked.append((ctx.clone(), table.clone(), max_model_len))
+        return paged_logits_reference(qv.reshape(b * n, h, d), w, kv.reshape(kv.shape[0], -1),
+                                      table, ctx.reshape(-1), next_n=n, page_size=PAGE,
+                                      width=max_model_len)
+
+    def call(self, fn, order, s, l):
+        """One indexer layer of step s through `fn` (vLLM's function, or the plugin's wrapper
+        over it): the decode rows' top-k."""
+        md = self.metadata(order, s, l)
+        q, w = self.inputs(order, s, l)
+        rows = len(order) * self.next_n
+        with set_current_vllm_config(self.vc), set_forward_context({_prefix(l): md}, self.vc):
+            fn(torch.zeros(rows, 8), _prefix(l), self.paged[l][0], q, None, None, w, 128,
+               "ue8m0", TOPK, 128, MAX_LEN, MAX_LEN, self.buf, True, False, False, "",
+               topk_backend="torch")
+        return self.buf[:rows, :TOPK].clone()
+
+
+def _vllm_function(monkeypatch, world):
+    import vllm.model_executor.layers.sparse_attn_indexer as sai
+    monkeypatch.setattr(sai, "fp8_fp4_paged_mqa_logits", world.logits_stand_in)
+    return sai.sparse_attn_indexer
+
+
+class Library:
+    """What the device path must equal: the C++ serving object on the host, the library's
+    block-masked indexer and masked top-k (the CPU path's pipeline)."""
+
+    def __init__(self, world):
+        self.w = world
+        self.s = spin_dsa.Serving(4, LAYERS, MAX_LEN, predictor="spin",
+                                  config=dict(target_sparsity=0.5, page_size=PAGE, topk=TOPK),
+                                  max_next_n=world.next_n)
+        for slot, rid in enumerate(("a", "b")):
+            self.s.add(slot, request_key(rid))
+
+    def layer(self, order, s, l):
+        w, n = self.w, self.w.next_n
+        slots = np.array(order, np.int32)
+        seq = np.array([int(w.traces[i].ctx_len[s]) for i in order], np.int64)
+        blocks = self.s.select(slots, l, seq, n)
+        counts = self.s.counts(len(order) * n)
+        ids = [blocks[b * n, :counts[b * n]] for b in range(len(order))]
+        offsets = np.cumsum([0] + [x.size for x in ids]).astype(np.int32)
+        ids = np.concatenate(ids).astype(np.int32)
+        q, wt = w.inputs(order, s, l)
+        cache = w.paged[l][0].numpy().reshape(w.paged[l][0].shape[0], -1)
+        logits = spin_dsa.indexer_scores(cache, w.paged[l][1][list(order)], seq,
+                                         q.view(torch.uint8).numpy().reshape(len(order), n, -1,
+                                                                             128),
+                                         wt.numpy().reshape(len(order), n, -1), page_size=PAGE,
+                                         block_ids=ids, block_offsets=offsets)
+        visible = (seq[:, None] - n + 1 + np.arange(n)).reshape(-1)
+        top = spin_dsa.topk(logits, TOPK, visible_entries=visible, block_ids=ids,
+                            block_offsets=offsets, rows_per_mask=n, block_entries=PAGE)
+        self.s.observe(slots, l, logits, top)
+        return top, ids, offsets
+
+    def commit(self, order, s):
+        acc = [int(self.w.traces[i].accepted[s]) if self.w.next_n > 1 else 0 for i in order]
+        self.s.commit(np.array(order, np.int32), np.array(acc, np.int32))
+
+
+def _sets(rows):
+    return [set(r.tolist()) - {-1} for r in np.asarray(rows)]
+
+
+@pytest.mark.parametrize("next_n", [1, 3])
+def test_spin_on_equals_the_library_through_vllms_cuda_indexer(model_dir, monkeypatch, next_n,
+                                                              figures):
+    world = World(model_dir, next_n)
+    rt = world.build()
+    fn = spin_dsa.vllm.wrap_indexer_function(_vllm_function(monkeypatch, world))
+    lib = Library(world)
+    equal = rows = pages = chosen = 0
+    for s in range(STEPS):
+        order = (0, 1) if s % 2 == 0 else (1, 0)  # vLLM reorders its batch between steps
+        rt.begin_step([("a", "b")[i] for i in order], [next_n] * 2, [])
+        for l in range(LAYERS):
+            got = world.call(fn, order, s, l)
+            want, ids, offsets = lib.layer(order, s, l)
+            equal += sum(g == w for g, w in zip(_sets(got), _sets(want)))
+            rows += got.shape[0]
+            ctx, table, width = world.asked[-1]
+            assert width == rt.width_entries
+            for b in range(len(order)):  # the kernel was given this request's chosen pages only
+                mine = ids[offsets[b]:offsets[b + 1]]
+                phys = world.paged[l][1][order[b]][mine]
+                n_pages = -(-int(ctx[b].max()) // PAGE)
+                assert table[b, :n_pages].tolist() == phys[:n_pages].tolist()
+                pages += n_pages
+            chosen += int(offsets[-1])
+        lib.commit(order, s)  # the plugin commits lazily, from the next step's seq_lens
+    assert equal == rows
+    visible = rt.stats()["blocks_visible"]
+    figures.append(f"device path in vLLM's CUDA indexer (CPU tensors, next_n={next_n}): top-k "
+                   f"equal to the library in {equal}/{rows} rows over {STEPS} steps x {LAYERS} "
+                   f"layers; the logits kernel read {pages} pages of {visible} visible")
+
+
+def _forbid(monkeypatch):
+    def refuse(name):
+        def raiser(*args, **kwargs):
+            raise AssertionError(f"host synchronisation: {name} called in a decode layer")
+        return raiser
+    for name in ("item", "cpu", "tolist", "numpy", "nonzero", "__bool__", "__int__",
+                 "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse(f"Tensor.{name}"))
+    monkeypatch.setattr(torch, "nonzero", refuse("torch.nonzero"))
+    monkeypatch.setattr(torch, "from_numpy", refuse("torch.from_numpy"))
+    monkeypatch.setattr(torch, "tensor", refuse("torch.tensor"))
+
+
+def test_a_decode_layer_never_touches_the_host(model_dir, monkeypatch):
+    """What a FULL CUDA graph captures: commit, select, compact, vLLM's logits and top-k,
+    observe, remap — no value read back, nothing made from host data. (The stand-in logits
+    kernel and vLLM's torch top-k are allowed nothing either.)"""
+    world = World(model_dir, 3)
+    rt = world.build()
+    fn = spin_dsa.vllm.wrap_indexer_function(_vllm_function(monkeypatch, world))
+    inputs = {}
+    for s in range(3):
+        rt.begin_step(["a", "b"], [3, 3], [])  # the runner hook: outside the captured region
+        for l in range(LAYERS):
+            inputs[l] = (world.metadata((0, 1), s, l), *world.inputs((0, 1), s, l))
+        with monkeypatch.context() as m:
+            _forbid(m)
+            for l in range(LAYERS):
+                md, q, w = inputs[l]
+                with set_current_vllm_config(world.vc), set_forward_context({_prefix(l): md},
+                                                                            world.vc):
+                    fn(torch.zeros(6, 8), _prefix(l), world.paged[l][0], q, None, None, w, 128,
+                       "ue8m0", TOPK, 128, MAX_LEN, MAX_LEN, world.buf, True, False, False, "",
+                       topk_backend="torch")
+    assert rt.stats()["decode_rows"] == 3 * LAYERS * 6
+
+
+def test_two_ranks_select_identically(model_dir, monkeypatch):
+    """Tensor-parallel ranks run the plugin each on its own, with the same inputs: slots and
+    exploration keys come from request ids alone, so their top-k agree bit for bit."""
+    outs = []
+    for rank in range(2):
+        world = World(model_dir, 3)
+        rt = world.build()
+        fn = spin_dsa.vllm.wrap_indexer_function(_vllm_function(monkeypatch, world))
+        run = []
+        for s in range(STEPS):
+            order = (0, 1) if s % 3 else (1, 0)
+            rt.begin_step([("a", "b")[i] for i in order], [3, 3], [])
+            run += [world.call(fn, order, s, l) for l in range(LAYERS)]
+        outs.append(torch.stack(run))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_the_mtp_drafters_indexer_stays_vllms(model_dir):
+    """The draft model's indexer layer (model.layers.{num_hidden_layers}) runs vLLM's dense path:
+    spin drives the target model's layers only."""
+    world = World(model_dir, 3)
+    world.build(layers=LAYERS + 1)
+    assert [op.spin_on for op in world.ops] == [True] * LAYERS + [False]
+    rt = state.runtime()
+    assert (rt.first_layer, rt.last_layer, rt.num_layers) == (0, LAYERS - 1, LAYERS)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda vc: setattr(vc, "additional_config", {"spin": dict(SPIN, predictor="hisa")}),
+     "hisa"),
+    (lambda vc: setattr(vc, "additional_config",
+                        {"spin": dict(SPIN, record={"dir": "/tmp/x"})}), "record mode"),
+    (lambda vc: setattr(vc, "additional_config",
+                        {"spin": dict(SPIN, config={"pooling": "mean"})}), "pooling"),
+])
+def test_what_the_gpu_path_cannot_serve_stops_the_engine_at_load(model_dir, change, message):
+    world = World(model_dir, 1)
+    change(world.vc)
+    with pytest.raises(Exception, match=message) as e:
+        world.build()
+    assert "\n" not in str(e.value)
+
+
+def test_an_unsupported_vllm_version_is_refused_at_load(model_dir, monkeypatch):
+    import vllm
+    monkeypatch.setattr(vllm, "__version__", "0.40.1")
+    with pytest.raises(RuntimeError, match=r"vLLM 0\.40\.1 is not supported.*0\.32 or 0\.33"):
+        World(model_dir, 1).build()
+
+
+@pytest.mark.parametrize("setting,message", [
+    ({"decode_context_parallel_size": 2}, r"decode context parallelism \(-dcp > 1\).*-dcp 1"),
+    ({"prefill_context_parallel_size": 2}, r"prefill context parallelism"),
+    ({"enable_dbo": True}, r"micro-batching"),
+    ({"use_v2_model_runner": True}, r"model runner V2.*VLLM_USE_V2_MODEL_RUNNER=0"),
+    ({"use_fp4_cache": True}, r"MXFP4 indexer cache.*FP8"),
+])
+def test_parallel_and_runner_settings_are_refused_by_name(setting, message, monkeypatch):
+    """Settings a CPU test cannot build an engine with (their process groups, the V2 runner),
+    checked on the objects the check reads."""
+    from spin_dsa.vllm.config import parse_spin_config
+    monkeypatch.setattr(state, "DEVICE_PATH_ON", None)  # the checks of a real GPU engine
+    pc = types.SimpleNamespace(**{k: v for k, v in setting.items() if "parallel" in k or "dbo" in k})
+    vc = types.SimpleNamespace(parallel_config=pc,
+                               use_v2_model_runner=setting.get("use_v2_model_runner", False))
+    op = types.SimpleNamespace(use_fp4_cache=setting.get("use_fp4_cache", False))
+    with pytest.raises(RuntimeError, match=message) as e:
+        state.check_device_path(vc, parse_spin_config({"spin": SPIN}), op)
+    assert "\n" not in str(e.value)

@@ -313,7 +313,7 @@ def test_an_unsupported_vllm_version_is_refused_at_load(model_dir, monkeypatch):
     ({"decode_context_parallel_size": 2}, r"decode context parallelism \(-dcp > 1\).*-dcp 1"),
     ({"prefill_context_parallel_size": 2}, r"prefill context parallelism"),
     ({"enable_dbo": True}, r"micro-batching"),
-    ({"use_v2_model_runner": True}, r"model runner V2.*VLLM_USE_V2_MODEL_RUNNER=0"),
+    ({"use_v2_model_runner": True}, r"model runner V2 in this build.*VLLM_USE_V2_MODEL_RUNNER=0"),
     ({"use_fp4_cache": True}, r"MXFP4 indexer cache.*FP8"),
 ])
 def test_parallel_and_runner_settings_are_refused_by_name(setting, message, monkeypatch):
@@ -321,6 +321,8 @@ def test_parallel_and_runner_settings_are_refused_by_name(setting, message, monk
     checked on the objects the check reads."""
     from spin_dsa.vllm.config import parse_spin_config
     monkeypatch.setattr(state, "DEVICE_PATH_ON", None)  # the checks of a real GPU engine
+    from spin_dsa.vllm import runner_hooks
+    monkeypatch.setattr(runner_hooks, "V2_HOOKED", False)  # a vLLM build without MRV2's states
     pc = types.SimpleNamespace(**{k: v for k, v in setting.items() if "parallel" in k or "dbo" in k})
     vc = types.SimpleNamespace(parallel_config=pc,
                                use_v2_model_runner=setting.get("use_v2_model_runner", False))
@@ -328,3 +330,50 @@ def test_parallel_and_runner_settings_are_refused_by_name(setting, message, monk
     with pytest.raises(RuntimeError, match=message) as e:
         state.check_device_path(vc, parse_spin_config({"spin": SPIN}), op)
     assert "\n" not in str(e.value)
+
+
+def test_the_v2_runners_model_state_reports_each_batch(model_dir, monkeypatch):
+    """MRV2 (vLLM's default runner on GPUs): register() wraps resolve_model_state_cls so the
+    model's state class gains spin's lifecycle. Driven with an InputBatch as MRV2 makes it
+    (InputBatch.make_dummy, then the fields a real step sets): rows, scheduled tokens and the rows
+    whose prefill ends reach the runtime; removed requests are dropped; spin off resolves vLLM's
+    own class."""
+    import vllm.v1.worker.gpu.model_states as model_states
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    world = World(model_dir, 1)
+    rt = world.build()
+    assert getattr(model_states.resolve_model_state_cls, "_spin_hooked", False)
+
+    class Base:  # vLLM's state for the model, reduced to the hooks spin overrides
+        def __init__(self):
+            self.calls = []
+
+        def remove_request(self, req_id):
+            self.calls.append(("remove", req_id))
+
+        def preprocess_state(self, input_batch, *args, **kwargs):
+            self.calls.append(("preprocess", input_batch.num_reqs))
+
+    from spin_dsa.vllm.runner_hooks import spin_model_state
+    ms = spin_model_state(Base)()
+    batch = InputBatch.make_dummy(3, 9, InputBuffers(4, 16, torch.device("cpu")))
+    batch.req_ids = ["r0", "r1", "r2"]
+    batch.num_scheduled_tokens = np.array([1, 5, 3], np.int32)
+    batch.num_computed_prefill_tokens_np = np.array([40, 10, 0], np.int32)
+    batch.prefill_len_np = np.array([40, 15, 100], np.int32)  # r1's prompt ends now, r2's not
+    seen = []
+    monkeypatch.setattr(rt, "begin_step", lambda *a: seen.append(a))
+    ms.preprocess_state(batch, None, None, None)
+    assert ms.calls == [("preprocess", 3)]
+    assert seen == [(["r0", "r1", "r2"], [1, 5, 3], [1])]
+    rt.add("r0")
+    ms.remove_request("r0")
+    assert "r0" not in rt.slots and ms.calls[-1] == ("remove", "r0")
+
+    class Model(torch.nn.Module):
+        pass
+    with set_current_vllm_config(world.vc):
+        assert model_states.resolve_model_state_cls(world.vc, Model()).__name__.startswith("Spin")
+    world.vc.additional_config = {}
+    assert not model_states.resolve_model_state_cls(world.vc, Model()).__name__.startswith("Spin")

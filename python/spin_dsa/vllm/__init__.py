@@ -13,7 +13,8 @@ vLLM's own code whenever spin is off. What it installs:
   swaps the class by name, which covers V4, V4 on CPU and the generic V3.2 path);
 - a wrapper over the function the CUDA V3.2 attention calls directly (it bypasses the op);
 - a tap over the decode top-k dispatcher (the device path observes and remaps there);
-- the model runner's _update_states hook (new / finished / preempted requests).
+- the request lifecycle: MRV1's _update_states hook and MRV2's model state (new, finished and
+  preempted requests, each batch's row order).
 """
 
 from __future__ import annotations
@@ -101,6 +102,12 @@ def register():
     _patch_v32_direct_call()
     _patch_topk_tap()
     runner_hooks.hook_model_runner(GPUModelRunner)
+    try:  # MRV2's model states (absent from builds without the V2 runner)
+        import vllm.v1.worker.gpu.model_states as model_states
+    except ImportError:
+        model_states = None
+    if model_states is not None:
+        runner_hooks.hook_model_state(model_states)
     _registered = True
 
 

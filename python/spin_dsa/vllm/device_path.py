@@ -136,6 +136,8 @@ class DeviceRuntime:
             out = self._sparse_decode(layer, md, plan, call)
         if self._prompt_rows and not _capturing(self.device):
             self._observe_prompts(layer, md, q_quant, weights, kv_cache)
+        if layer == self.last_layer:  # a forward the runner did not announce (a dummy run)
+            self._rows.fill_(self.serving.pad_slot)  # then selects for the pad slot only
         return out
 
     def _commit(self, md):

@@ -6,9 +6,9 @@ step to the persistent batch; spin wraps it to
 - add new and resumed requests (after),
 - and record the batch's row order (input_batch.req_ids after vLLM's decode-first reorder),
   which is the order of the indexer's decode rows.
-MRV2 (vllm/v1/worker/gpu/, the default on GPUs with Triton) keeps requests in ModelState
-instead and is not hooked yet: without begin_step the first decode with spin on raises a clear
-error (run with VLLM_USE_V2_MODEL_RUNNER=0 until a SpinModelState exists).
+MRV2 (vllm/v1/worker/gpu/, the default on GPUs with Triton) keeps requests in a ModelState:
+spin subclasses the state vLLM resolves for the model (hook_model_state) to drop removed
+requests and to report each real batch (preprocess_state, before the forward) the same way.
 """
 
 from __future__ import annotations
@@ -69,3 +69,56 @@ def hook_model_runner(cls):
 
     setattr(_update_states, _HOOKED, True)
     cls._update_states = _update_states
+
+
+#: Whether MRV2's model-state resolution is hooked (checked at load when MRV2 is in use).
+V2_HOOKED = False
+
+
+def hook_model_state(module):
+    """Wraps module.resolve_model_state_cls (vllm.v1.worker.gpu.model_states) once: with spin
+    on, the resolved class gains spin's lifecycle (spin_model_state)."""
+    global V2_HOOKED
+    original = module.resolve_model_state_cls
+    if getattr(original, _HOOKED, False):
+        return
+
+    @functools.wraps(original)
+    def resolve_model_state_cls(vllm_config, model):
+        cls = original(vllm_config, model)
+        return spin_model_state(cls) if state.spin_config(vllm_config).enabled else cls
+
+    setattr(resolve_model_state_cls, _HOOKED, True)
+    module.resolve_model_state_cls = resolve_model_state_cls
+    V2_HOOKED = True
+
+
+def spin_model_state(base):
+    """`base` (vLLM's ModelState for the model) with spin's request lifecycle."""
+
+    class SpinModelState(base):
+        def remove_request(self, req_id):
+            super().remove_request(req_id)
+            rt = state.runtime_or_none()
+            if rt is not None:
+                rt.drop(req_id)
+
+        def preprocess_state(self, input_batch, *args, **kwargs):
+            super().preprocess_state(input_batch, *args, **kwargs)
+            rt = state.runtime_or_none()
+            if rt is not None:
+                begin_step_v2(rt, input_batch)
+
+    SpinModelState.__qualname__ = f"Spin{base.__name__}"
+    return SpinModelState
+
+
+def begin_step_v2(rt, batch):
+    """An MRV2 InputBatch as the runtime's step: its requests in row order, their scheduled
+    tokens, and the rows whose prefill ends in this step."""
+    n = int(batch.num_reqs)
+    ids = list(batch.req_ids[:n])
+    scheduled = [int(x) for x in batch.num_scheduled_tokens[:n]]
+    done, length = batch.num_computed_prefill_tokens_np[:n], batch.prefill_len_np[:n]
+    ends = [i for i in range(n) if done[i] < length[i] <= done[i] + scheduled[i]]
+    rt.begin_step(ids, scheduled, ends)

@@ -139,9 +139,9 @@ def check_device_path(vc, cfg: SpinConfig, op):
         refuse("prefill context parallelism (-pcp > 1)", "run with -pcp 1")
     if getattr(pc, "enable_dbo", False) or getattr(pc, "use_ubatching", False):
         refuse("micro-batching (--enable-dbo)", "run without it")
-    if DEVICE_PATH_ON is None and getattr(vc, "use_v2_model_runner", False):
-        refuse("vLLM's model runner V2", "set VLLM_USE_V2_MODEL_RUNNER=0 (spin hooks the V1 "
-               "runner's request lifecycle)")
+    from . import runner_hooks
+    if getattr(vc, "use_v2_model_runner", False) and not runner_hooks.V2_HOOKED:
+        refuse("vLLM's model runner V2 in this build", "set VLLM_USE_V2_MODEL_RUNNER=0")
     if cfg.predictor not in sd.PREDICTORS:
         refuse(f"predictor '{cfg.predictor}'", f"choose one of {list(sd.PREDICTORS)}")
     if cfg.record is not None:

@@ -18,7 +18,7 @@ import spin_dsa.vllm
 from spin_dsa.vllm import state
 from spin_dsa.vllm.runtime import request_key
 from cuda_path import DEFAULT_PREFIX, KernelStats, cuda_path_on_cpu, make_case, run_indexer
-from test_device_path import MAX_LEN, World, model_dir  # noqa: F401  (the fixture)
+from test_device_path import MAX_LEN, World, device_path_on, model_dir  # noqa: F401  (fixtures)
 
 SPIN = {"config": {"target_sparsity": 0.5}, "min_context": 0}
 
@@ -31,7 +31,6 @@ def _plugin(model_dir, case, spin=SPIN):
     import types
 
     world = World(model_dir, case.next_n, spin)
-    state.DEVICE_PATH_ON = "cpu"
     spin_dsa.vllm.register()
     state.reset()
     with set_current_vllm_config(world.vc):

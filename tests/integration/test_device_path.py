@@ -44,6 +44,15 @@ def _prefix(layer):
     return f"model.layers.{layer}.self_attn.indexer.k_cache"
 
 
+@pytest.fixture(autouse=True)
+def device_path_on(monkeypatch):
+    """The plugin takes the GPU path on CPU tensors for these tests only (and forgets its
+    runtime after each)."""
+    monkeypatch.setattr(state, "DEVICE_PATH_ON", "cpu")
+    yield
+    state.reset()
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny-v32-device")
@@ -83,7 +92,7 @@ class World:
         self.asked = []  # (context lens, page table, max_model_len) of each logits call
 
     def build(self, layers=LAYERS):
-        state.DEVICE_PATH_ON = "cpu"
+        assert state.DEVICE_PATH_ON == "cpu"  # the device_path_on fixture
         spin_dsa.vllm.register()
         state.reset()
         with set_current_vllm_config(self.vc):

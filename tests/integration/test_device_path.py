@@ -386,3 +386,12 @@ def test_the_v2_runners_model_state_reports_each_batch(model_dir, monkeypatch):
         assert model_states.resolve_model_state_cls(world.vc, Model()).__name__.startswith("Spin")
     world.vc.additional_config = {}
     assert not model_states.resolve_model_state_cls(world.vc, Model()).__name__.startswith("Spin")
+
+
+def test_the_op_keeps_vllms_name(model_dir):
+    """custom_ops=["-sparse_attn_indexer"] must still match the op spin swaps in."""
+    from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer as Base
+    world = World(model_dir, 1)
+    world.build()
+    assert type(world.ops[0]).__name__ == "SpinSparseAttnIndexer"
+    assert world.ops[0].name == Base.name == "sparse_attn_indexer"

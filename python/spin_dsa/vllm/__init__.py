@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+
+logger = logging.getLogger("spin_dsa.vllm")
 
 _registered = False
 
@@ -97,8 +100,16 @@ def register():
 
     from . import indexer_op, runner_hooks
 
-    cls = indexer_op.make_op_class(SparseAttnIndexer)
-    CustomOp.register_oot(cls, name="SparseAttnIndexer")
+    from vllm.model_executor.custom_op import op_registry_oot
+    if "SparseAttnIndexer" in op_registry_oot:  # another plugin swapped the op first
+        logger.warning("spin: SparseAttnIndexer is already replaced by %s; spin drives the "
+                       "V3.2 CUDA path only", op_registry_oot["SparseAttnIndexer"].__name__)
+    else:
+        cls = indexer_op.make_op_class(SparseAttnIndexer)
+        # The registry key must be the class name (CustomOp.__new__ swaps by it); the op's own
+        # name stays vLLM's, so custom_ops=["-sparse_attn_indexer"] still matches it.
+        CustomOp.register_oot(cls, name="SparseAttnIndexer")
+        cls.name = SparseAttnIndexer.name
     _patch_v32_direct_call()
     _patch_topk_tap()
     runner_hooks.hook_model_runner(GPUModelRunner)

@@ -395,3 +395,55 @@ def test_the_op_keeps_vllms_name(model_dir):
     world.build()
     assert type(world.ops[0]).__name__ == "SpinSparseAttnIndexer"
     assert world.ops[0].name == Base.name == "sparse_attn_indexer"
+
+
+def test_a_request_routed_through_the_prefill_branch_closes_its_step_once(model_dir,
+                                                                         monkeypatch):
+    """vLLM routes a decode request with fewer draft tokens (or a short extend) through its
+    prefill branch for a step (vllm_plugin_review D5). Its open step must be closed at that
+    step from its own seq_len delta — not left open, so that the next delta spans two steps and
+    over-counts its acceptance. Request b sits out step 2 this way; every decode row of every
+    step must still equal the library, which never sees b at step 2."""
+    import dataclasses
+    import functools
+
+    from vllm.forward_context import get_forward_context
+
+    world = World(model_dir, 3)
+    rt = world.build()
+    vllm_fn = _vllm_function(monkeypatch, world)
+
+    @functools.wraps(vllm_fn)
+    def without_prefills(*args, **kwargs):  # the prefill rows' own path is tested elsewhere
+        ctx = get_forward_context().attn_metadata
+        prefix = args[1]
+        md = ctx[prefix]
+        ctx[prefix] = dataclasses.replace(md, num_prefills=0, num_prefill_tokens=0)
+        try:
+            return vllm_fn(*args, **kwargs)
+        finally:
+            ctx[prefix] = md
+    fn = spin_dsa.vllm.wrap_indexer_function(without_prefills)
+    lib = Library(world)
+    for s in range(STEPS):
+        routed = s == 2  # b is in the batch, in vLLM's prefill branch
+        rt.begin_step(["a", "b"], [3, 3], [])
+        for l in range(LAYERS):
+            if routed:
+                md = world.metadata((0, 1), s, l)
+                decode = world.metadata((0,), s, l).decode
+                md = dataclasses.replace(md, num_decodes=1, num_decode_tokens=3, num_prefills=1,
+                                         num_prefill_tokens=3, decode=decode)
+                q, w = world.inputs((0, 1), s, l)
+                with set_current_vllm_config(world.vc), set_forward_context({_prefix(l): md},
+                                                                            world.vc):
+                    fn(torch.zeros(6, 8), _prefix(l), world.paged[l][0], q, None, None, w, 128,
+                       "ue8m0", TOPK, 128, MAX_LEN, MAX_LEN, world.buf, True, False, False, "",
+                       topk_backend="torch")
+                got = world.buf[:3, :TOPK].clone()
+                want, _, _ = lib.layer((0,), s, l)
+            else:
+                got = world.call(fn, (0, 1), s, l)
+                want, _, _ = lib.layer((0, 1), s, l)
+            assert _sets(got) == _sets(want), (s, l)
+        lib.commit((0,) if routed else (0, 1), s)

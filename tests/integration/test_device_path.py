@@ -71,8 +71,8 @@ def model_dir(tmp_path_factory):
 class World:
     """Two requests' key traces on random physical pages, the plugin's ops, and the calls."""
 
-    def __init__(self, model_dir, next_n, spin=SPIN):
-        self.next_n = next_n
+    def __init__(self, model_dir, next_n, spin=SPIN, compress_ratio=1):
+        self.next_n, self.compress_ratio = next_n, compress_ratio
         self.traces = [spin_dsa.generate_workload("doc-qa-10k", prompt_tokens=p, steps=STEPS,
                                                   layers=LAYERS, topk=TOPK, next_n=next_n,
                                                   seed=s)
@@ -98,14 +98,16 @@ class World:
         with set_current_vllm_config(self.vc):
             self.ops = [SparseAttnIndexer(
                 types.SimpleNamespace(prefix=_prefix(l), kv_cache=self.paged[l % LAYERS][0]),
-                128, "ue8m0", TOPK, 128, MAX_LEN, MAX_LEN, self.buf, skip_k_cache_insert=True)
+                128, "ue8m0", TOPK, 128, MAX_LEN, MAX_LEN, self.buf, skip_k_cache_insert=True,
+                compress_ratio=self.compress_ratio)
                 for l in range(layers)]
         return state.runtime()
 
     def metadata(self, order, s, l):
         n = self.next_n
         sl = torch.tensor([int(self.traces[i].ctx_len[s]) for i in order], dtype=torch.int32)
-        rows = sl[:, None] - n + 1 + torch.arange(n, dtype=torch.int32)
+        # V4's decode rows see compressed entries; the request's seq_lens stay in tokens
+        rows = (sl[:, None] - n + 1 + torch.arange(n, dtype=torch.int32)) // self.compress_ratio
         table = torch.from_numpy(self.paged[l][1][list(order)].copy())
         decode = DeepSeekV32IndexerDecodeMetadata(
             block_table=table, seq_lens=rows, decode_lens=torch.full((len(order),), n,
@@ -161,9 +163,9 @@ class Library:
 
     def __init__(self, world):
         self.w = world
-        self.s = spin_dsa.Serving(4, LAYERS, MAX_LEN, predictor="spin",
+        self.s = spin_dsa.Serving(4, LAYERS, MAX_LEN // world.compress_ratio, predictor="spin",
                                   config=dict(target_sparsity=0.5, page_size=PAGE, topk=TOPK),
-                                  max_next_n=world.next_n)
+                                  max_next_n=world.next_n, compress_ratio=world.compress_ratio)
         for slot, rid in enumerate(("a", "b")):
             self.s.add(slot, request_key(rid))
 
@@ -182,8 +184,9 @@ class Library:
                                          q.view(torch.uint8).numpy().reshape(len(order), n, -1,
                                                                              128),
                                          wt.numpy().reshape(len(order), n, -1), page_size=PAGE,
-                                         block_ids=ids, block_offsets=offsets)
-        visible = (seq[:, None] - n + 1 + np.arange(n)).reshape(-1)
+                                         compress_ratio=w.compress_ratio, block_ids=ids,
+                                         block_offsets=offsets)
+        visible = (seq[:, None] - n + 1 + np.arange(n)).reshape(-1) // w.compress_ratio
         top = spin_dsa.topk(logits, TOPK, visible_entries=visible, block_ids=ids,
                             block_offsets=offsets, rows_per_mask=n, block_entries=PAGE)
         self.s.observe(slots, l, logits, top)
@@ -198,10 +201,12 @@ def _sets(rows):
     return [set(r.tolist()) - {-1} for r in np.asarray(rows)]
 
 
-@pytest.mark.parametrize("next_n", [1, 3])
+@pytest.mark.parametrize("next_n,compress_ratio", [(1, 1), (3, 1), (3, 4)])
 def test_spin_on_equals_the_library_through_vllms_cuda_indexer(model_dir, monkeypatch, next_n,
-                                                              figures):
-    world = World(model_dir, next_n)
+                                                              compress_ratio, figures):
+    """compress_ratio 4 is DeepSeek-V4: decode rows see compressed entries, the request's
+    seq_lens (and so the acceptance read from their delta) stay in tokens."""
+    world = World(model_dir, next_n, compress_ratio=compress_ratio)
     rt = world.build()
     fn = spin_dsa.vllm.wrap_indexer_function(_vllm_function(monkeypatch, world))
     lib = Library(world)
@@ -226,7 +231,8 @@ def test_spin_on_equals_the_library_through_vllms_cuda_indexer(model_dir, monkey
         lib.commit(order, s)  # the plugin commits lazily, from the next step's seq_lens
     assert equal == rows
     visible = rt.stats()["blocks_visible"]
-    figures.append(f"device path in vLLM's CUDA indexer (CPU tensors, next_n={next_n}): top-k "
+    figures.append(f"device path in vLLM's CUDA indexer (CPU tensors, next_n={next_n}, "
+                   f"compress_ratio={compress_ratio}): top-k "
                    f"equal to the library in {equal}/{rows} rows over {STEPS} steps x {LAYERS} "
                    f"layers; the logits kernel read {pages} pages of {visible} visible")
 

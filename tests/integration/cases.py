@@ -4,6 +4,8 @@ vLLM's indexer cache page (DeepGEMM's layout, and spin's: DESIGN.md §3) is bloc
 bytes then block_size fp32 scales; a request's logical pages land on physical pages drawn from a
 random permutation, with spare pages in between, so a kernel that ignores the block table fails.
 """
+import json
+
 import numpy as np
 
 PAGE = 64
@@ -34,3 +36,18 @@ def scatter(requests, rng, spare=5):
 def visible(seq_len, next_n):
     """Entries row j of a step sees: seq_len - next_n + j + 1 (DESIGN.md §3)."""
     return np.maximum(np.asarray(seq_len)[..., None] - next_n + 1 + np.arange(next_n), 0)
+
+
+def write_tiny_v32_config(directory, *, layers, topk, max_len, draft_layers=0):
+    """A tiny DeepSeek-V3.2 config.json in `directory` (vLLM reads the layer count, the MTP draft
+    layers, the context and the indexer's top-k from it); returns the directory as a str."""
+    (directory / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
+        "num_hidden_layers": layers, "hidden_size": 256, "intermediate_size": 512,
+        "moe_intermediate_size": 128, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "first_k_dense_replace": 1, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 64, "qk_rope_head_dim": 32,
+        "qk_nope_head_dim": 32, "v_head_dim": 32, "vocab_size": 1000,
+        "max_position_embeddings": max_len, "index_n_heads": 64, "index_head_dim": 128,
+        "index_topk": topk, "num_nextn_predict_layers": draft_layers, "torch_dtype": "bfloat16"}))
+    return str(directory)

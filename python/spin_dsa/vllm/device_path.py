@@ -44,6 +44,9 @@ from .runtime import SlotTable
 
 logger = logging.getLogger("spin_dsa.vllm")
 
+#: Steps between the counters' log lines (the worker's log is where a served engine shows them).
+STATS_EVERY = 1000
+
 
 class DeviceRuntime:
     """The device path's state for one worker: slots, the device Serving, static row buffers."""
@@ -116,6 +119,8 @@ class DeviceRuntime:
         warm = prompt_ends if self.cfg.warm_start else ()
         self._prompt_rows = [(i, int(ends[i])) for i in (warm or ()) if i < n]
         self.steps += 1
+        if self.steps % STATS_EVERY == 0:  # one device sync per STATS_EVERY steps
+            logger.info("spin: %s", self.stats())
 
     # -- one indexer layer (inside the forward) ------------------------------------------------
 

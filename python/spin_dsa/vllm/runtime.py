@@ -221,7 +221,7 @@ class SpinRuntime:
         return self._slots[request_id]
 
     def begin_step(self, request_ids, scheduled=None, prompt_ends=None):
-        """The batch's request ids in row order (decodes first, as vLLM orders them). The host
+        """The batch's request ids in the runner's row order. The host
         path reads neither the scheduled token counts nor the rows whose prompt ends (the device
         path does: spin_dsa.vllm.device_path)."""
         self._batch = [r for r in request_ids if r is not None]

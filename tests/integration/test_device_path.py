@@ -227,6 +227,11 @@ def test_spin_on_equals_the_library_through_vllms_cuda_indexer(model_dir, monkey
                    f"layers; the logits kernel read {pages} pages of {visible} visible")
 
 
+def _full_graphs():
+    from vllm.config import CUDAGraphMode
+    return CUDAGraphMode.FULL_AND_PIECEWISE
+
+
 def _forbid(monkeypatch):
     def refuse(name):
         def raiser(*args, **kwargs):
@@ -294,8 +299,10 @@ def test_the_mtp_drafters_indexer_stays_vllms(model_dir):
 @pytest.mark.parametrize("change,message", [
     (lambda vc: setattr(vc, "additional_config", {"spin": dict(SPIN, predictor="hisa")}),
      "hisa"),
-    (lambda vc: setattr(vc, "additional_config",
-                        {"spin": dict(SPIN, record={"dir": "/tmp/x"})}), "record mode"),
+    (lambda vc: (setattr(vc, "additional_config",
+                         {"spin": dict(SPIN, record={"dir": "/tmp/x"})}),
+                 setattr(vc.compilation_config, "cudagraph_mode",
+                         _full_graphs())), "record mode with FULL CUDA graphs.*enforce-eager"),
     (lambda vc: setattr(vc, "additional_config",
                         {"spin": dict(SPIN, config={"pooling": "mean"})}), "pooling"),
 ])
@@ -443,3 +450,39 @@ def test_a_request_routed_through_the_prefill_branch_closes_its_step_once(model_
                 want, _, _ = lib.layer((0, 1), s, l)
             assert _sets(got) == _sets(want), (s, l)
         lib.commit((0,) if routed else (0, 1), s)
+
+
+def test_record_mode_writes_the_true_indexer_rows_and_leaves_spin_alone(model_dir, monkeypatch,
+                                                                         tmp_path):
+    """Record mode on the GPU path: a recorded request's trace holds its full indexer rows
+    (every visible entry, scored apart from spin's blocks and copied to the host), its seq_lens
+    and the acceptance read from their deltas; what spin selects stays the library's."""
+    record = {"dir": str(tmp_path), "requests": ["a"], "layers": [1], "max_steps": 4}
+    world = World(model_dir, 3, dict(SPIN, record=record))
+    rt = world.build()
+    fn = spin_dsa.vllm.wrap_indexer_function(_vllm_function(monkeypatch, world))
+    lib = Library(world)
+    for s in range(STEPS):
+        order = (0, 1) if s % 2 == 0 else (1, 0)
+        rt.begin_step([("a", "b")[i] for i in order], [3, 3], [])
+        for l in range(LAYERS):
+            got = world.call(fn, order, s, l)
+            want, _, _ = lib.layer(order, s, l)
+            assert _sets(got) == _sets(want), (s, l)
+        lib.commit(order, s)
+    assert len(rt.recorder.written) == 1  # max_steps reached: written then, not at the drop
+    trace = spin_dsa.open_trace(rt.recorder.written[0])
+    a = world.traces[0]
+    np.testing.assert_array_equal(trace.ctx_len, a.ctx_len[:4])
+    np.testing.assert_array_equal(trace.accepted[:3], a.accepted[:3])
+    scores = trace.scores(0)  # the one recorded layer, model layer 1
+    for s in range(4):
+        seq = np.array([int(a.ctx_len[s])], np.int64)
+        q, w = a.q(1)[s], a.w(1)[s]
+        full = spin_dsa.indexer_scores(world.paged[1][0].numpy().reshape(-1, PAGE * 132),
+                                       world.paged[1][1][:1], seq,
+                                       q.reshape(1, 3, -1, 128), w.reshape(1, 3, -1),
+                                       page_size=PAGE)
+        visible = int(seq[0])
+        np.testing.assert_allclose(scores[s][:, :visible], full[:, :visible], rtol=1e-5,
+                                   atol=1e-5 * float(np.abs(full[np.isfinite(full)]).max()))

@@ -40,7 +40,7 @@ import torch
 import spin_dsa
 import spin_dsa.device as sd
 
-from .runtime import SlotTable
+from .runtime import ScoreRecorder, SlotTable
 
 logger = logging.getLogger("spin_dsa.vllm")
 
@@ -53,7 +53,7 @@ class DeviceRuntime:
 
     def __init__(self, cfg, *, num_layers: int, max_tokens: int, max_requests: int,
                  max_next_n: int, max_batch: int, page_size: int, topk: int,
-                 compress_ratio: int = 1, device="cuda"):
+                 compress_ratio: int = 1, device="cuda", model: str = "vllm"):
         self.cfg = cfg
         self.num_layers, self.max_next_n = int(num_layers), int(max_next_n)
         self.page_size, self.topk = int(page_size), int(topk)
@@ -78,6 +78,11 @@ class DeviceRuntime:
         self._counters = torch.zeros(3, **i64)
         self._prompt_rows: list[tuple[int, int]] = []  # (batch row, token row) of ending prompts
         self.first_layer = self.last_layer = None
+        # Record mode: the true indexer rows of the recorded requests (scored apart from spin's
+        # blocks, so recording never changes what spin selects), copied to the host.
+        self.recorder = ScoreRecorder(cfg.record, model, self.num_layers) if cfg.record else None
+        self._recorded: list[tuple[int, str]] = []  # (batch row, request id) of this step
+        self._record_open: set[str] = set()  # recorded requests with an open trace step
         self.steps = 0
         self.fallback_steps = 0
         self._fallback_step = -1
@@ -89,11 +94,21 @@ class DeviceRuntime:
             self.drop(request_id)  # resumed after a preemption we did not see: start over
         slot, key = self.slots.take(request_id)
         self.serving.add(slot, key)
+        if self.recorder is not None:
+            self.recorder.on_add(request_id)
 
     def drop(self, request_id: str):
         slot = self.slots.release(request_id)
         if slot is not None:
             self.serving.drop(slot)
+            if self.recorder is not None:
+                self.recorder.on_drop(request_id, self.page_size, self.topk)
+                self._record_open.discard(request_id)
+
+    def close(self):
+        """Writes the traces of requests still recording (process exit)."""
+        for request_id in self.slots.ids():
+            self.drop(request_id)
 
     def begin_step(self, request_ids, scheduled=None, prompt_ends=None):
         """The batch in row order; scheduled[i]: tokens row i schedules this step; prompt_ends:
@@ -118,6 +133,8 @@ class DeviceRuntime:
         ends = np.cumsum(qlen[:n]) - 1
         warm = prompt_ends if self.cfg.warm_start else ()
         self._prompt_rows = [(i, int(ends[i])) for i in (warm or ()) if i < n]
+        if self.recorder is not None:
+            self._recorded = [(i, r) for i, r in enumerate(ids) if self.recorder.recording(r)]
         self.steps += 1
         if self.steps % STATS_EVERY == 0:  # one device sync per STATS_EVERY steps
             logger.info("spin: %s", self.stats())
@@ -131,7 +148,9 @@ class DeviceRuntime:
             raise RuntimeError(f"spin: the indexer cache has {kv_cache.shape[1]}-entry pages, "
                                f"vLLM's cache_config.block_size says {self.page_size}")
         if layer == self.first_layer:
-            self._commit(md)
+            accepted = self._commit(md)
+            if self._recorded:
+                self._record_step(md, accepted)
         plan = _decode_plan(md, self.max_next_n)
         if plan is None:
             if md.num_decodes > 0:
@@ -141,9 +160,16 @@ class DeviceRuntime:
             out = self._sparse_decode(layer, md, plan, call)
         if self._prompt_rows and not _capturing(self.device):
             self._observe_prompts(layer, md, q_quant, weights, kv_cache)
+        if self._recorded:
+            if plan is None:  # a trace is a run of steps: it ends before a dense fallback step
+                for _, rid in self._recorded:
+                    self.recorder.stop(rid, self.page_size, self.topk)
+            else:
+                self._record_rows(layer, md, plan, q_quant, weights, kv_cache)
         if layer == self.last_layer:  # a forward the runner does not announce (a dummy run)
             self._rows.fill_(self.serving.pad_slot)  # then selects for the pad slot only
             self._prompt_rows = []
+            self._recorded = []
         return out
 
     def _commit(self, md):
@@ -151,8 +177,9 @@ class DeviceRuntime:
         if n == 0:
             return
         S, L = self._rows[:n], md.seq_lens[:n].long()
-        accepted = (L - self._qlen[:n]) - self._opened_at[S] - 1
-        self.serving.commit(S, accepted.clamp(min=0))
+        accepted = ((L - self._qlen[:n]) - self._opened_at[S] - 1).clamp(min=0)
+        self.serving.commit(S, accepted)
+        return accepted
 
     def _sparse_decode(self, layer, md, plan, call):
         batch, next_n, seq_lens, table, per_token = plan
@@ -188,6 +215,44 @@ class DeviceRuntime:
         S = self._rows[rows]
         self.serving.prefill(S, layer, L, logits)
         self._opened_at[S] = L - 1
+
+    # -- record mode (eager only: refused with FULL CUDA graphs) -----------------------------
+
+    def _record_step(self, md, accepted):
+        """Closes the recorded requests' open trace steps (their acceptance, read back from the
+        device: record mode only) and opens this step's for those decoding in it."""
+        rows = [i for i, _ in self._recorded]
+        acc = accepted[rows].tolist()
+        seq = md.seq_lens[rows].tolist()
+        decodes = md.num_decodes
+        next_n = md.num_decode_tokens // decodes if decodes else 1
+        for (i, rid), a, L in zip(self._recorded, acc, seq):
+            if rid in self._record_open:
+                self.recorder.set_accepted(rid, int(a))
+                self.recorder.end_step(rid, self.page_size, self.topk)
+                self._record_open.discard(rid)
+            if i < decodes and self.recorder.recording(rid):
+                self.recorder.open_step(rid, int(L), next_n)
+                self._record_open.add(rid)
+
+    def _record_rows(self, layer, md, plan, q_quant, weights, kv_cache):
+        """Every visible entry of each recorded decode row (spin's Triton kernel on a GPU),
+        copied to the host for the trace: the true indexer output, whatever spin selected."""
+        batch, next_n, seq_lens, table, _ = plan
+        mine = [(i, rid) for i, rid in self._recorded if i < batch]
+        if not mine or layer not in self.recorder.layers:
+            return
+        rows = torch.tensor([i for i, _ in mine], dtype=torch.int64, device=self.device)
+        tokens = (rows[:, None] * next_n + torch.arange(next_n, device=self.device)).reshape(-1)
+        L = seq_lens.index_select(0, rows)
+        entries = sd.visible_entries(L, next_n, self.compress_ratio).to(torch.int32)
+        cache, pages = _page_view(kv_cache, table.index_select(0, rows).to(torch.int32),
+                                  self.page_size)
+        q = q_quant.index_select(0, tokens)
+        w = weights.index_select(0, tokens).float()
+        logits = _full_rows(q, w, cache, pages, entries, self.page_size, next_n).cpu().numpy()
+        for b, ((_, rid), n) in enumerate(zip(mine, entries.view(-1, next_n)[:, -1].tolist())):
+            self.recorder.add_rows(rid, layer, logits[b * next_n:(b + 1) * next_n, :n])
 
     def _count(self, blocks, counts, seq_lens, next_n):
         visible = sd.visible_entries(seq_lens, next_n, self.compress_ratio).view(-1, next_n)[:, -1]
@@ -251,14 +316,16 @@ def _page_view(kv_cache, table, page_size):
     return pages, (table * mult + base if mult != 1 or base else table)
 
 
-def _full_rows(q, w, cache, table, entries, page_size):
-    """Every visible entry of one row per request: spin's Triton kernel on CUDA, its torch
-    reference elsewhere."""
+def _full_rows(q, w, cache, table, entries, page_size, next_n=1):
+    """Every visible entry of next_n rows per request (row b·next_n + j sees entries[b·next_n +
+    j]): spin's Triton kernel on CUDA, its torch reference elsewhere."""
     width = table.shape[1] * page_size
     if q.device.type == "cuda":
-        return sd.paged_logits(q, w, cache, table, entries, page_size=page_size, width=width)
+        return sd.paged_logits(q, w, cache, table, entries, next_n=next_n, page_size=page_size,
+                               width=width)
     from spin_dsa.device._logits import paged_logits_reference
-    return paged_logits_reference(q, w, cache, table, entries, page_size=page_size, width=width)
+    return paged_logits_reference(q, w, cache, table, entries, next_n=next_n,
+                                  page_size=page_size, width=width)
 
 
 def _capturing(device) -> bool:

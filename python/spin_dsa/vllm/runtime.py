@@ -122,6 +122,11 @@ class ScoreRecorder:
         if t is not None and not t["done"] and len(t["ctx_len"]) >= self.record.max_steps:
             self._write(request_id, page_size, topk)
 
+    def stop(self, request_id: str, page_size: int, topk: int):
+        """Writes what the request has recorded so far and records no more of it."""
+        if self.recording(request_id):
+            self._write(request_id, page_size, topk)
+
     def on_drop(self, request_id: str, page_size: int, topk: int):
         if self.recording(request_id):
             self._write(request_id, page_size, topk)

@@ -104,7 +104,8 @@ def _ensure_device_runtime(vc, cfg: SpinConfig, op):
             max_requests=int(vc.scheduler_config.max_num_seqs), max_next_n=_next_n(vc),
             max_batch=int(vc.scheduler_config.max_num_seqs),
             page_size=int(vc.cache_config.block_size), topk=int(op.topk_tokens),
-            compress_ratio=int(getattr(op, "compress_ratio", 1) or 1), device=device)
+            compress_ratio=int(getattr(op, "compress_ratio", 1) or 1), device=device,
+            model=str(vc.model_config.model))
     except ValueError as e:  # spin_dsa's InvalidArgument/OutOfRange name the setting
         raise RuntimeError(f"spin: --additional-config spin cannot run on the device path: {e}") \
             from e
@@ -143,9 +144,10 @@ def check_device_path(vc, cfg: SpinConfig, op):
         refuse("vLLM's model runner V2 in this build", "set VLLM_USE_V2_MODEL_RUNNER=0")
     if cfg.predictor not in sd.PREDICTORS:
         refuse(f"predictor '{cfg.predictor}'", f"choose one of {list(sd.PREDICTORS)}")
-    if cfg.record is not None:
-        refuse("record mode", "record score traces on a CPU engine (the host path), or drop "
-               "'record'")
+    mode = getattr(getattr(vc, "compilation_config", None), "cudagraph_mode", None)
+    if cfg.record is not None and mode is not None and mode.has_full_cudagraphs():
+        refuse("record mode with FULL CUDA graphs", "add --enforce-eager, or "
+               "-O.cudagraph_mode=PIECEWISE (record copies the recorded rows to the host)")
 
 
 def _add_splitting_op(vc):

@@ -1,4 +1,4 @@
-"""spin's indexer against vLLM's own CPU reference, in one process: the issue-13 comparison.
+"""spin's indexer against vLLM's own CPU reference, in one process.
 
 vLLM's torch fallback for the lightning indexer, fp8_paged_mqa_logits_torch
 (vllm/v1/attention/ops/rocm_aiter_mla_sparse.py), and spin_dsa.indexer_scores score the same

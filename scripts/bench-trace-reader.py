@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the TraceReader's truncation safety costs (issue 20): opening a trace by copying it into
+"""What the TraceReader's truncation safety costs: opening a trace by copying it into
 memory (the default up to 256 MiB) against memory-mapping it, and the per-access size check of a
 mapped reader. Writes one score trace of about --mib MiB to a temporary folder, then prints
 medians of --repeat runs (page cache warm: the file was just written).

@@ -16,7 +16,7 @@ Research API (one object per request)::
     p.observe(layer, row, scores)                          # float32 [entries], -inf = unscored
     p.commit(accepted)
 
-Serving API (one object per batch, DESIGN.md §7): :class:`Serving`.
+Serving API (one object per batch, include/spin/serving.h): :class:`Serving`.
 Traces, replay, workloads: :func:`open_trace`, :func:`score_trace`, :func:`replay`,
 :func:`generate_workload`, :func:`write_score_trace`. Kernels: :func:`indexer_scores`, :func:`topk`.
 The vLLM plugin: ``spin_dsa.vllm`` (README "Use spin in vLLM"; imports vLLM only when loaded).

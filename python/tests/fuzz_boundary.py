@@ -1,4 +1,4 @@
-"""A seeded random search over spin_dsa's Python boundary (issue 20).
+"""A seeded random search over spin_dsa's Python boundary.
 
 Every case starts from a valid call of one of the package's functions (or a short sequence of calls
 on a Serving / Predictor / TraceReader) and mutates one to three arguments: dtype, strides, shape,
@@ -36,7 +36,7 @@ warnings.filterwarnings("ignore")  # numpy's cast warnings while building hostil
 
 CFG = {"page_size": 16, "topk": 32, "target_sparsity": 0.5, "explore_ratio": 0.2}
 CASE_SECONDS = 60  # the issue's clock; a valid 2^31-entry select alone takes ~20 s under load
-# open_trace(copy_below_bytes=) is new with issue 20; without it (an older build, for a before/after
+# open_trace(copy_below_bytes=) is newer than some builds; without it (an older build, for a before/after
 # count) every trace is opened the old way.
 MAP_CHOICE = "copy_below_bytes" in (spin_dsa.open_trace.__doc__ or "")
 ADDRESS_SPACE = 8 << 30

@@ -1,5 +1,5 @@
-"""Inputs shared by the paging and logits tests: a paged indexer cache in vLLM's layout (DESIGN.md
-§3: page_size·128 e4m3 bytes, then page_size fp32 UE8M0 scales), pages scattered by a random
+"""Inputs shared by the paging and logits tests: a paged indexer cache in vLLM's layout
+(include/spin/geometry.h: page_size·128 e4m3 bytes, then page_size fp32 UE8M0 scales), pages scattered by a random
 permutation with spare pages between requests, queries, and block sets as Serving.select returns
 them (ascending, -1 padded, the union of a request's MTP rows, the newest blocks always in)."""
 import numpy as np

@@ -4,7 +4,7 @@
   inputs: page sizes 16/64, block_pages 1/2 (the newest block half past the context), next_n 1–3,
   compress_ratio 4, empty requests, garbage past `counts`, ties everywhere, NaN/±inf/-0.0, k past
   the width;
-- the end-to-end check of issue 22: compact + the torch reference logits (and the Triton kernel)
+- the end-to-end check: compact + the torch reference logits (and the Triton kernel)
   + topk + remap give the same top-k SET (and order) as spin_dsa.indexer_scores +
   spin_dsa.topk with the same blocks, on a random paged cache (pages scattered by a random
   permutation), plain and MTP;

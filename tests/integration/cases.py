@@ -1,6 +1,6 @@
 """Inputs shared by the integration tests: spin traces scattered into vLLM's paged indexer cache.
 
-vLLM's indexer cache page (DeepGEMM's layout, and spin's: DESIGN.md §3) is block_size·128 e4m3
+vLLM's indexer cache page (DeepGEMM's layout, and spin's: include/spin/geometry.h) is block_size·128 e4m3
 bytes then block_size fp32 scales; a request's logical pages land on physical pages drawn from a
 random permutation, with spare pages in between, so a kernel that ignores the block table fails.
 """
@@ -34,7 +34,7 @@ def scatter(requests, rng, spare=5):
 
 
 def visible(seq_len, next_n):
-    """Entries row j of a step sees: seq_len - next_n + j + 1 (DESIGN.md §3)."""
+    """Entries row j of a step sees: seq_len - next_n + j + 1 (include/spin/geometry.h)."""
     return np.maximum(np.asarray(seq_len)[..., None] - next_n + 1 + np.arange(next_n), 0)
 
 

@@ -2,7 +2,7 @@
 DeepseekV32Indexer is a bf16/fp32 torch DSA indexer) decoding greedily with spin in the loop.
 
 Each indexer layer's forward is wrapped: vLLM-style, the layer's keys go into a paged fp8 cache
-(e4m3 values + UE8M0 scales, DESIGN.md §3, pages drawn in random order), and at decode the
+(e4m3 values + UE8M0 scales, include/spin/geometry.h, pages drawn in random order), and at decode the
 plugin's SpinRuntime selects blocks, spin_dsa.indexer_scores scores only those, spin_dsa.topk
 picks the top-k that the model's sparse attention then uses, and the runtime observes; commits
 come lazily from the seq_len delta. Requests come and go (add / drop, a slot reused). Prefill rows

@@ -1,4 +1,4 @@
-"""spin_dsa.device — spin on a torch device (CUDA, or CPU for tests): DESIGN.md §7 "On a GPU".
+"""spin_dsa.device — spin on a torch device (CUDA, or CPU for tests).
 
 One indexer layer of a decode step (rows = batch · next_n), every call batched, with static
 shapes and no host synchronisation, so an engine's CUDA graph can capture the whole step::

@@ -3,7 +3,7 @@ reference beside it.
 
     I[r, c] = k_scale[c] · Σ_h w[r, h] · ReLU(q[r, h, :] · k[c, :])
 
-over vLLM's paged indexer cache (DESIGN.md §3: per page ``page_size × 128`` e4m3 bytes then
+over vLLM's paged indexer cache (include/spin/geometry.h: per page ``page_size × 128`` e4m3 bytes then
 ``page_size`` fp32 scales, 132 bytes an entry; the cache is uint8 ``[num_pages, page_size·132]``)
 and a block table whose row lists the pages to read in column order: the compacted table of
 :func:`spin_dsa.device._paging.compact` (only the chosen blocks), or an engine's own block table

@@ -1,4 +1,4 @@
-"""Compacted paging for the device path (DESIGN.md §7 "On a GPU"): turn the blocks that
+"""Compacted paging for the device path: turn the blocks that
 ``Serving.select`` chose into what a paged logits kernel reads, run top-k over the compact width
 only, and map compact columns back to request positions.
 
@@ -18,7 +18,8 @@ The pipeline for one indexer layer of a decode step (rows = batch · next_n)::
 Compact column ``c`` is entry ``c % E`` of the ``c // E``-th chosen block (E = page_size ·
 block_pages), i.e. request position ``blocks[c // E] · E + c % E``. Blocks ascend, so compact
 column order is position order: top-k emits ascending columns and the remap keeps that order,
-which is DESIGN.md §3's output order (position ascending, -1 at the end) with no extra sort.
+which is the library's top-k output order (include/spin/topk.h: position ascending, -1 at the end)
+with no extra sort.
 
 Every function here is torch ops (plus one optional Triton kernel on CUDA) with static output
 shapes and no host synchronisation — no ``.item()``, ``.cpu()``, ``.tolist()``, ``nonzero()``,
@@ -58,7 +59,7 @@ _INDEX = (torch.int32, torch.int64)
 
 
 def visible_entries(seq_lens: torch.Tensor, next_n: int, compress_ratio: int = 1) -> torch.Tensor:
-    """Entries row ``j`` of each request sees (DESIGN.md §3): ``max(0, seq_len - next_n + j + 1)
+    """Entries row ``j`` of each request sees (include/spin/geometry.h): ``max(0, seq_len - next_n + j + 1)
     // compress_ratio``, as int64 ``[batch · next_n]`` (row ``i · next_n + j``)."""
     j = torch.arange(next_n, device=seq_lens.device, dtype=torch.int64)
     tokens = (seq_lens.to(torch.int64)[:, None] - next_n + 1 + j[None, :]).clamp_min(0)
@@ -217,7 +218,7 @@ def topk(logits: torch.Tensor, lengths: torch.Tensor, k: int, *, use_triton: boo
     lengths: int ``[rows]``. Row ``r`` selects among its columns ``< lengths[r]`` that hold a
     finite score (NaN and ±inf are "not scored", as in ``spin_dsa.topk``). The set is exactly the
     first k in the order (score descending, column ascending) — column order is position order,
-    so this is DESIGN.md §3's tie rule — whatever order torch.topk returns ties in: torch.topk only
+    so this is the library's tie rule (include/spin/topk.h) — whatever order torch.topk returns ties in: torch.topk only
     finds the k-th value, and the emit step takes the ties at that value by lowest column.
 
     use_triton: the Triton emit kernels (default: on CUDA tensors when triton imports); else the

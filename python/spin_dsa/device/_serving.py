@@ -1,5 +1,5 @@
 """spin_dsa.device.Serving: the serving contract of spin_dsa.Serving with its state on a torch
-device, every call batched, no host synchronisation and static shapes (DESIGN.md §7 "On a GPU").
+device, every call batched, no host synchronisation and static shapes.
 
 The C++ library is the reference: for the same calls this object selects exactly the blocks
 spin_dsa.Serving selects (tests/device/test_serving.py). What that takes, beside the same
@@ -93,7 +93,7 @@ def _check_tensor(t, name, device, ndim, kinds, rows=None):
 
 
 class Serving:
-    """One object for a whole batch (DESIGN.md §7 serving contract), state on `device`.
+    """One object for a whole batch (the serving contract of include/spin/serving.h), state on `device`.
 
     Per decode step, for slots (int tensor [batch]) and seq_lens (int tensor [batch], tokens
     cached including the step's next_n rows):

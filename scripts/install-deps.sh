@@ -1,16 +1,31 @@
 #!/usr/bin/env bash
-# Installs the Debian packages spin builds against, only when one is missing: the native build's,
-# and the aarch64 cross build's (scripts/test-integration.sh): Debian's cross compiler, qemu-user
-# to run its tests, and the arm64 builds of the two compiled libraries (multiarch; the header-only
-# ones are shared with the native build).
+# Installs the Debian packages a purpose needs, only those missing:
+#   main   (default) the native build and the main job: compiler, cmake, the libraries spin links,
+#          gnuplot (plots), the Python headers and venv (the recorder, the package)
+#   test   + clang and libFuzzer (the fuzz test of ./scripts/test.sh)
+#   cross  + the aarch64 cross build (scripts/test-integration.sh aarch64): Debian's cross
+#          compiler, qemu-user to run its tests, the arm64 builds of the two compiled libraries
+#          (multiarch; the header-only ones are shared with the native build)
+#   qemu   + qemu-user alone (scripts/test-integration.sh x86_caps: an emulated Zen 3)
+# e.g. `./scripts/install-deps.sh main test`. The first command installs `main` only.
 set -euo pipefail
-pkgs=(g++ cmake ninja-build libgtest-dev libomp-dev libfmt-dev nlohmann-json3-dev libcli11-dev
-      gnuplot-nox python3-numpy clang libclang-rt-14-dev
-      python3-venv python3-dev
-      g++-aarch64-linux-gnu qemu-user-static libfmt-dev:arm64 libgtest-dev:arm64 libgomp1:arm64)
+declare -A purpose=(
+  [main]="g++ cmake ninja-build libgtest-dev libomp-dev libfmt-dev nlohmann-json3-dev
+          libcli11-dev gnuplot-nox python3-numpy python3-venv python3-dev"
+  [test]="clang libclang-rt-14-dev"
+  [cross]="g++-aarch64-linux-gnu qemu-user-static libfmt-dev:arm64 libgtest-dev:arm64
+           libgomp1:arm64"
+  [qemu]="qemu-user-static"
+)
+pkgs=()
+for p in "${@:-main}"; do
+  [[ -n "${purpose[$p]:-}" ]] || { echo "install-deps: unknown purpose '$p' (main, test, cross, qemu)" >&2; exit 2; }
+  read -r -a more <<< "$(echo ${purpose[$p]})"
+  pkgs+=("${more[@]}")
+done
 sudo_cmd=""
 [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+if [[ " ${pkgs[*]} " == *":arm64 "* ]] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
   $sudo_cmd dpkg --add-architecture arm64  # the :arm64 packages below; apt-get update follows
   need_update=1
 fi

@@ -112,5 +112,11 @@ for s in "${sections[@]}"; do
     *) echo "test-integration: unknown section '$s' (python_package, device, vllm_plugin, x86_caps, aarch64)" >&2; exit 2 ;;
   esac
 done
-./scripts/install-deps.sh
+# What the named sections need: the native build's packages, plus the cross toolchain (aarch64)
+# or qemu-user (x86_caps).
+needs=(main)
+for s in "${sections[@]}"; do
+  case "$s" in aarch64) needs+=(cross) ;; x86_caps) needs+=(qemu) ;; esac
+done
+./scripts/install-deps.sh "${needs[@]}"
 for s in "${sections[@]}"; do "$s"; done

@@ -5,7 +5,7 @@
 # calls after this: their cold pip build measured 3–3.5 minutes on the shared 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/install-deps.sh
+./scripts/install-deps.sh main test
 jobs="$(nproc)"
 for preset in release asan; do
   echo "=== spin tests: ${preset} ==="

@@ -261,6 +261,14 @@ class BlockPredictor {
   virtual size_t memory_bytes() const = 0;
 };
 
+// Whether a step whose context (tokens, its own next_n rows included) grew from `prev_ctx_len` to
+// `ctx_len` appended a prefill (a tool output, a new turn) besides its rows: the engine scored those
+// rows in full, so the step goes to observe_prefill, not select. One rule for replay, the engine
+// and serving's callers.
+inline bool context_jump_is_prefill(int64_t prev_ctx_len, int64_t ctx_len, int32_t next_n) {
+  return ctx_len - prev_ctx_len > next_n;
+}
+
 // The predictor names make_predictor accepts, in a fixed order.
 const std::vector<std::string>& predictor_names();
 

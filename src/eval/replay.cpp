@@ -286,7 +286,7 @@ int32_t probe_block_entries(const ScoredTrace& scored) { return scored.probe_blo
 
 bool replayed_as_prefill(const ScoredTrace& st, int64_t s, const ReplayOptions& options) {
   if (s == 0) return options.warm_start;
-  return options.prefill_jumps && s < st.steps && st.ctx_len[s] - st.ctx_len[s - 1] > st.next_n;
+  return options.prefill_jumps && s < st.steps && context_jump_is_prefill(st.ctx_len[s - 1], st.ctx_len[s], st.next_n);
 }
 
 namespace {

@@ -44,8 +44,9 @@
 namespace spin {
 
 struct ServingOptions {
-  std::string predictor = "spin";  // any predict.h name except oracle and hisa (they need the
-                                   // true top-k / the key cache, which serving does not have)
+  std::string predictor = "spin";  // a predictor whose registry row can_serve (spin/predict.h):
+                                   // not oracle, hisa, spin-hybrid(-ic2), which read the true
+                                   // top-k or the key cache that serving does not have
   PredictorConfig config;
   int32_t max_requests = 0;        // slots: 0..max_requests-1
   int32_t num_layers = 0;          // indexer layers

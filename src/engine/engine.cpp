@@ -318,7 +318,7 @@ struct DecodeEngine::Impl {
     q_attn.resize(static_cast<size_t>(rows) * attn_heads * kMlaHeadDim);
     extra.assign(static_cast<size_t>(rows) * std::max(n_extra, 1), -1);
     selections.resize(static_cast<size_t>(batch));
-    predicted = cfg.predictor != "all-keep";
+    predicted = !find_predictor(cfg.predictor)->keeps_all;  // create() checked the name
   }
 
   // Queries of layer l (random, keyed on seed, layer, request and position) and the V4 window.
@@ -602,10 +602,8 @@ Result<std::unique_ptr<DecodeEngine>> DecodeEngine::create(const EngineConfig& c
   c.predictor_config.page_size = c.model.page_size;
   c.predictor_config.topk = c.model.topk;
   SPIN_RETURN_IF_ERROR(c.predictor_config.validate());
-  if (c.predictor != "all-keep") {
-    auto probe = make_predictor(c.predictor, c.predictor_config, c.layers, 0);
-    if (!probe.ok()) return probe.status();
-  }
+  auto probe = make_predictor(c.predictor, c.predictor_config, c.layers, 0);  // the name and config
+  if (!probe.ok()) return probe.status();
   const int64_t need = engine_memory_bytes(c, requests, max_tokens);
   const int64_t limit = memory_limit_bytes > 0 ? memory_limit_bytes : memory_budget_bytes();
   if (need > limit) {
@@ -657,7 +655,7 @@ Status DecodeEngine::add_request(int64_t request_id, int64_t prompt_tokens) {
   // Room for the prompt and this step's rows; later steps grow it one page at a time.
   SPIN_RETURN_IF_ERROR(r.pages.reserve(entries_for_tokens(m.cfg, prompt_tokens + m.cfg.next_n) + 1,
                                        m.cfg.model.page_size, m.allocator));
-  if (m.cfg.predictor != "all-keep") {
+  if (!find_predictor(m.cfg.predictor)->keeps_all) {  // all-keep: the plain indexer, no predictor
     auto p = make_predictor(m.cfg.predictor, m.cfg.predictor_config, m.cfg.layers, request_id);
     if (!p.ok()) {
       (void)r.pages.release_all(m.allocator);

@@ -427,6 +427,7 @@ static Result<ReplayResult> replay_impl(const Trace* trace, const ScoredTrace& s
   auto made = make_predictor(options.predictor, config, st.layers, /*request_id=*/0);
   if (!made.ok()) return made.status();
   std::unique_ptr<BlockPredictor> predictor = std::move(made).value();
+  const bool reuses_previous_topk = find_predictor(options.predictor)->reuses_previous_topk;
   ReplayResult result;
   result.predictor = options.predictor;
   result.config = config;
@@ -581,7 +582,7 @@ static Result<ReplayResult> replay_impl(const Trace* trace, const ScoredTrace& s
           q.scored_entries = scored_entries_in(sel.row_blocks[j], visible, E);
           q.scored_blocks = blocks_within(sel.row_blocks[j], visible, E);
           q.probe_entries = sel.row_probed[j];
-          if (s > 0 && (options.predictor == "prev-iter" || options.predictor == "step-reuse")) {
+          if (s > 0 && reuses_previous_topk) {
             q.topk_recall = recall(st.truth[st.index(l, s - 1, j)], st.truth[i]);
           }
         }

@@ -634,6 +634,10 @@ Status PredictorBase::reserve(int64_t max_entries, int32_t max_next_n) {
   if (max_next_n < 1 || max_next_n > kMaxNextN)
     return invalid_argument("{}: reserve: max_next_n {} is outside 1..{}", name_, max_next_n,
                             kMaxNextN);
+  if (const PredictorInfo* info = find_predictor(name_); info == nullptr || !info->can_serve)
+    return invalid_argument("{}: reserve: it reads {}, which grows with or comes from outside the "
+                            "serving API; it cannot promise allocation-free steps",
+                            name_, info ? predictor_reads_name(info->reads) : "what no registry row says");
   const int64_t n_blocks = blocks_for_entries(config_, max_entries);
   const size_t n = static_cast<size_t>(n_blocks);
   try {

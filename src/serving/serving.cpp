@@ -18,14 +18,12 @@
 namespace spin {
 
 Status ServingOptions::validate() const {
-  if (predictor == "oracle" || predictor == "hisa")
-    return invalid_argument(
-        "serving: predictor {} needs what serving does not have (oracle: this step's true top-k; "
-        "hisa: the key cache and query); use it through replay",
-        predictor);
-  const auto& names = predictor_names();
-  if (std::find(names.begin(), names.end(), predictor) == names.end())
-    return invalid_argument("serving: unknown predictor '{}'", predictor);
+  const PredictorInfo* info = find_predictor(predictor);
+  if (info == nullptr) return invalid_argument("serving: unknown predictor '{}'", predictor);
+  if (!info->can_serve)
+    return invalid_argument("serving: predictor {} reads {}, which serving does not have; use it "
+                            "through replay",
+                            predictor, predictor_reads_name(info->reads));
   SPIN_RETURN_IF_ERROR(config.validate());
   if (max_requests < 1 || max_requests > (1 << 20))
     return invalid_argument("serving: max_requests {} is outside 1..2^20", max_requests);

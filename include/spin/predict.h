@@ -104,7 +104,8 @@ struct PredictorConfig {
   // On probe steps history's own ranking mixes in the probe: (1 - blend)·z(history) +
   // blend·z(probe), z standardised over the row's known blocks (0 = history alone).
   double probe_blend = 0.0;
-  // 1: each layer's probe share moves (by up to 0.15 a step, within [probe_share / 2, 0.95])
+  // 1: each layer's probe share moves (by up to 0.15 a step, within [probe_share / 2, 0.95]:
+  // src/predict/probe_share.h's constants)
   // toward whichever paid more top-k hits per block at the last step: the probe's picks, or
   // history's as many lowest-ranked picks — the blocks the share trades between them. Off by
   // default: it lifts mean recall on most scenarios but costs p99 miss where the top-k jumps

@@ -230,6 +230,13 @@ TEST(EngineInputs, ReplaysTheInputsContextsAndAcceptance) {
     StepStats st;
     ASSERT_TRUE(e->step(&st).ok()) << s;
     EXPECT_EQ(e->tokens(1), inputs->ctx_len[s] - 2 + inputs->accepted[s] + 1) << s;
+    // Steps 0 (the prompt) and 3 (the tool output) are prefills: observed, not measured.
+    const bool prefill = s == 0 || s == 3;
+    EXPECT_EQ(st.prefill_rows, prefill ? st.rows : 0) << s;
+    if (prefill) {
+      EXPECT_EQ(st.recall_rows, 0) << s;
+      continue;
+    }
     ASSERT_GT(st.recall_rows, 0);
     EXPECT_EQ(st.recall_sum, static_cast<double>(st.recall_rows)) << s;
     EXPECT_LT(st.attn_err_sum / static_cast<double>(st.attn_err_rows), 1e-6) << s;

@@ -15,12 +15,18 @@
 #include "spin/numerics.h"
 #include "spin/trace.h"
 #include "test_util.h"
+#include "trace_testing.h"
 
 namespace spin {
 namespace {
 
 namespace fs = std::filesystem;
 using spin::testing::TempDir;
+using testing::Contents;
+using testing::load_contents;
+using testing::open_contents;
+using testing::read_bytes;
+using testing::write_bytes;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -79,11 +85,6 @@ void expect_same(const TraceReader& r, const ScoreTrace& t) {
   }
   EXPECT_EQ(r.scores(0, 1, 0).size(), size_t(t.entries[0]));
   EXPECT_EQ(r.scores(0, 1, 0).data(), r.scores(0).data() + t.meta.next_n * t.entries[0]);
-}
-
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
 }
 
 TEST(ScoreTrace, RoundTripIsBitExact) {
@@ -160,60 +161,13 @@ TEST(ScoreTrace, ReadsF16AndBf16) {
 // ---------------------------------------------------------------------------------------------
 // Corrupt files: the good file's tensors with one change, one specific error.
 
-struct Owned {
-  st::Dtype dtype;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
-struct Contents {
-  std::map<std::string, std::string> metadata;
-  std::map<std::string, Owned> tensors;
-};
-
-Contents load(const std::string& path) {
-  Contents c;
-  auto f = st::SafetensorsFile::open(path);
-  EXPECT_TRUE(f.ok());
-  c.metadata = f->metadata();
-  for (const auto& name : f->names()) {
-    auto t = f->tensor(name).value();
-    c.tensors[name] = {t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)};
-  }
-  return c;
-}
-
-Status open_contents(const Contents& c, const std::string& path) {
-  std::vector<st::TensorSpec> specs;
-  for (const auto& [name, t] : c.tensors) specs.push_back({name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
-  const Status w = st::write_safetensors(path, specs, c.metadata);
-  if (!w.ok()) return w;
-  return TraceReader::open(path).status();
-}
-
-template <typename T>
-void set(Contents& c, const std::string& name, size_t i, T v) {
-  std::memcpy(c.tensors.at(name).bytes.data() + i * sizeof(T), &v, sizeof(T));
-}
-
-class CorruptScoreTrace : public ::testing::Test {
+class CorruptScoreTrace : public testing::CorruptFileTest {
  protected:
   void SetUp() override {
     ASSERT_TRUE(write_score_trace(plain_scores(), dir_.file("plain")).ok());
     ASSERT_TRUE(write_score_trace(mtp_scores(), dir_.file("mtp")).ok());
-    plain_ = load(dir_.file("plain"));
-    mtp_ = load(dir_.file("mtp"));
-    ASSERT_TRUE(open_contents(plain_, dir_.file("check")).ok());
-    ASSERT_TRUE(open_contents(mtp_, dir_.file("check")).ok());
+    load_good(dir_.file("plain"), dir_.file("mtp"));
   }
-  void expect(const Contents& c, const std::string& needle) {
-    const Status s = open_contents(c, dir_.file("bad"));
-    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.to_string();
-    EXPECT_EQ(s.message().find('\n'), std::string::npos) << "one line: " << s.message();
-    EXPECT_NE(s.message().find(needle), std::string::npos)
-        << "message: " << s.message() << "\nexpected to contain: " << needle;
-  }
-  TempDir dir_;
-  Contents plain_, mtp_;
 };
 
 TEST_F(CorruptScoreTrace, WrongDtypeAndShape) {
@@ -240,7 +194,7 @@ TEST_F(CorruptScoreTrace, WrongDtypeAndShape) {
 TEST_F(CorruptScoreTrace, EntriesBelowTheVisiblePrefix) {
   Contents c = plain_;
   for (const char* name : {"layer.0.scores", "layer.1.scores"}) {
-    Owned& t = c.tensors[name];
+    testing::OwnedTensor& t = c.tensors[name];
     t.shape = {5, 1, 119};  // the last step sees 120
     t.bytes.resize(5 * 119 * 4);
   }
@@ -249,16 +203,16 @@ TEST_F(CorruptScoreTrace, EntriesBelowTheVisiblePrefix) {
 
 TEST_F(CorruptScoreTrace, NanOrPlusInfInsideTheVisiblePrefix) {
   Contents c = plain_;
-  set(c, "layer.1.scores", 120 * 2 + 7, kNaN);  // step 2, row 0, entry 7 (sees 101)
+  testing::set_element(c, "layer.1.scores", 120 * 2 + 7, kNaN);  // step 2, row 0, entry 7 (sees 101)
   expect(c, "layer.1.scores[step 2, row 0, entry 7] = nan inside the row's 101 visible entries");
   c = plain_;
-  set(c, "layer.0.scores", 100, kInf);  // step 0, entry 89 = the last visible one is 89
-  set(c, "layer.0.scores", 89, kInf);
+  testing::set_element(c, "layer.0.scores", 100, kInf);  // step 0, entry 89 = the last visible one is 89
+  testing::set_element(c, "layer.0.scores", 89, kInf);
   expect(c, "layer.0.scores[step 0, row 0, entry 89] = inf");
   // -inf inside and NaN just past the prefix are fine.
   c = plain_;
-  set(c, "layer.0.scores", 3, -kInf);
-  set(c, "layer.0.scores", 90, kNaN);
+  testing::set_element(c, "layer.0.scores", 3, -kInf);
+  testing::set_element(c, "layer.0.scores", 90, kNaN);
   EXPECT_TRUE(open_contents(c, dir_.file("ok")).ok());
 }
 
@@ -267,20 +221,20 @@ TEST_F(CorruptScoreTrace, AcceptedAndCtxLen) {
   c.tensors.erase("accepted");
   expect(c, "missing tensor accepted (I32 [steps], required since next_n = 3 > 1)");
   c = mtp_;
-  set<int32_t>(c, "accepted", 2, 3);
+  testing::set_element<int32_t>(c, "accepted", 2, 3);
   expect(c, "accepted[2] = 3, expected 0..2");
   c = mtp_;
-  set<int32_t>(c, "accepted", 0, -1);
+  testing::set_element<int32_t>(c, "accepted", 0, -1);
   expect(c, "accepted[0] = -1");
   c = mtp_;
   c.tensors["accepted"].dtype = st::Dtype::kI64;
   c.tensors["accepted"].shape = {3};
   expect(c, "tensor accepted has dtype I64, expected I32");
   c = plain_;
-  set<int64_t>(c, "ctx_len", 2, 100);
+  testing::set_element<int64_t>(c, "ctx_len", 2, 100);
   expect(c, "ctx_len is not strictly increasing: ctx_len[2] = 100 after ctx_len[1] = 100");
   c = mtp_;
-  set<int64_t>(c, "ctx_len", 0, 2);
+  testing::set_element<int64_t>(c, "ctx_len", 0, 2);
   expect(c, "ctx_len[0] = 2 is below next_n = 3");
   c = plain_;
   c.tensors["ctx_len"].dtype = st::Dtype::kI32;
@@ -409,8 +363,8 @@ TEST(ScoreTraceProbe, ReadsBf16) {
   TempDir dir;
   const ScoreTrace t = with_probe(mtp_scores(), 8);
   ASSERT_TRUE(write_score_trace(t, dir.file("p")).ok());
-  Contents c = load(dir.file("p"));
-  Owned& probe = c.tensors["layer.0.probe"];
+  Contents c = load_contents(dir.file("p"));
+  testing::OwnedTensor& probe = c.tensors["layer.0.probe"];
   std::vector<uint8_t> half;
   for (float x : t.probe[0]) {
     const uint16_t h = bf16_from_float(x);  // multiples of 1/8 in [-16, 16): exact
@@ -434,7 +388,7 @@ class CorruptProbe : public CorruptScoreTrace {
   void SetUp() override {
     CorruptScoreTrace::SetUp();
     ASSERT_TRUE(write_score_trace(with_probe(plain_scores(), 0), dir_.file("probe")).ok());
-    probe_ = load(dir_.file("probe"));
+    probe_ = load_contents(dir_.file("probe"));
     ASSERT_TRUE(open_contents(probe_, dir_.file("check")).ok());
   }
   Contents probe_;
@@ -482,16 +436,16 @@ TEST_F(CorruptProbe, Metadata) {
 
 TEST_F(CorruptProbe, NanOrPlusInfInsideTheVisibleBlocks) {
   Contents c = probe_;
-  set(c, "layer.1.probe", 8 * 2 + 4, kNaN);  // step 2, row 0, block 4 (sees 101 entries = 7 blocks)
+  testing::set_element(c, "layer.1.probe", 8 * 2 + 4, kNaN);  // step 2, row 0, block 4 (sees 101 entries = 7 blocks)
   expect(c, "layer.1.probe[step 2, row 0, block 4] = nan inside the row's 7 visible blocks");
   c = probe_;
-  set(c, "layer.0.probe", 5, kInf);  // step 0 sees 90 entries = 6 blocks: block 5 is the last
+  testing::set_element(c, "layer.0.probe", 5, kInf);  // step 0 sees 90 entries = 6 blocks: block 5 is the last
   expect(c, "layer.0.probe[step 0, row 0, block 5] = inf");
   // -inf and FLT_MAX inside, NaN just past the visible blocks: fine.
   c = probe_;
-  set(c, "layer.0.probe", 0, -kInf);
-  set(c, "layer.0.probe", 4, std::numeric_limits<float>::max());
-  set(c, "layer.0.probe", 6, kNaN);
+  testing::set_element(c, "layer.0.probe", 0, -kInf);
+  testing::set_element(c, "layer.0.probe", 4, std::numeric_limits<float>::max());
+  testing::set_element(c, "layer.0.probe", 6, kNaN);
   EXPECT_TRUE(open_contents(c, dir_.file("ok")).ok());
 }
 

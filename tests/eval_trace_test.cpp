@@ -18,6 +18,7 @@
 
 #include "eval/safetensors.h"
 #include "test_util.h"
+#include "trace_testing.h"
 
 namespace spin {
 namespace {
@@ -25,16 +26,11 @@ namespace {
 namespace fs = std::filesystem;
 
 using spin::testing::TempDir;
-
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-void write_bytes(const std::string& path, const std::vector<uint8_t>& b) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-}
+using testing::Contents;
+using testing::load_contents;
+using testing::open_contents;
+using testing::read_bytes;
+using testing::write_bytes;
 
 // A small random trace. e4m3 codes avoid the NaN codes; scales are powers of two (UE8M0).
 Trace make_trace(int layers, int next_n, int heads, int64_t entries, std::vector<int64_t> ctx,
@@ -272,59 +268,13 @@ TEST(Trace, DescribeSummarises) {
 // ---------------------------------------------------------------------------------------------
 // Corrupt files: rewrite the good file's tensors with one change, expect one specific error.
 
-struct Owned {
-  st::Dtype dtype;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
-struct Contents {
-  std::map<std::string, std::string> metadata;
-  std::map<std::string, Owned> tensors;
-};
-
-Contents load(const std::string& path) {
-  Contents c;
-  auto f = st::SafetensorsFile::open(path);
-  EXPECT_TRUE(f.ok());
-  c.metadata = f->metadata();
-  for (const auto& name : f->names()) {
-    auto t = f->tensor(name).value();
-    c.tensors[name] = {t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)};
-  }
-  return c;
-}
-
-Status open_contents(const Contents& c, const std::string& path) {
-  std::vector<st::TensorSpec> specs;
-  for (const auto& [name, t] : c.tensors)
-    specs.push_back({name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
-  const Status w = st::write_safetensors(path, specs, c.metadata);
-  if (!w.ok()) return w;
-  return TraceReader::open(path).status();
-}
-
-template <typename T>
-void set(Contents& c, const std::string& name, size_t i, T v) {
-  std::memcpy(c.tensors.at(name).bytes.data() + i * sizeof(T), &v, sizeof(T));
-}
-
-class CorruptTrace : public ::testing::Test {
+class CorruptTrace : public testing::CorruptFileTest {
  protected:
   void SetUp() override {
     ASSERT_TRUE(write_trace(plain_trace(), dir_.file("plain")).ok());
     ASSERT_TRUE(write_trace(mtp_trace(), dir_.file("mtp")).ok());
-    plain_ = load(dir_.file("plain"));
-    mtp_ = load(dir_.file("mtp"));
-    ASSERT_TRUE(open_contents(plain_, dir_.file("check")).ok());
+    load_good(dir_.file("plain"), dir_.file("mtp"));
   }
-  void expect(const Contents& c, const std::string& needle) {
-    const Status s = open_contents(c, dir_.file("bad"));
-    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.to_string();
-    EXPECT_NE(s.message().find(needle), std::string::npos)
-        << "message: " << s.message() << "\nexpected to contain: " << needle;
-  }
-  TempDir dir_;
-  Contents plain_, mtp_;
 };
 
 TEST_F(CorruptTrace, Metadata) {
@@ -416,60 +366,60 @@ TEST_F(CorruptTrace, NonFiniteAndNonPositiveValues) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
   Contents c = plain_;
-  set(c, "layer.0.w", 7, nan);  // heads 4: step 1, row 0, head 3
+  testing::set_element(c, "layer.0.w", 7, nan);  // heads 4: step 1, row 0, head 3
   expect(c, "layer.0.w[step 1, row 0, head 3] = nan, expected a finite weight");
   c = plain_;
-  set(c, "layer.1.w", 19, -inf);
+  testing::set_element(c, "layer.1.w", 19, -inf);
   expect(c, "layer.1.w[step 4, row 0, head 3] = -inf");
   c = plain_;
-  set(c, "layer.1.k_scale", 3, 0.0f);
+  testing::set_element(c, "layer.1.k_scale", 3, 0.0f);
   expect(c, "layer.1.k_scale[3] = 0, expected a finite scale > 0");
   c = plain_;
-  set(c, "layer.0.k_scale", 199, -1.0f);
+  testing::set_element(c, "layer.0.k_scale", 199, -1.0f);
   expect(c, "layer.0.k_scale[199] = -1");
   c = plain_;
-  set(c, "layer.0.k_scale", 0, inf);
+  testing::set_element(c, "layer.0.k_scale", 0, inf);
   expect(c, "layer.0.k_scale[0] = inf");
   c = plain_;
-  set<uint8_t>(c, "layer.1.k", 128 * 5 + 9, 0xFF);
+  testing::set_element<uint8_t>(c, "layer.1.k", 128 * 5 + 9, 0xFF);
   expect(c, "layer.1.k[entry 5, dim 9] holds the e4m3 NaN code 0xff");
   c = plain_;
-  set<uint8_t>(c, "layer.0.q", 2 * 512 + 3 * 128 + 127, 0x7F);
+  testing::set_element<uint8_t>(c, "layer.0.q", 2 * 512 + 3 * 128 + 127, 0x7F);
   expect(c, "layer.0.q[step 2, row 0, head 3, dim 127] holds the e4m3 NaN code 0x7f");
   c = mtp_;
-  set(c, "layer.2.k_draft_scale", 5, nan);
+  testing::set_element(c, "layer.2.k_draft_scale", 5, nan);
   expect(c, "layer.2.k_draft_scale[step 2, draft 1] = nan");
   c = mtp_;
-  set<uint8_t>(c, "layer.0.k_draft", 3 * 128 + 1, 0x7F);
+  testing::set_element<uint8_t>(c, "layer.0.k_draft", 3 * 128 + 1, 0x7F);
   expect(c, "layer.0.k_draft[step 1, draft 1, dim 1] holds the e4m3 NaN code");
   // Negative weights are legal (head gates).
   c = plain_;
-  set(c, "layer.0.w", 0, -3.0f);
+  testing::set_element(c, "layer.0.w", 0, -3.0f);
   EXPECT_TRUE(open_contents(c, dir_.file("ok")).ok());
 }
 
 TEST_F(CorruptTrace, CtxLenAndAccepted) {
   Contents c = plain_;
-  set<int64_t>(c, "ctx_len", 2, 160);
+  testing::set_element<int64_t>(c, "ctx_len", 2, 160);
   expect(c, "ctx_len is not strictly increasing: ctx_len[2] = 160 after ctx_len[1] = 160");
   c = plain_;
-  set<int64_t>(c, "ctx_len", 3, 100);
+  testing::set_element<int64_t>(c, "ctx_len", 3, 100);
   expect(c, "ctx_len[3] = 100 after ctx_len[2] = 170");
   c = plain_;
-  set<int64_t>(c, "ctx_len", 0, 0);
+  testing::set_element<int64_t>(c, "ctx_len", 0, 0);
   expect(c, "ctx_len[0] = 0 is below next_n = 1");
   c = mtp_;
-  set<int64_t>(c, "ctx_len", 0, -5);
+  testing::set_element<int64_t>(c, "ctx_len", 0, -5);
   expect(c, "ctx_len[0] = -5 is below next_n = 3");
   c = plain_;
-  set<int64_t>(c, "ctx_len", 4, 201);
+  testing::set_element<int64_t>(c, "ctx_len", 4, 201);
   expect(c, "the last step (ctx_len 201 tokens, compress_ratio 1) sees 201 entries but "
             "layer.0.k holds only 200");
   c = mtp_;
-  set<int32_t>(c, "accepted", 4, 3);
+  testing::set_element<int32_t>(c, "accepted", 4, 3);
   expect(c, "accepted[4] = 3, expected 0..2");
   c = mtp_;
-  set<int32_t>(c, "accepted", 0, -1);
+  testing::set_element<int32_t>(c, "accepted", 0, -1);
   expect(c, "accepted[0] = -1");
   c = plain_;
   c.tensors["ctx_len"].shape = {0};

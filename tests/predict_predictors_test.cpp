@@ -56,6 +56,33 @@ TEST(PredictPredictors, FactoryNamesAndErrors) {
   EXPECT_FALSE(make_predictor("spin", c, 0, 0).ok());
 }
 
+// The registry is the one list: every row makes its predictor, and what a row says it can do holds
+// for the object it makes (reserve succeeds exactly where it can serve).
+TEST(PredictPredictors, RegistryRowsMatchWhatTheirPredictorsDo) {
+  const auto& rows = predictor_registry();
+  ASSERT_EQ(rows.size(), predictor_names().size());
+  PredictorConfig c;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const PredictorInfo& info = rows[i];
+    EXPECT_EQ(info.name, predictor_names()[i]);
+    EXPECT_EQ(find_predictor(info.name), &info);
+    EXPECT_EQ(predictor_needs_keys(info.name), info.reads == PredictorReads::kKeys) << info.name;
+    EXPECT_EQ(info.can_serve, info.reads == PredictorReads::kOwnState) << info.name;
+    auto p = make_predictor(info.name, c, 2, 0);
+    ASSERT_TRUE(p.ok()) << info.name;
+    EXPECT_EQ(p.value()->name(), info.name);
+    EXPECT_EQ(p.value()->reserve(4096, 2).ok(), info.can_serve) << info.name;
+  }
+  EXPECT_EQ(find_predictor("nope"), nullptr);
+  EXPECT_FALSE(predictor_needs_keys("nope"));
+  // Eval's tables list each predictor once, in the rows' order.
+  for (auto table : {&PredictorInfo::EvalPlaces::open_loop, &PredictorInfo::EvalPlaces::sweep,
+                     &PredictorInfo::EvalPlaces::trace_sweep}) {
+    const std::vector<std::string> listed = eval_predictors(table);
+    for (size_t i = 0; i < listed.size(); ++i) EXPECT_EQ(find_predictor(listed[i])->eval.*table, static_cast<int32_t>(i + 1));
+  }
+}
+
 TEST(PredictPredictors, PrevIterKeepsOnlyTheLastObservation) {
   PredictorConfig c = small_config();
   c.explicit_budget_blocks = 3;  // forced 0 and 9, plus one predicted

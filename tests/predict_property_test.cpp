@@ -86,6 +86,64 @@ bool is_full_layer(const std::string& name, int32_t layer) {
   return false;
 }
 
+// This (step, layer)'s all-keep scores and true top-k per row: one draw per entry, 1 in 64 masked
+// (-inf), else (per row, at random) 5 levels — many ties — or a 24-bit value in ±8.
+void random_step_scores(CounterRng& rng, const PredictorConfig& c, int64_t entries, int32_t next_n,
+                        std::vector<std::vector<float>>* full, std::vector<int32_t>* top) {
+  full->assign(static_cast<size_t>(next_n), {});
+  top->assign(static_cast<size_t>(next_n) * c.topk, 0);
+  for (int32_t j = 0; j < next_n; ++j) {
+    auto& f = (*full)[static_cast<size_t>(j)];
+    f.resize(static_cast<size_t>(entries));
+    const bool coarse = rng.below(2) == 0;
+    for (float& s : f) {
+      const uint64_t r = rng.next_u64();
+      s = (r & 63) == 0 ? kNegInf
+          : coarse      ? static_cast<float>((r >> 8) % 5)
+                        : static_cast<float>(static_cast<double>(r >> 40) * 0x1.0p-20 - 8.0);
+    }
+    const auto t = testing::true_topk(f, visible_entries(entries, next_n, j), c.topk);
+    std::copy(t.begin(), t.end(), top->begin() + static_cast<ptrdiff_t>(j) * c.topk);
+  }
+}
+
+// The rules every selection keeps: each row's set is its budget (every block on a full layer),
+// sorted, unique, in range, holds the forced blocks, explores within its budget; the union is
+// the rows' sets. *recall = each row's block recall of the true top-k.
+void check_selection(const Selection& sel, const PredictorConfig& c, const std::string& name, int32_t layer,
+                     int64_t entries, int32_t next_n, const std::vector<int32_t>& top, const std::string& where,
+                     std::vector<double>* recall) {
+  std::vector<int32_t> u;
+  for (int32_t j = 0; j < next_n; ++j) {
+    const auto& rb = sel.row_blocks[static_cast<size_t>(j)];
+    const int64_t n = blocks_for_entries(c, visible_entries(entries, next_n, j));
+    const int64_t want = is_full_layer(name, layer) ? n : budget_blocks(c, n);
+    ASSERT_EQ(static_cast<int64_t>(rb.size()), want) << name << " row " << j << " " << where;
+    for (size_t i = 0; i < rb.size(); ++i) {
+      ASSERT_GE(rb[i], 0);
+      ASSERT_LT(rb[i], n);
+      if (i > 0) {
+        ASSERT_LT(rb[i - 1], rb[i]) << name << " " << where;
+      }
+    }
+    for (int64_t b = 0; b < n; ++b) {
+      const bool forced = b < c.sink_blocks || b >= n - c.local_blocks;
+      if (forced) {
+        ASSERT_TRUE(std::binary_search(rb.begin(), rb.end(), static_cast<int32_t>(b)))
+            << name << " forced " << b << " " << where;
+      }
+    }
+    ASSERT_LE(sel.row_explored[static_cast<size_t>(j)], static_cast<int32_t>(rb.size()));
+    u.insert(u.end(), rb.begin(), rb.end());
+    std::vector<int32_t> tj(top.begin() + static_cast<ptrdiff_t>(j) * c.topk,
+                            top.begin() + static_cast<ptrdiff_t>(j + 1) * c.topk);
+    recall->push_back(testing::block_recall(tj, rb, c.block_entries()));
+  }
+  std::sort(u.begin(), u.end());
+  u.erase(std::unique(u.begin(), u.end()), u.end());
+  ASSERT_EQ(sel.blocks, u) << name << " " << where;
+}
+
 TEST(PredictProperty, RandomConfigurations) {
   const std::vector<std::string>& names = predictor_names();
   const int kIters = 2000;
@@ -117,23 +175,9 @@ TEST(PredictProperty, RandomConfigurations) {
     for (int step = 0; step < steps; ++step) {
       const int32_t accepted = static_cast<int32_t>(rng.below(static_cast<uint64_t>(next_n)));
       for (int32_t layer = 0; layer < layers; ++layer) {
-        // This (step, layer)'s all-keep scores and true top-k per row.
-        std::vector<std::vector<float>> full(static_cast<size_t>(next_n));
-        std::vector<int32_t> top(static_cast<size_t>(next_n) * c.topk);
-        for (int32_t j = 0; j < next_n; ++j) {
-          auto& f = full[static_cast<size_t>(j)];
-          f.resize(static_cast<size_t>(entries));
-          const bool coarse = rng.below(2) == 0;  // few distinct values: many ties
-          for (float& s : f) {
-            // One draw per entry: 1 in 64 masked (-inf), else 5 levels or a 24-bit value in ±8.
-            const uint64_t r = rng.next_u64();
-            s = (r & 63) == 0 ? kNegInf
-                : coarse      ? static_cast<float>((r >> 8) % 5)
-                              : static_cast<float>(static_cast<double>(r >> 40) * 0x1.0p-20 - 8.0);
-          }
-          const auto t = testing::true_topk(f, visible_entries(entries, next_n, j), c.topk);
-          std::copy(t.begin(), t.end(), top.begin() + static_cast<ptrdiff_t>(j) * c.topk);
-        }
+        std::vector<std::vector<float>> full;
+        std::vector<int32_t> top;
+        random_step_scores(rng, c, entries, next_n, &full, &top);
         HisaView view{hisa.cache.data(),
                       c.page_size,
                       hisa.table.data(),
@@ -156,38 +200,10 @@ TEST(PredictProperty, RandomConfigurations) {
             ASSERT_EQ(sel.row_blocks, twin_sel.row_blocks) << name << " " << where;
           }
           ASSERT_EQ(sel.row_blocks.size(), static_cast<size_t>(next_n));
-          std::vector<int32_t> u;
           std::vector<double> recall;
-          for (int32_t j = 0; j < next_n; ++j) {
-            const auto& rb = sel.row_blocks[static_cast<size_t>(j)];
-            const int64_t n = blocks_for_entries(c, visible_entries(entries, next_n, j));
-            const int64_t want = is_full_layer(name, layer) ? n : budget_blocks(c, n);
-            ASSERT_EQ(static_cast<int64_t>(rb.size()), want)
-                << name << " row " << j << " " << where;
-            for (size_t i = 0; i < rb.size(); ++i) {
-              ASSERT_GE(rb[i], 0);
-              ASSERT_LT(rb[i], n);
-              if (i > 0) {
-                ASSERT_LT(rb[i - 1], rb[i]) << name << " " << where;
-              }
-            }
-            for (int64_t b = 0; b < n; ++b) {
-              const bool forced = b < c.sink_blocks || b >= n - c.local_blocks;
-              if (forced) {
-                ASSERT_TRUE(std::binary_search(rb.begin(), rb.end(), static_cast<int32_t>(b)))
-                    << name << " forced " << b << " " << where;
-              }
-            }
-            ASSERT_LE(sel.row_explored[static_cast<size_t>(j)], static_cast<int32_t>(rb.size()));
-            u.insert(u.end(), rb.begin(), rb.end());
-            std::vector<int32_t> tj(top.begin() + static_cast<ptrdiff_t>(j) * c.topk,
-                                    top.begin() + static_cast<ptrdiff_t>(j + 1) * c.topk);
-            recall.push_back(testing::block_recall(tj, rb, e));
-            ++checked_rows;
-          }
-          std::sort(u.begin(), u.end());
-          u.erase(std::unique(u.begin(), u.end()), u.end());
-          ASSERT_EQ(sel.blocks, u) << name << " " << where;
+          check_selection(sel, c, name, layer, entries, next_n, top, where, &recall);
+          if (::testing::Test::HasFatalFailure()) return;
+          checked_rows += next_n;
           // Full layers score more than the budget: they are not held to the oracle's bound.
           oracle_recall.push_back(is_full_layer(name, layer) ? std::vector<double>{} : recall);
           ASSERT_TRUE(testing::observe_union(*preds[pi], layer, sel, full, entries, next_n).ok());

@@ -12,6 +12,7 @@
 #include "spin/files.h"
 #include "spin/predict.h"
 #include "spin/replay.h"
+#include "spin/settings.h"
 #include "spin/trace.h"
 
 namespace spin::cli {
@@ -33,9 +34,9 @@ struct ReplayArgs {
 
 Status apply_config(ReplayArgs& a) {
   for (const std::string& s : a.sets) {
-    const size_t eq = s.find('=');
-    if (eq == std::string::npos || eq == 0) return invalid_argument_status("--set '" + s + "' is not key=value");
-    a.fields.push_back({"--set", s.substr(0, eq), s.substr(eq + 1)});
+    auto kv = split_setting(s);
+    if (!kv.ok()) return invalid_argument_status("--set " + kv.status().message());
+    a.fields.push_back({"--set", kv->key, kv->value});
   }
   for (const auto& [flag, key, value] : a.fields) {
     // Validated after each field, so that the message names the flag that broke a rule.

@@ -4,6 +4,7 @@
 
 #include "cli.h"
 #include "spin/files.h"
+#include "spin/settings.h"
 #include "spin/replay.h"
 #include "spin/trace.h"
 #include "spin/workload.h"
@@ -29,10 +30,10 @@ int run_gen(const GenArgs& a) {
   if (a.layers > 0) params->layers = a.layers;
   if (a.next_n > 0) params->next_n = a.next_n;
   params->seed = a.seed;
-  for (const std::string& kv : a.settings) {
-    const size_t eq = kv.find('=');
-    if (eq == std::string::npos) return usage_error(fmt::format("--set {}: expected key=value", kv));
-    if (Status s = params->set(kv.substr(0, eq), kv.substr(eq + 1)); !s.ok()) return usage_error(s.message());
+  for (const std::string& text : a.settings) {
+    auto kv = split_setting(text);
+    if (!kv.ok()) return usage_error("--set " + kv.status().message());
+    if (Status s = params->set(kv->key, kv->value); !s.ok()) return usage_error(s.message());
   }
   if (Status s = params->validate(); !s.ok()) return usage_error(s.message());
   const double bytes = trace_bytes(params.value());

@@ -101,6 +101,8 @@ struct EngineConfig {
 struct StepStats {
   int64_t tokens = 0;          // tokens emitted (accepted + 1 per request)
   int64_t rows = 0;            // query rows processed
+  int64_t prefill_rows = 0;    // of them, rows of prefill steps (scored in full, observed through
+                               // observe_prefill, left out of recall and attn_err as replay does)
   // Stage times of the attention path; total_ms is their sum (what a serving engine would spend).
   // cache_ms is the simulation's own work (random keys, latents and queries), wall_ms everything.
   double indexer_ms = 0, topk_ms = 0, attention_ms = 0, predictor_ms = 0, total_ms = 0;
@@ -139,6 +141,9 @@ class DecodeEngine {
   const EngineConfig& config() const;
   // The attention output of the last step, [rows of the request, heads, 512], for tests.
   const std::vector<float>* last_output(int64_t request_id, int32_t layer) const;
+  // The top-k of the last step, [rows of the request, topk] (-1 padded), for tests (parity with
+  // replay's ReplayResult::topk).
+  const std::vector<int32_t>* last_topk(int64_t request_id, int32_t layer) const;
 
  private:
   struct Impl;

@@ -104,7 +104,8 @@ struct PredictorConfig {
   // On probe steps history's own ranking mixes in the probe: (1 - blend)·z(history) +
   // blend·z(probe), z standardised over the row's known blocks (0 = history alone).
   double probe_blend = 0.0;
-  // 1: each layer's probe share moves (by up to 0.15 a step, within [probe_share / 2, 0.95])
+  // 1: each layer's probe share moves (by up to 0.15 a step, within [probe_share / 2, 0.95]:
+  // src/predict/probe_share.h's constants)
   // toward whichever paid more top-k hits per block at the last step: the probe's picks, or
   // history's as many lowest-ranked picks — the blocks the share trades between them. Off by
   // default: it lifts mean recall on most scenarios but costs p99 miss where the top-k jumps
@@ -261,12 +262,56 @@ class BlockPredictor {
   virtual size_t memory_bytes() const = 0;
 };
 
-// The predictor names make_predictor accepts, in a fixed order.
+// Whether a step whose context (tokens, its own next_n rows included) grew from `prev_ctx_len` to
+// `ctx_len` appended a prefill (a tool output, a new turn) besides its rows: the engine scored those
+// rows in full, so the step goes to observe_prefill, not select. One rule for replay, the engine
+// and serving's callers.
+inline bool context_jump_is_prefill(int64_t prev_ctx_len, int64_t ctx_len, int32_t next_n) {
+  return ctx_len - prev_ctx_len > next_n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The registry: one row per predictor (src/predict/registry.cpp), what every layer asks instead of
+// comparing names.
+
+// What a predictor reads besides its own state (the scores it observed).
+enum class PredictorReads {
+  kOwnState,  // nothing else
+  kKeys,      // the key cache and the step's query (StepInput::hisa), or a probe made from them
+              // (StepInput::block_probe; a score trace's layer.{l}.probe)
+  kTrueTopk,  // this step's true top-k (StepInput::true_topk): a bound, not a predictor to deploy
+};
+const char* predictor_reads_name(PredictorReads v);  // "own-state" "keys" "true-topk"
+
+struct PredictorInfo {
+  std::string name;
+  PredictorReads reads = PredictorReads::kOwnState;
+  bool can_serve = false;  // the serving API (spin/serving.h) runs it: it reads only its own state
+  bool explores = false;   // spends explore_ratio of its budget on exploration draws
+  bool keeps_all = false;  // scores every block (all-keep): an engine runs no predictor for it
+  // Predicts a step's top-k blocks from the previous step's (prev-iter, step-reuse): replay's open
+  // loop reports the previous step's top-k recall beside it, its ceiling.
+  bool reuses_previous_topk = false;
+  // Where `spin eval` lists it, 1 = first (0 = not listed): the open-loop comparison, the
+  // closed-loop sweep (after spin itself and its no-exploration ablation), and the sweep over
+  // recorded traces (those reading keys only where the trace carries a probe).
+  struct EvalPlaces {
+    int32_t open_loop = 0, sweep = 0, trace_sweep = 0;
+  } eval;
+};
+
+// Every row, in a fixed order (the order predictor_names() lists).
+const std::vector<PredictorInfo>& predictor_registry();
+// The row of `name`; nullptr for a name make_predictor does not know.
+const PredictorInfo* find_predictor(std::string_view name);
+// The names of the rows listed in one of eval's tables, in that table's order.
+std::vector<std::string> eval_predictors(int32_t PredictorInfo::EvalPlaces::*table);
+
+// The predictor names make_predictor accepts, in the registry's order.
 const std::vector<std::string>& predictor_names();
 
-// True for predictors that read the indexer's keys and the step's query (StepInput::hisa), or a
-// probe made from them (StepInput::block_probe), not only scores (hisa, spin-hybrid,
-// spin-hybrid-ic2): they replay a score trace only when it carries the probe (spin/trace.h,
+// Whether the predictor reads the keys (PredictorReads::kKeys): hisa, spin-hybrid,
+// spin-hybrid-ic2 replay a score trace only when it carries the probe (spin/trace.h,
 // layer.{l}.probe).
 bool predictor_needs_keys(std::string_view name);
 

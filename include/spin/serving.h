@@ -44,8 +44,9 @@
 namespace spin {
 
 struct ServingOptions {
-  std::string predictor = "spin";  // any predict.h name except oracle and hisa (they need the
-                                   // true top-k / the key cache, which serving does not have)
+  std::string predictor = "spin";  // a predictor whose registry row can_serve (spin/predict.h):
+                                   // not oracle, hisa, spin-hybrid(-ic2), which read the true
+                                   // top-k or the key cache that serving does not have
   PredictorConfig config;
   int32_t max_requests = 0;        // slots: 0..max_requests-1
   int32_t num_layers = 0;          // indexer layers
@@ -104,10 +105,10 @@ class ServingPredictor {
 
   // A prompt's (or appended tool output's) full indexer scores for `layer`: one row per slot,
   // [batch, logits_stride], the last prompt token's row over seq_lens[i] entries (all scored).
-  // It opens a step like select (one row, every block), and the caller commits it with commit()
-  // after the last layer, as for a decode step. It is not a decode step: nothing measures it.
-  // HOOK(observe_prefill): when BlockPredictor gains observe_prefill (branch `scores`), this
-  // becomes a call to it and stops using a step number.
+  // Each row goes at once to BlockPredictor::observe_prefill (replay's prefill path) at the slot's
+  // step number; the caller closes the prefill with commit() (accepted 0) after the last layer,
+  // which advances the step as replay's prefill step does, so later steps explore alike. No
+  // select or decode step may be open in the slot. It is not a decode step: nothing measures it.
   Status prefill(const int32_t* slots, int32_t batch, int32_t layer, const int64_t* seq_lens,
                  const float* logits, int64_t logits_stride);
 

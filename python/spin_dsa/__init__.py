@@ -26,7 +26,7 @@ from ._errors import (DataLoss, FailedPrecondition, InvalidArgument, InvalidType
                       OutOfRange, ResourceExhausted, SpinError)
 from ._core import (Predictor, ScoredTrace, Serving, Trace, TraceReader, budget_blocks,
                     check_config, cpu_summary, default_config, diagnose, generate_workload, indexer_impls,
-                    indexer_scores, make_predictor, make_trace, open_trace, predictor_names,
+                    indexer_scores, make_predictor, make_trace, open_trace, predictor_info, predictor_names,
                     replay, scenario_names, score_trace, topk, workload_params, write_score_trace,
                     write_trace)
 
@@ -35,7 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "SpinError", "InvalidArgument", "InvalidType", "OutOfRange", "ResourceExhausted", "FailedPrecondition",
     "DataLoss", "IoError",
-    "Predictor", "make_predictor", "predictor_names", "default_config", "check_config",
+    "Predictor", "make_predictor", "predictor_info", "predictor_names", "default_config", "check_config",
     "budget_blocks",
     "Serving",
     "TraceReader", "Trace", "ScoredTrace", "open_trace", "make_trace", "write_trace",

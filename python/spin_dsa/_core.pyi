@@ -14,6 +14,9 @@ import numpy
 from numpy.typing import NDArray
 
 
+def predictor_info() -> list[dict[str, str | bool]]:
+    """The predictor registry, one dict per predictor in predictor_names() order: name, reads ('own-state', 'keys' or 'true-topk'), can_serve (Serving runs it), explores, keeps_all, reuses_previous_topk."""
+
 def predictor_names() -> list[str]:
     """The predictor names make_predictor accepts."""
 
@@ -92,7 +95,7 @@ class Serving:
 
     def __init__(self, max_requests: int, num_layers: int, max_entries: int, predictor: str = 'spin', config: Mapping[str, object] | str | None = None, max_next_n: int = 1, compress_ratio: int = 1) -> None:
         """
-        Allocates every slot's state for max_requests requests × num_layers indexer layers × the blocks of max_entries entries (contexts up to max_entries, up to max_next_n rows per step). predictor: any predictor_names() entry but oracle and hisa.
+        Allocates every slot's state for max_requests requests × num_layers indexer layers × the blocks of max_entries entries (contexts up to max_entries, up to max_next_n rows per step). predictor: any predictor_info() row with can_serve.
         """
 
     @property

@@ -205,6 +205,25 @@ class Predictor {
 
 void bind_predict(nb::module_& m) {
   m.def("predictor_names", &spin::predictor_names, "The predictor names make_predictor accepts.");
+  m.def(
+      "predictor_info",
+      [] {
+        nb::list rows;
+        for (const spin::PredictorInfo& info : spin::predictor_registry()) {
+          nb::dict row;
+          row["name"] = info.name;
+          row["reads"] = spin::predictor_reads_name(info.reads);
+          row["can_serve"] = info.can_serve;
+          row["explores"] = info.explores;
+          row["keeps_all"] = info.keeps_all;
+          row["reuses_previous_topk"] = info.reuses_previous_topk;
+          rows.append(row);
+        }
+        return rows;
+      },
+      "The predictor registry, one dict per predictor in predictor_names() order: name, reads "
+      "('own-state', 'keys' or 'true-topk'), can_serve (Serving runs it), explores, keeps_all, "
+      "reuses_previous_topk.");
   m.def("default_config", [] { return config_dict(spin::PredictorConfig{}); },
         "The PredictorConfig defaults as a dict (include/spin/predict.h documents each field).");
   m.def("check_config", [](nb::handle c) { return config_dict(config_from(c)); }, nb::arg("config").none(),

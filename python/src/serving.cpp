@@ -213,7 +213,7 @@ void bind_serving(nb::module_& m) {
            nb::arg("compress_ratio") = 1,
            "Allocates every slot's state for max_requests requests × num_layers indexer layers × "
            "the blocks of max_entries entries (contexts up to max_entries, up to max_next_n rows "
-           "per step). predictor: any predictor_names() entry but oracle and hisa.")
+           "per step). predictor: any predictor_info() row with can_serve.")
       .def_prop_ro("max_blocks", [](Serving& s) { return s.get().max_blocks(); })
       .def_prop_ro("block_entries", [](Serving& s) { return s.get().block_entries(); })
       .def_prop_ro("memory_bytes", [](Serving& s) { return s.get().memory_bytes(); })

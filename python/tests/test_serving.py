@@ -141,3 +141,16 @@ def test_errors_are_exceptions():
         spin_dsa.Serving(predictor="oracle", max_requests=1, num_layers=1, max_entries=100)
     with pytest.raises(spin_dsa.InvalidArgument, match="target_sparsity"):
         spin_dsa.Serving(config={"target_sparsity": 2}, max_requests=1, num_layers=1, max_entries=100)
+
+
+def test_the_registry_says_which_predictors_serve():
+    """Serving accepts exactly the predictor_info() rows with can_serve."""
+    rows = spin_dsa.predictor_info()
+    assert [r["name"] for r in rows] == spin_dsa.predictor_names()
+    assert {r["name"] for r in rows if not r["can_serve"]} == {"oracle", "hisa", "spin-hybrid", "spin-hybrid-ic2"}
+    for r in rows:
+        if r["can_serve"]:
+            spin_dsa.Serving(predictor=r["name"], max_requests=1, num_layers=1, max_entries=100)
+        else:
+            with pytest.raises(spin_dsa.InvalidArgument, match=r["reads"]):
+                spin_dsa.Serving(predictor=r["name"], max_requests=1, num_layers=1, max_entries=100)

@@ -122,7 +122,12 @@ struct DecodeEngine::Impl {
     int64_t step = 0;
     RequestPages pages;
     std::unique_ptr<BlockPredictor> predictor;  // null for all-keep
+    // This step is a prefill (the prompt at step 0, or a context jump of the inputs: a tool output):
+    // every block is scored and observe_prefill takes rows 0..accepted, as replay does.
+    bool prefill = false;
+    int32_t accepted = 0;  // this step's accepted drafts, drawn before the step runs
     std::vector<std::vector<float>> last_out;   // [layer][rows · heads · 512]
+    std::vector<std::vector<int32_t>> last_topk;  // [layer][rows · topk]
   };
   std::vector<Request> requests;
   int threads = 1;
@@ -235,6 +240,23 @@ struct DecodeEngine::Impl {
     return ok_status();
   }
 
+  // Whether request r's step is a prefill: its first, or one whose inputs' context grew by more
+  // than the step's rows (the same rule as replay: context_jump_is_prefill).
+  bool is_prefill_step(const Request& r) const {
+    if (r.step == 0) return true;
+    return cfg.inputs != nullptr &&
+           context_jump_is_prefill(cfg.inputs->ctx_len[r.step - 1], cfg.inputs->ctx_len[r.step], cfg.next_n);
+  }
+
+  // Draft tokens of request r's step that verification accepts: the inputs', or drawn from the seed.
+  int32_t accepted_drafts(const Request& r) const {
+    if (cfg.inputs != nullptr) return cfg.inputs->accepted != nullptr ? cfg.inputs->accepted[r.step] : 0;
+    int32_t accepted = 0;
+    CounterRng rng(stream_key(cfg.seed, kTagAccept, r.id, r.step));
+    while (accepted < cfg.next_n - 1 && rng.uniform() < cfg.acceptance_rate) ++accepted;
+    return accepted;
+  }
+
   // This step's context of request r: its tokens plus the rows, or the inputs' (which may jump
   // further: agentic traces append a tool output between steps; the engine writes it as a prompt).
   int64_t step_context(const Request& r) const {
@@ -262,6 +284,8 @@ struct DecodeEngine::Impl {
       const int64_t after = entries_for_tokens(cfg, ctx);
       SPIN_RETURN_IF_ERROR(r.pages.reserve(after + 1, cfg.model.page_size, allocator));
       fill_entries(r, before, after);
+      r.prefill = is_prefill_step(r);
+      r.accepted = accepted_drafts(r);
       r.tokens = ctx - cfg.next_n;  // a jump of the inputs' context arrived as a prompt
       ctx_lens[b] = ctx;
       max_entries = std::max(max_entries, after);
@@ -294,7 +318,7 @@ struct DecodeEngine::Impl {
     q_attn.resize(static_cast<size_t>(rows) * attn_heads * kMlaHeadDim);
     extra.assign(static_cast<size_t>(rows) * std::max(n_extra, 1), -1);
     selections.resize(static_cast<size_t>(batch));
-    predicted = cfg.predictor != "all-keep";
+    predicted = !find_predictor(cfg.predictor)->keeps_all;  // create() checked the name
   }
 
   // Queries of layer l (random, keyed on seed, layer, request and position) and the V4 window.
@@ -320,8 +344,7 @@ struct DecodeEngine::Impl {
     }
   }
 
-  // A request's first step stands for its prefill, which scored every entry anyway: its blocks are
-  // all scored and observed, the warm start that replay gives step 0 too.
+  // A prefill step scores every block (prefill computes the full rows anyway); nothing is predicted.
   void select_all(int64_t num_entries, Selection* sel) const {
     const int64_t block_entries = int64_t{cfg.model.page_size} * cfg.predictor_config.block_pages;
     const auto n_blocks = static_cast<int32_t>((num_entries + block_entries - 1) / block_entries);
@@ -351,8 +374,11 @@ struct DecodeEngine::Impl {
       in.next_n = next_n;
       in.visible_entries = cfg.model.compress_ratio > 1 ? visible_entries.data() + int64_t{b} * next_n : nullptr;
       in.hisa = &hisa;
-      SPIN_RETURN_IF_ERROR(r.predictor->select(l, in, &selections[b]));
-      if (r.step == 0) select_all(hisa.num_entries, &selections[b]);
+      if (r.prefill) {
+        select_all(hisa.num_entries, &selections[b]);
+      } else {
+        SPIN_RETURN_IF_ERROR(r.predictor->select(l, in, &selections[b]));
+      }
       block_ids.insert(block_ids.end(), selections[b].blocks.begin(), selections[b].blocks.end());
       block_offsets.push_back(static_cast<int32_t>(block_ids.size()));
     }
@@ -422,10 +448,12 @@ struct DecodeEngine::Impl {
     return ap;
   }
 
-  // 6. Every row's scores and top-k to its predictor (buffered until commit).
+  // 6. Every row's scores and top-k to its predictor: buffered until commit, or, in a prefill, the
+  // kept rows 0..accepted observed at once (rejected drafts were never tokens of the sequence).
   Status observe(int32_t l) {
     const int32_t k = cfg.model.topk;
     for (int32_t b = 0; b < batch; ++b) {
+      const Request& r = requests[b];
       for (int32_t j = 0; j < cfg.next_n; ++j) {
         const int64_t row = int64_t{b} * cfg.next_n + j;
         RowScores rs;
@@ -435,7 +463,11 @@ struct DecodeEngine::Impl {
         rs.scored_blocks = selections[b].blocks.data();
         rs.num_scored_blocks = static_cast<int64_t>(selections[b].blocks.size());
         rs.topk_positions = topk_out.data() + row * k;
-        SPIN_RETURN_IF_ERROR(requests[b].predictor->observe(l, j, rs));
+        if (!r.prefill) {
+          SPIN_RETURN_IF_ERROR(r.predictor->observe(l, j, rs));
+        } else if (j <= r.accepted) {
+          SPIN_RETURN_IF_ERROR(r.predictor->observe_prefill(l, r.step, rs));
+        }
       }
     }
     return ok_status();
@@ -454,6 +486,8 @@ struct DecodeEngine::Impl {
     for (int32_t b = 0; b < batch; ++b) {
       const float* o = out.data() + int64_t{b} * cfg.next_n * row_values;
       requests[b].last_out[l].assign(o, o + cfg.next_n * row_values);
+      const int32_t* t = topk_out.data() + int64_t{b} * cfg.next_n * cfg.model.topk;
+      requests[b].last_topk[l].assign(t, t + int64_t{cfg.next_n} * cfg.model.topk);
     }
   }
 
@@ -477,8 +511,10 @@ struct DecodeEngine::Impl {
     fap.indices = topk_full.data();
     fap.out = out_full.data();
     SPIN_RETURN_IF_ERROR(sparse_attention(fap, {AttentionImpl::kAuto, threads}));
+    // Quality counts decode rows only, as replay does: a prefill row scored everything.
     const int32_t k = cfg.model.topk;
     for (int64_t row = 0; row < rows; ++row) {
+      if (requests[row / cfg.next_n].prefill) continue;
       const auto [hits, wanted] = topk_overlap(topk_out.data() + row * k, topk_full.data() + row * k, k);
       if (wanted > 0) {
         stats->recall_sum += static_cast<double>(hits) / static_cast<double>(wanted);
@@ -487,6 +523,7 @@ struct DecodeEngine::Impl {
     }
     const int64_t row_values = int64_t{cfg.model.attn_heads} * kMlaLatentDim;
     for (int64_t row = 0; row < rows; ++row) {
+      if (requests[row / cfg.next_n].prefill) continue;
       double diff = 0, norm = 0;
       const float* a = out.data() + row * row_values;
       const float* f = out_full.data() + row * row_values;
@@ -502,20 +539,14 @@ struct DecodeEngine::Impl {
     return ok_status();
   }
 
-  // 8. Verification: draws the accepted drafts, commits the predictors, advances the sequences.
+  // 8. Verification: the accepted drafts (drawn in append_tokens), the predictors' commit (a
+  // prefill's rows were observed already), the sequences advanced.
   Status verify(StepStats* stats) {
     for (Request& r : requests) {
-      int32_t accepted = 0;
-      if (cfg.inputs != nullptr) {
-        accepted = cfg.inputs->accepted != nullptr ? cfg.inputs->accepted[r.step] : 0;
-      } else {
-        CounterRng rng(stream_key(cfg.seed, kTagAccept, r.id, r.step));
-        while (accepted < cfg.next_n - 1 && rng.uniform() < cfg.acceptance_rate) ++accepted;
-      }
-      if (r.predictor) SPIN_RETURN_IF_ERROR(r.predictor->commit(accepted));
-      r.tokens += accepted + 1;
+      if (r.predictor && !r.prefill) SPIN_RETURN_IF_ERROR(r.predictor->commit(r.accepted));
+      r.tokens += r.accepted + 1;
       ++r.step;
-      stats->tokens += accepted + 1;
+      stats->tokens += r.accepted + 1;
     }
     return ok_status();
   }
@@ -571,10 +602,8 @@ Result<std::unique_ptr<DecodeEngine>> DecodeEngine::create(const EngineConfig& c
   c.predictor_config.page_size = c.model.page_size;
   c.predictor_config.topk = c.model.topk;
   SPIN_RETURN_IF_ERROR(c.predictor_config.validate());
-  if (c.predictor != "all-keep") {
-    auto probe = make_predictor(c.predictor, c.predictor_config, c.layers, 0);
-    if (!probe.ok()) return probe.status();
-  }
+  auto probe = make_predictor(c.predictor, c.predictor_config, c.layers, 0);  // the name and config
+  if (!probe.ok()) return probe.status();
   const int64_t need = engine_memory_bytes(c, requests, max_tokens);
   const int64_t limit = memory_limit_bytes > 0 ? memory_limit_bytes : memory_budget_bytes();
   if (need > limit) {
@@ -626,7 +655,7 @@ Status DecodeEngine::add_request(int64_t request_id, int64_t prompt_tokens) {
   // Room for the prompt and this step's rows; later steps grow it one page at a time.
   SPIN_RETURN_IF_ERROR(r.pages.reserve(entries_for_tokens(m.cfg, prompt_tokens + m.cfg.next_n) + 1,
                                        m.cfg.model.page_size, m.allocator));
-  if (m.cfg.predictor != "all-keep") {
+  if (!find_predictor(m.cfg.predictor)->keeps_all) {  // all-keep: the plain indexer, no predictor
     auto p = make_predictor(m.cfg.predictor, m.cfg.predictor_config, m.cfg.layers, request_id);
     if (!p.ok()) {
       (void)r.pages.release_all(m.allocator);
@@ -635,6 +664,7 @@ Status DecodeEngine::add_request(int64_t request_id, int64_t prompt_tokens) {
     r.predictor = std::move(p).value();
   }
   r.last_out.resize(static_cast<size_t>(m.cfg.layers));
+  r.last_topk.resize(static_cast<size_t>(m.cfg.layers));
   m.fill_entries(r, 0, entries_for_tokens(m.cfg, prompt_tokens));
   m.requests.push_back(std::move(r));
   return ok_status();
@@ -664,6 +694,13 @@ int64_t DecodeEngine::tokens(int64_t request_id) const {
 const std::vector<float>* DecodeEngine::last_output(int64_t request_id, int32_t layer) const {
   for (const auto& r : impl_->requests) {
     if (r.id == request_id && layer >= 0 && layer < static_cast<int32_t>(r.last_out.size())) return &r.last_out[layer];
+  }
+  return nullptr;
+}
+
+const std::vector<int32_t>* DecodeEngine::last_topk(int64_t request_id, int32_t layer) const {
+  for (const auto& r : impl_->requests) {
+    if (r.id == request_id && layer >= 0 && layer < static_cast<int32_t>(r.last_topk.size())) return &r.last_topk[layer];
   }
   return nullptr;
 }
@@ -713,6 +750,7 @@ Status DecodeEngine::step(StepStats* stats) {
   SPIN_RETURN_IF_ERROR(m.verify(stats));
   stats->predictor_ms += ms_since(t0);
   stats->rows = m.rows;
+  for (const Impl::Request& r : m.requests) stats->prefill_rows += r.prefill ? m.cfg.next_n : 0;
   stats->total_ms = stats->indexer_ms + stats->topk_ms + stats->attention_ms + stats->predictor_ms;
   stats->wall_ms = ms_since(step_start);
   return ok_status();

@@ -62,6 +62,9 @@ const std::vector<double>& sweep_sparsities(bool quick) {
   return quick ? short_list : full;
 }
 
+// The calibration row reads prev-iter's open-loop Pearson: the paper's all-keep statistic that the
+// generator is fitted to (src/eval/calibrate.cpp) is the previous step's block scores.
+constexpr const char* kCalibrationPredictor = "prev-iter";
 constexpr double kComparisonSparsity = 0.3;  // open-loop block recall is read at this budget
 constexpr double kMtpSparsity = 0.5;         // MTP and pooling tables (where misses show)
 
@@ -99,9 +102,8 @@ Result<std::vector<Job>> jobs_for(bool mtp_scenario, const EvalOptions& o) {
   };
   // Calibration and open-loop comparison (every scenario: the calibration row needs prev-iter).
   const std::vector<std::string> open_loop = mtp_scenario
-      ? std::vector<std::string>{"prev-iter"}
-      : std::vector<std::string>{"prev-iter", "prev-layer", "ema-slot", "ema-offset", "spin", "hisa",
-                                 "step-reuse", "random", "oracle"};
+      ? std::vector<std::string>{kCalibrationPredictor}
+      : eval_predictors(&PredictorInfo::EvalPlaces::open_loop);
   for (const std::string& p : open_loop) jobs.push_back({Section::kPredictors, p, p, with(kComparisonSparsity), true});
   if (mtp_scenario) {
     for (MtpUpdate mode : {MtpUpdate::kPrefix, MtpUpdate::kRow0, MtpUpdate::kAllRows}) {
@@ -118,8 +120,7 @@ Result<std::vector<Job>> jobs_for(bool mtp_scenario, const EvalOptions& o) {
     PredictorConfig no_explore = with(s);
     no_explore.explore_ratio = 0.0;
     jobs.push_back({Section::kSweep, "spin (no explore)", "spin", no_explore, false});
-    for (const char* p : {"spin-hybrid", "step-reuse", "hisa", "indexcache-2", "indexcache-4", "spin-ic2",
-                          "spin-hybrid-ic2", "prev-iter", "random", "oracle"}) {
+    for (const std::string& p : eval_predictors(&PredictorInfo::EvalPlaces::sweep)) {
       jobs.push_back({Section::kSweep, p, p, with(s), false});
     }
   }
@@ -371,9 +372,9 @@ std::vector<int32_t> real_topks(int32_t trace_topk, int64_t entries) {
   return ks;
 }
 
-// Every score-only predictor with the oracle, closed loop; MTP traces add the update modes.
-// `probe`: the trace carries a block probe (layer.{l}.probe) at the predictors' block size, so
-// hisa and spin-hybrid run on it too.
+// spin (with and without exploration) and the registry's trace_sweep rows, closed loop; MTP traces
+// add the update modes. `probe`: the trace carries a block probe (layer.{l}.probe) at the
+// predictors' block size, so the predictors that read keys (hisa, spin-hybrid) run on it too.
 std::vector<Job> real_jobs(bool mtp, bool probe, const EvalOptions& o) {
   std::vector<Job> jobs;
   auto with = [&](double sparsity) {
@@ -386,11 +387,9 @@ std::vector<Job> real_jobs(bool mtp, bool probe, const EvalOptions& o) {
     PredictorConfig no_explore = with(sp);
     no_explore.explore_ratio = 0.0;
     jobs.push_back({Section::kSweep, "spin (no explore)", "spin", no_explore, false});
-    for (const char* p : {"step-reuse", "prev-iter", "indexcache-2", "random", "oracle"}) {
+    for (const std::string& p : eval_predictors(&PredictorInfo::EvalPlaces::trace_sweep)) {
+      if (predictor_needs_keys(p) && !probe) continue;  // a score trace without the probe they read
       jobs.push_back({Section::kSweep, p, p, with(sp), false});
-    }
-    if (probe) {
-      for (const char* p : {"hisa", "spin-hybrid", "spin-ic2", "spin-hybrid-ic2"}) jobs.push_back({Section::kSweep, p, p, with(sp), false});
     }
   }
   if (mtp) {
@@ -539,7 +538,7 @@ void add_results(const ScenarioRun& run, int requests, const std::map<std::strin
   // Oracle recall per sparsity, for the gap column.
   std::map<double, double> oracle;
   for (size_t j = 0; j < run.jobs.size(); ++j) {
-    if (run.jobs[j].section == Section::kSweep && run.jobs[j].predictor == "oracle") {
+    if (run.jobs[j].section == Section::kSweep && find_predictor(run.jobs[j].predictor)->reads == PredictorReads::kTrueTopk) {
       oracle[run.jobs[j].config.target_sparsity] = run.out[j].quality.recall().mean();
     }
   }
@@ -558,7 +557,7 @@ void add_results(const ScenarioRun& run, int requests, const std::map<std::strin
     switch (job.section) {
       case Section::kPredictors:
         res->predictors.push_back(row);
-        if (job.predictor == "prev-iter") {
+        if (job.predictor == kCalibrationPredictor) {
           const auto it = targets.find(name);
           res->calibration.push_back(
               {{"scenario", name},

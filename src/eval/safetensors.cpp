@@ -228,9 +228,29 @@ Result<SafetensorsFile> SafetensorsFile::from_memory(const void* data, size_t si
 }
 
 // Validation order: length field, header bounds, JSON syntax, top-level object, metadata, then
-// each tensor entry (dtype, shape, offsets, size), then overlaps between tensors. One function
-// (~145 lines) so that this order, which the error messages promise, reads top to bottom.
+// each tensor entry (dtype, shape, offsets, size) in the header's order, then overlaps between
+// tensors: the order the error messages promise, one stage per function below.
 Status SafetensorsFile::parse() {
+  nlohmann::json header;
+  size_t data_size = 0;
+  SPIN_RETURN_IF_ERROR(parse_header(&header, &data_size));
+  try {
+    for (const auto& [name, value] : header.items()) {
+      if (name == "__metadata__") {
+        SPIN_RETURN_IF_ERROR(parse_metadata(value));
+      } else {
+        SPIN_RETURN_IF_ERROR(parse_entry(name, value, data_size));
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    // Defensive: every access is type-checked first, so this should be unreachable.
+    return data_loss("{}: malformed header ({})", label_, e.what());
+  }
+  return check_contiguous(data_size);
+}
+
+// The length field, the header's bounds, its bytes and JSON syntax, and that it is one object.
+Status SafetensorsFile::parse_header(nlohmann::json* header, size_t* data_size) {
   const std::string& f = label_;
   if (size_ < 8) {
     return data_loss("{}: file is {} bytes; a safetensors file starts with an 8-byte "
@@ -246,7 +266,7 @@ Status SafetensorsFile::parse() {
   }
   const auto* header_begin = reinterpret_cast<const char*>(bytes_ + 8);
   data_ = bytes_ + 8 + header_len;
-  const size_t data_size = size_ - 8 - static_cast<size_t>(header_len);
+  *data_size = size_ - 8 - static_cast<size_t>(header_len);
 
   // As the reference reader (serde_json), a NUL byte anywhere in the header is an error; JSON
   // itself allows none outside strings and only escaped inside.
@@ -255,118 +275,117 @@ Status SafetensorsFile::parse() {
                      "padded with spaces only)",
                      f, 8 + (static_cast<const char*>(nul) - header_begin));
   }
-  nlohmann::json header;
   std::string duplicate;
   try {
-    header = nlohmann::json::parse(header_begin, header_begin + header_len, duplicate_key_finder(&duplicate));
+    *header = nlohmann::json::parse(header_begin, header_begin + header_len, duplicate_key_finder(&duplicate));
   } catch (const nlohmann::json::exception& e) {
     return data_loss("{}: header is not valid JSON ({})", f, e.what());
   }
   // Stricter than the reference reader, which keeps the last of two equal keys: a file that
   // names a tensor or a metadata key twice is ambiguous, so it is refused.
   if (!duplicate.empty()) return data_loss("{}: header names {} twice", f, duplicate);
-  if (!header.is_object()) {
+  if (!header->is_object()) {
     return data_loss("{}: header is a JSON {}, expected an object of tensors", f,
-                     json_type(header));
+                     json_type(*header));
   }
+  return ok_status();
+}
 
-  try {
-    for (const auto& [name, value] : header.items()) {
-      if (name == "__metadata__") {
-        if (!value.is_object()) {
-          return data_loss("{}: __metadata__ is a JSON {}, expected an object of strings", f,
-                           json_type(value));
-        }
-        for (const auto& [key, v] : value.items()) {
-          if (!v.is_string()) {
-            return data_loss("{}: __metadata__[\"{}\"] is a JSON {}, expected a string", f, key,
-                             json_type(v));
-          }
-          metadata_[key] = v.get<std::string>();
-        }
-        continue;
-      }
-      if (!value.is_object()) {
-        return data_loss("{}: tensor \"{}\" header entry is a JSON {}, expected an object with "
-                         "dtype, shape and data_offsets",
-                         f, name, json_type(value));
-      }
-      Entry e{};
-      // dtype
-      const auto dt = value.find("dtype");
-      if (dt == value.end()) return data_loss("{}: tensor \"{}\" has no dtype", f, name);
-      if (!dt->is_string()) {
-        return data_loss("{}: tensor \"{}\" dtype is a JSON {}, expected a string such as "
-                         "\"F32\"",
-                         f, name, json_type(*dt));
-      }
-      const std::string dtype_str = dt->get<std::string>();
-      if (!dtype_from_name(dtype_str, &e.dtype)) {
-        return data_loss("{}: tensor \"{}\" has unknown dtype \"{}\" (supported: BOOL, U8, I8, "
-                         "F8_E4M3, F8_E5M2, U16, I16, F16, BF16, U32, I32, F32, U64, I64, F64)",
-                         f, name, dtype_str);
-      }
-      // shape
-      const auto sh = value.find("shape");
-      if (sh == value.end()) return data_loss("{}: tensor \"{}\" has no shape", f, name);
-      if (!sh->is_array()) {
-        return data_loss("{}: tensor \"{}\" shape is a JSON {}, expected an array of "
-                         "non-negative integers",
-                         f, name, json_type(*sh));
-      }
-      uint64_t nbytes = dtype_size(e.dtype);
-      bool overflow = false;
-      for (const auto& d : *sh) {
-        uint64_t dim = 0;
-        if (!as_index(d, &dim)) {
-          return data_loss("{}: tensor \"{}\" shape holds {}, expected non-negative integers", f,
-                           name, brief(d));
-        }
-        e.shape.push_back(static_cast<int64_t>(dim));
-        if (!overflow && __builtin_mul_overflow(nbytes, dim, &nbytes)) overflow = true;
-      }
-      // A zero dimension makes the size 0 whatever the others are.
-      if (std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end()) {
-        nbytes = 0;
-        overflow = false;
-      }
-      if (overflow || nbytes > static_cast<uint64_t>(INT64_MAX)) {
-        return data_loss("{}: tensor \"{}\" shape {} overflows 64-bit byte counts", f, name,
-                         brief(*sh));
-      }
-      // data_offsets
-      const auto off = value.find("data_offsets");
-      if (off == value.end()) return data_loss("{}: tensor \"{}\" has no data_offsets", f, name);
-      uint64_t begin = 0, end = 0;
-      if (!off->is_array() || off->size() != 2 || !as_index((*off)[0], &begin) ||
-          !as_index((*off)[1], &end)) {
-        return data_loss("{}: tensor \"{}\" data_offsets is {}, expected [begin, end] with "
-                         "non-negative integers",
-                         f, name, brief(*off));
-      }
-      if (end < begin) {
-        return data_loss("{}: tensor \"{}\" data_offsets [{}, {}] end before begin", f, name,
-                         begin, end);
-      }
-      if (end > data_size) {
-        return data_loss("{}: tensor \"{}\" data_offsets [{}, {}] run past the {} data bytes "
-                         "of the file (truncated?)",
-                         f, name, begin, end, data_size);
-      }
-      if (end - begin != nbytes) {
-        return data_loss("{}: tensor \"{}\" holds {} bytes but dtype {} and shape {} need {}", f,
-                         name, end - begin, dtype_str, brief(*sh), nbytes);
-      }
-      e.begin = static_cast<size_t>(begin);
-      e.end = static_cast<size_t>(end);
-      entries_.emplace(name, std::move(e));
+// __metadata__: an object of strings.
+Status SafetensorsFile::parse_metadata(const nlohmann::json& value) {
+  const std::string& f = label_;
+  if (!value.is_object()) {
+    return data_loss("{}: __metadata__ is a JSON {}, expected an object of strings", f,
+                     json_type(value));
+  }
+  for (const auto& [key, v] : value.items()) {
+    if (!v.is_string()) {
+      return data_loss("{}: __metadata__[\"{}\"] is a JSON {}, expected a string", f, key,
+                       json_type(v));
     }
-  } catch (const nlohmann::json::exception& e) {
-    // Defensive: every access above is type-checked first, so this should be unreachable.
-    return data_loss("{}: malformed header ({})", f, e.what());
+    metadata_[key] = v.get<std::string>();
   }
+  return ok_status();
+}
 
-  return check_contiguous(data_size);
+// One tensor entry: dtype, shape, data_offsets, and that its bytes match dtype × shape.
+Status SafetensorsFile::parse_entry(const std::string& name, const nlohmann::json& value, size_t data_size) {
+  const std::string& f = label_;
+  if (!value.is_object()) {
+    return data_loss("{}: tensor \"{}\" header entry is a JSON {}, expected an object with "
+                     "dtype, shape and data_offsets",
+                     f, name, json_type(value));
+  }
+  Entry e{};
+  // dtype
+  const auto dt = value.find("dtype");
+  if (dt == value.end()) return data_loss("{}: tensor \"{}\" has no dtype", f, name);
+  if (!dt->is_string()) {
+    return data_loss("{}: tensor \"{}\" dtype is a JSON {}, expected a string such as "
+                     "\"F32\"",
+                     f, name, json_type(*dt));
+  }
+  const std::string dtype_str = dt->get<std::string>();
+  if (!dtype_from_name(dtype_str, &e.dtype)) {
+    return data_loss("{}: tensor \"{}\" has unknown dtype \"{}\" (supported: BOOL, U8, I8, "
+                     "F8_E4M3, F8_E5M2, U16, I16, F16, BF16, U32, I32, F32, U64, I64, F64)",
+                     f, name, dtype_str);
+  }
+  // shape
+  const auto sh = value.find("shape");
+  if (sh == value.end()) return data_loss("{}: tensor \"{}\" has no shape", f, name);
+  if (!sh->is_array()) {
+    return data_loss("{}: tensor \"{}\" shape is a JSON {}, expected an array of "
+                     "non-negative integers",
+                     f, name, json_type(*sh));
+  }
+  uint64_t nbytes = dtype_size(e.dtype);
+  bool overflow = false;
+  for (const auto& d : *sh) {
+    uint64_t dim = 0;
+    if (!as_index(d, &dim)) {
+      return data_loss("{}: tensor \"{}\" shape holds {}, expected non-negative integers", f,
+                       name, brief(d));
+    }
+    e.shape.push_back(static_cast<int64_t>(dim));
+    if (!overflow && __builtin_mul_overflow(nbytes, dim, &nbytes)) overflow = true;
+  }
+  // A zero dimension makes the size 0 whatever the others are.
+  if (std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end()) {
+    nbytes = 0;
+    overflow = false;
+  }
+  if (overflow || nbytes > static_cast<uint64_t>(INT64_MAX)) {
+    return data_loss("{}: tensor \"{}\" shape {} overflows 64-bit byte counts", f, name,
+                     brief(*sh));
+  }
+  // data_offsets
+  const auto off = value.find("data_offsets");
+  if (off == value.end()) return data_loss("{}: tensor \"{}\" has no data_offsets", f, name);
+  uint64_t begin = 0, end = 0;
+  if (!off->is_array() || off->size() != 2 || !as_index((*off)[0], &begin) ||
+      !as_index((*off)[1], &end)) {
+    return data_loss("{}: tensor \"{}\" data_offsets is {}, expected [begin, end] with "
+                     "non-negative integers",
+                     f, name, brief(*off));
+  }
+  if (end < begin) {
+    return data_loss("{}: tensor \"{}\" data_offsets [{}, {}] end before begin", f, name,
+                     begin, end);
+  }
+  if (end > data_size) {
+    return data_loss("{}: tensor \"{}\" data_offsets [{}, {}] run past the {} data bytes "
+                     "of the file (truncated?)",
+                     f, name, begin, end, data_size);
+  }
+  if (end - begin != nbytes) {
+    return data_loss("{}: tensor \"{}\" holds {} bytes but dtype {} and shape {} need {}", f,
+                     name, end - begin, dtype_str, brief(*sh), nbytes);
+  }
+  e.begin = static_cast<size_t>(begin);
+  e.end = static_cast<size_t>(end);
+  entries_.emplace(name, std::move(e));
+  return ok_status();
 }
 
 // As the reference reader: sorted by offsets, each tensor begins where the previous one ended

@@ -20,6 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "spin/status.h"
 
 namespace spin::st {
@@ -90,6 +92,9 @@ class SafetensorsFile {
   struct Mapping;  // RAII mmap (of the file, or anonymous holding its copy)
   SafetensorsFile() = default;
   Status parse();
+  Status parse_header(nlohmann::json* header, size_t* data_size);
+  Status parse_metadata(const nlohmann::json& value);
+  Status parse_entry(const std::string& name, const nlohmann::json& value, size_t data_size);
   Status check_contiguous(size_t data_size) const;
 
   std::unique_ptr<Mapping> mapping_;  // null when borrowing memory

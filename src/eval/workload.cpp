@@ -1,5 +1,6 @@
 // Synthetic indexer workloads (see spin/workload.h for the model and every parameter).
 #include "spin/workload.h"
+#include "spin/settings.h"
 
 #include <nlohmann/json.hpp>
 #include <omp.h>
@@ -350,14 +351,7 @@ constexpr const char* kMtpSettings = "next_n=3 acceptance_rate=0.7";
 
 // Applies space-separated key=value settings of the table above with WorkloadParams::set.
 Status apply_settings(std::string_view settings, WorkloadParams& p) {
-  std::istringstream in{std::string(settings)};
-  std::string pair;
-  while (in >> pair) {
-    const size_t eq = pair.find('=');
-    if (eq == std::string::npos) return invalid_argument("scenario setting '{}' is not key=value", pair);
-    SPIN_RETURN_IF_ERROR(p.set(pair.substr(0, eq), pair.substr(eq + 1)));
-  }
-  return ok_status();
+  return for_each_setting(settings, [&p](const std::string& key, const std::string& value) { return p.set(key, value); });
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "core/errors.h"
 #include "spin/predict.h"
+#include "spin/settings.h"
 
 namespace spin {
 namespace {
@@ -87,13 +88,6 @@ Status parse_int(const std::string& key, const std::string& text, Int* out) {
   return ok_status();
 }
 
-template <typename E>
-Status parse_enum(Result<E> r, E* out) {
-  if (!r.ok()) return r.status();
-  *out = r.value();
-  return ok_status();
-}
-
 }  // namespace
 
 const char* pooling_name(Pooling v) { return printable_name(kPoolingNames, v); }
@@ -117,123 +111,190 @@ Result<BudgetMoves> budget_moves_from_name(std::string_view name) {
   return value_in(kBudgetMovesNames, name, "budget_moves");
 }
 
-Status PredictorConfig::validate() const {
-  // Written as !(in range) so that NaN fails too.
-  if (!(target_sparsity >= 0.0 && target_sparsity < 1.0))
-    return invalid_argument("target_sparsity {} is outside [0, 1)", target_sparsity);
-  if (explicit_budget_blocks < -1)
-    return invalid_argument("explicit_budget_blocks {} must be -1 (use target_sparsity) or ≥ 0",
-                            explicit_budget_blocks);
-  if (sink_blocks < 0) return invalid_argument("sink_blocks {} must be ≥ 0", sink_blocks);
-  if (local_blocks < 0) return invalid_argument("local_blocks {} must be ≥ 0", local_blocks);
-  if (!(explore_ratio >= 0.0 && explore_ratio <= 1.0))
-    return invalid_argument("explore_ratio {} is outside [0, 1]", explore_ratio);
-  if (!(alpha > 0.0 && alpha <= 1.0)) return invalid_argument("alpha {} is outside (0, 1]", alpha);
-  if (!(beta > 0.0 && beta <= 1.0)) return invalid_argument("beta {} is outside (0, 1]", beta);
-  if (!(combine_weight >= 0.0 && combine_weight <= 1.0))
-    return invalid_argument("combine_weight {} is outside [0, 1]", combine_weight);
-  if (page_size <= 0) return invalid_argument("page_size {} must be > 0", page_size);
-  if (block_pages <= 0) return invalid_argument("block_pages {} must be > 0", block_pages);
+namespace {
+
+// ---- The field table: each PredictorConfig field once, with how it prints, parses and checks ----
+
+using Config = PredictorConfig;
+
+struct Field {
+  const char* name;
+  std::string (*print)(const Config& c);
+  Status (*set)(Config& c, const std::string& key, const std::string& text);
+  Status (*check)(const Config& c, const char* name);  // its own range (cross-field: kRules)
+};
+
+template <auto M>
+std::string print_value(const Config& c) {
+  return fmt::format("{}", c.*M);  // doubles in the shortest form that reads back the same
+}
+template <auto M, const auto& Table>
+std::string print_enum(const Config& c) {
+  return printable_name(Table, c.*M);
+}
+template <auto M>
+Status set_double(Config& c, const std::string& key, const std::string& text) {
+  return parse_double(key, text, &(c.*M));
+}
+template <auto M>
+Status set_int(Config& c, const std::string& key, const std::string& text) {
+  return parse_int(key, text, &(c.*M));
+}
+template <auto M, const auto& Table>
+Status set_enum(Config& c, const std::string& key, const std::string& text) {
+  auto v = value_in(Table, text, key.c_str());
+  if (!v.ok()) return v.status();
+  c.*M = v.value();
+  return ok_status();
+}
+template <auto M, const auto& Table>
+Status check_enum(const Config& c, const char* name) {
+  if (name_in(Table, c.*M)) return ok_status();
+  return invalid_argument("{} {} unknown; supported: {}", name, static_cast<int>(c.*M), names_list(Table));
+}
+
+Status no_check(const Config&, const char*) { return ok_status(); }
+
+// Written as !(in range) so that NaN fails too.
+const Field kFields[] = {
+    {"target_sparsity", print_value<&Config::target_sparsity>, set_double<&Config::target_sparsity>,
+     [](const Config& c, const char*) {
+       return c.target_sparsity >= 0.0 && c.target_sparsity < 1.0
+                  ? ok_status()
+                  : invalid_argument("target_sparsity {} is outside [0, 1)", c.target_sparsity);
+     }},
+    {"explicit_budget_blocks", print_value<&Config::explicit_budget_blocks>, set_int<&Config::explicit_budget_blocks>,
+     [](const Config& c, const char*) {
+       return c.explicit_budget_blocks >= -1
+                  ? ok_status()
+                  : invalid_argument("explicit_budget_blocks {} must be -1 (use target_sparsity) or ≥ 0",
+                                     c.explicit_budget_blocks);
+     }},
+    {"sink_blocks", print_value<&Config::sink_blocks>, set_int<&Config::sink_blocks>,
+     [](const Config& c, const char*) {
+       return c.sink_blocks >= 0 ? ok_status() : invalid_argument("sink_blocks {} must be ≥ 0", c.sink_blocks);
+     }},
+    {"local_blocks", print_value<&Config::local_blocks>, set_int<&Config::local_blocks>,
+     [](const Config& c, const char*) {
+       return c.local_blocks >= 0 ? ok_status() : invalid_argument("local_blocks {} must be ≥ 0", c.local_blocks);
+     }},
+    {"explore_ratio", print_value<&Config::explore_ratio>, set_double<&Config::explore_ratio>,
+     [](const Config& c, const char*) {
+       return c.explore_ratio >= 0.0 && c.explore_ratio <= 1.0
+                  ? ok_status()
+                  : invalid_argument("explore_ratio {} is outside [0, 1]", c.explore_ratio);
+     }},
+    {"explore_policy", print_enum<&Config::explore_policy, kExploreNames>,
+     set_enum<&Config::explore_policy, kExploreNames>, check_enum<&Config::explore_policy, kExploreNames>},
+    {"alpha", print_value<&Config::alpha>, set_double<&Config::alpha>,
+     [](const Config& c, const char*) {
+       return c.alpha > 0.0 && c.alpha <= 1.0 ? ok_status() : invalid_argument("alpha {} is outside (0, 1]", c.alpha);
+     }},
+    {"beta", print_value<&Config::beta>, set_double<&Config::beta>,
+     [](const Config& c, const char*) {
+       return c.beta > 0.0 && c.beta <= 1.0 ? ok_status() : invalid_argument("beta {} is outside (0, 1]", c.beta);
+     }},
+    {"combine", print_enum<&Config::combine, kCombineNames>, set_enum<&Config::combine, kCombineNames>,
+     check_enum<&Config::combine, kCombineNames>},
+    {"combine_weight", print_value<&Config::combine_weight>, set_double<&Config::combine_weight>,
+     [](const Config& c, const char*) {
+       return c.combine_weight >= 0.0 && c.combine_weight <= 1.0
+                  ? ok_status()
+                  : invalid_argument("combine_weight {} is outside [0, 1]", c.combine_weight);
+     }},
+    {"pooling", print_enum<&Config::pooling, kPoolingNames>, set_enum<&Config::pooling, kPoolingNames>,
+     check_enum<&Config::pooling, kPoolingNames>},
+    {"mtp_update", print_enum<&Config::mtp_update, kMtpNames>, set_enum<&Config::mtp_update, kMtpNames>,
+     check_enum<&Config::mtp_update, kMtpNames>},
+    {"probe_share", print_value<&Config::probe_share>, set_double<&Config::probe_share>,
+     [](const Config& c, const char*) {
+       return c.probe_share >= 0.0 && c.probe_share <= 1.0
+                  ? ok_status()
+                  : invalid_argument("probe_share {} is outside [0, 1]", c.probe_share);
+     }},
+    {"probe_blend", print_value<&Config::probe_blend>, set_double<&Config::probe_blend>,
+     [](const Config& c, const char*) {
+       return c.probe_blend >= 0.0 && c.probe_blend <= 1.0
+                  ? ok_status()
+                  : invalid_argument("probe_blend {} is outside [0, 1]", c.probe_blend);
+     }},
+    {"probe_adapt", print_value<&Config::probe_adapt>, set_int<&Config::probe_adapt>,
+     [](const Config& c, const char*) {
+       return c.probe_adapt == 0 || c.probe_adapt == 1 ? ok_status()
+                                                       : invalid_argument("probe_adapt {} must be 0 or 1", c.probe_adapt);
+     }},
+    {"probe_interval", print_value<&Config::probe_interval>, set_int<&Config::probe_interval>,
+     [](const Config& c, const char*) {
+       return c.probe_interval >= 1 ? ok_status() : invalid_argument("probe_interval {} must be ≥ 1", c.probe_interval);
+     }},
+    {"probe_entries", print_value<&Config::probe_entries>, set_int<&Config::probe_entries>, no_check},  // kRules
+    {"budget_moves", print_enum<&Config::budget_moves, kBudgetMovesNames>,
+     set_enum<&Config::budget_moves, kBudgetMovesNames>, check_enum<&Config::budget_moves, kBudgetMovesNames>},
+    {"budget_move_max", print_value<&Config::budget_move_max>, set_double<&Config::budget_move_max>,
+     [](const Config& c, const char*) {
+       return c.budget_move_max >= 0.0 && c.budget_move_max < 1.0
+                  ? ok_status()
+                  : invalid_argument("budget_move_max {} is outside [0, 1)", c.budget_move_max);
+     }},
+    {"page_size", print_value<&Config::page_size>, set_int<&Config::page_size>,
+     [](const Config& c, const char*) {
+       return c.page_size > 0 ? ok_status() : invalid_argument("page_size {} must be > 0", c.page_size);
+     }},
+    {"block_pages", print_value<&Config::block_pages>, set_int<&Config::block_pages>,
+     [](const Config& c, const char*) {
+       return c.block_pages > 0 ? ok_status() : invalid_argument("block_pages {} must be > 0", c.block_pages);
+     }},
+    {"topk", print_value<&Config::topk>, set_int<&Config::topk>,
+     [](const Config& c, const char*) { return c.topk > 0 ? ok_status() : invalid_argument("topk {} must be > 0", c.topk); }},
+    {"seed", print_value<&Config::seed>, set_int<&Config::seed>, no_check},
+};
+
+// Rules over several fields, checked after every field's own range.
+Status check_block_size(const Config& c) {
   // 2^20 entries per block keeps every block·entries product far inside int64 and the per-block
   // hit counts inside int32; real blocks are 64–256 entries.
-  if (static_cast<int64_t>(page_size) * block_pages > (int64_t{1} << 20))
-    return invalid_argument("page_size·block_pages = {} exceeds the supported 2^20 entries",
-                            static_cast<int64_t>(page_size) * block_pages);
-  if (topk <= 0) return invalid_argument("topk {} must be > 0", topk);
-  if (!(probe_share >= 0.0 && probe_share <= 1.0))
-    return invalid_argument("probe_share {} is outside [0, 1]", probe_share);
-  if (!(probe_blend >= 0.0 && probe_blend <= 1.0))
-    return invalid_argument("probe_blend {} is outside [0, 1]", probe_blend);
-  if (probe_adapt != 0 && probe_adapt != 1)
-    return invalid_argument("probe_adapt {} must be 0 or 1", probe_adapt);
-  if (probe_interval < 1) return invalid_argument("probe_interval {} must be ≥ 1", probe_interval);
-  if (probe_entries < 0 || (probe_entries > 0 && block_entries() % probe_entries != 0))
-    return invalid_argument(
-        "probe_entries {} must be 0 (one key per block) or divide the block's {} entries",
-        probe_entries, block_entries());
-  if (!(budget_move_max >= 0.0 && budget_move_max < 1.0))
-    return invalid_argument("budget_move_max {} is outside [0, 1)", budget_move_max);
-  if (!name_in(kBudgetMovesNames, budget_moves))
-    return invalid_argument("budget_moves {} unknown; supported: {}",
-                            static_cast<int>(budget_moves), names_list(kBudgetMovesNames));
-  if (!name_in(kPoolingNames, pooling))
-    return invalid_argument("pooling {} unknown; supported: {}", static_cast<int>(pooling),
-                            names_list(kPoolingNames));
-  if (!name_in(kExploreNames, explore_policy))
-    return invalid_argument("explore_policy {} unknown; supported: {}",
-                            static_cast<int>(explore_policy), names_list(kExploreNames));
-  if (!name_in(kCombineNames, combine))
-    return invalid_argument("combine {} unknown; supported: {}", static_cast<int>(combine),
-                            names_list(kCombineNames));
-  if (!name_in(kMtpNames, mtp_update))
-    return invalid_argument("mtp_update {} unknown; supported: {}", static_cast<int>(mtp_update),
-                            names_list(kMtpNames));
+  const int64_t entries = static_cast<int64_t>(c.page_size) * c.block_pages;
+  if (entries > (int64_t{1} << 20))
+    return invalid_argument("page_size·block_pages = {} exceeds the supported 2^20 entries", entries);
+  return ok_status();
+}
+Status check_probe_entries(const Config& c) {
+  if (c.probe_entries < 0 || (c.probe_entries > 0 && c.block_entries() % c.probe_entries != 0))
+    return invalid_argument("probe_entries {} must be 0 (one key per block) or divide the block's {} entries",
+                            c.probe_entries, c.block_entries());
+  return ok_status();
+}
+constexpr Status (*kRules[])(const Config&) = {check_block_size, check_probe_entries};
+
+std::string field_names() {
+  std::string s;
+  for (const Field& f : kFields) s += (s.empty() ? "" : ", ") + std::string(f.name);
+  return s;
+}
+
+}  // namespace
+
+Status PredictorConfig::validate() const {
+  for (const Field& f : kFields) SPIN_RETURN_IF_ERROR(f.check(*this, f.name));
+  for (auto rule : kRules) SPIN_RETURN_IF_ERROR(rule(*this));
   return ok_status();
 }
 
 std::string PredictorConfig::to_string() const {
-  // {} prints doubles in the shortest form that reads back to the same value.
-  return fmt::format(
-      "target_sparsity={} explicit_budget_blocks={} sink_blocks={} local_blocks={} "
-      "explore_ratio={} explore_policy={} alpha={} beta={} combine={} combine_weight={} "
-      "pooling={} mtp_update={} probe_share={} probe_blend={} probe_adapt={} probe_interval={} probe_entries={} "
-      "budget_moves={} budget_move_max={} page_size={} block_pages={} topk={} seed={}",
-      target_sparsity, explicit_budget_blocks, sink_blocks, local_blocks, explore_ratio,
-      explore_policy_name(explore_policy), alpha, beta, combine_name(combine), combine_weight,
-      pooling_name(pooling), mtp_update_name(mtp_update), probe_share, probe_blend, probe_adapt, probe_interval,
-      probe_entries, budget_moves_name(budget_moves), budget_move_max, page_size, block_pages,
-      topk, seed);
+  std::string s;
+  for (const Field& f : kFields) s += fmt::format("{}{}={}", s.empty() ? "" : " ", f.name, f.print(*this));
+  return s;
 }
 
 Status PredictorConfig::set(const std::string& key, const std::string& value) {
-  if (key == "target_sparsity") return parse_double(key, value, &target_sparsity);
-  if (key == "explicit_budget_blocks") return parse_int(key, value, &explicit_budget_blocks);
-  if (key == "sink_blocks") return parse_int(key, value, &sink_blocks);
-  if (key == "local_blocks") return parse_int(key, value, &local_blocks);
-  if (key == "explore_ratio") return parse_double(key, value, &explore_ratio);
-  if (key == "explore_policy") return parse_enum(explore_policy_from_name(value), &explore_policy);
-  if (key == "alpha") return parse_double(key, value, &alpha);
-  if (key == "beta") return parse_double(key, value, &beta);
-  if (key == "combine") return parse_enum(combine_from_name(value), &combine);
-  if (key == "combine_weight") return parse_double(key, value, &combine_weight);
-  if (key == "pooling") return parse_enum(pooling_from_name(value), &pooling);
-  if (key == "mtp_update") return parse_enum(mtp_update_from_name(value), &mtp_update);
-  if (key == "probe_share") return parse_double(key, value, &probe_share);
-  if (key == "probe_blend") return parse_double(key, value, &probe_blend);
-  if (key == "probe_adapt") return parse_int(key, value, &probe_adapt);
-  if (key == "probe_interval") return parse_int(key, value, &probe_interval);
-  if (key == "probe_entries") return parse_int(key, value, &probe_entries);
-  if (key == "budget_moves") return parse_enum(budget_moves_from_name(value), &budget_moves);
-  if (key == "budget_move_max") return parse_double(key, value, &budget_move_max);
-  if (key == "page_size") return parse_int(key, value, &page_size);
-  if (key == "block_pages") return parse_int(key, value, &block_pages);
-  if (key == "topk") return parse_int(key, value, &topk);
-  if (key == "seed") return parse_int(key, value, &seed);
-  return invalid_argument(
-      "unknown predictor config key '{}'; supported: target_sparsity, explicit_budget_blocks, "
-      "sink_blocks, local_blocks, explore_ratio, explore_policy, alpha, beta, combine, "
-      "combine_weight, pooling, mtp_update, probe_share, probe_blend, probe_adapt, probe_interval, probe_entries, "
-      "budget_moves, budget_move_max, page_size, block_pages, topk, seed",
-      key);
+  for (const Field& f : kFields) {
+    if (key == f.name) return f.set(*this, key, value);
+  }
+  return invalid_argument("unknown predictor config key '{}'; supported: {}", key, field_names());
 }
 
 Status PredictorConfig::parse(std::string_view pairs) {
-  const auto is_sep = [](char c) { return c == ' ' || c == ',' || c == '\n' || c == '\t'; };
-  size_t i = 0;
-  while (i < pairs.size()) {
-    while (i < pairs.size() && is_sep(pairs[i])) ++i;
-    size_t j = i;
-    while (j < pairs.size() && !is_sep(pairs[j])) ++j;
-    if (j > i) {
-      const std::string_view item = pairs.substr(i, j - i);
-      const size_t eq = item.find('=');
-      if (eq == std::string_view::npos || eq == 0)
-        return invalid_argument("'{}' is not a key=value pair", item);
-      SPIN_RETURN_IF_ERROR(set(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1))));
-    }
-    i = j;
-  }
-  return ok_status();
+  return for_each_setting(pairs, [this](const std::string& key, const std::string& value) { return set(key, value); });
 }
 
 int64_t blocks_for_entries(const PredictorConfig& config, int64_t entries) {

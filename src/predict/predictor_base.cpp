@@ -11,7 +11,7 @@
 //      history (3) fills the budget minus the quota, then the highest probe() q[b] among the
 //      blocks left — the probe spends its share where history did not already look.
 // The budget is budget_blocks(), moved between layers and steps by config().budget_moves for the
-// predictors that opt in (row_budget() below).
+// predictors that opt in (budget_moves.h; the adaptive probe share: probe_share.h).
 // Selecting the smallest keys (kselect.h) where a key is (value, then index) — a strict total
 // order — makes the chosen set unique, independent of the selection algorithm; the set is then
 // emitted in index order.
@@ -285,7 +285,7 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
     mark_ranked(q_.data(), n_explore + n_history, n_cand - n_explore - n_history, n_probe, 4);
     *explored = static_cast<int32_t>(n_probe);  // the probe spends the exploration share
     if (config_.probe_adapt && ctx.row == 0 && n_history > 0)
-      record_picks(&layers_[static_cast<size_t>(ctx.layer)], n_explore, n_history, n_probe);
+      layers_[static_cast<size_t>(ctx.layer)].share.record(keys_.data(), n_explore, n_history, n_probe, &margin_);
   }
 
   blocks->resize(static_cast<size_t>(n));
@@ -370,56 +370,12 @@ Status PredictorBase::probe(const RowContext& row, float* q, int64_t* work) {
   return failed_precondition("{}: has no probe", name_);
 }
 
-// Budget moves. A layer's churn — the share of the blocks holding its newest top-k that did not
-// hold the one before — is what a fixed budget gets wrong: a stable layer's blocks are found with
-// few, a churning layer needs more to catch what moved.
-//   layers: factor = churn_ema(l) / mean over the measured layers, clamped to 1 ± budget_move_max,
-//           then the factors of a step renormalised to mean 1 — the same total budget per step;
-//   steps:  after a step whose churn exceeds 1.5 × its EMA (a shift), the layer spends
-//           1 + budget_move_max, and pays it back at 1 - budget_move_max on the next calm steps
-//           until nothing is borrowed — the same budget over time, within one step's loan;
-//   both:   the product.
-// Everything reads committed steps only, so every row of a step and every replay agree.
-// The last committed step shifted: its churn rose above 1.5 × the layer's EMA.
-bool PredictorBase::shifted(const Layer& l) {
-  return l.churn >= 0 && l.churn_ema > 0 && l.churn > 1.5 * l.churn_ema;
-}
-
-double PredictorBase::budget_factor(const RowContext& row) const {
-  const BudgetMoves mode = config_.budget_moves;
-  if (!moves_budget() || mode == BudgetMoves::kNone) return 1.0;
-  const double m = config_.budget_move_max;
-  double factor = 1.0;
-  if (mode == BudgetMoves::kLayers || mode == BudgetMoves::kBoth) {
-    double sum = 0, raw_self = 1.0;
-    int32_t measured = 0;
-    for (const Layer& l : layers_)
-      if (l.churn_ema >= 0) sum += l.churn_ema, ++measured;
-    if (measured == num_layers_ && sum > 0) {
-      const double mean = sum / measured;
-      double total = 0;
-      for (size_t i = 0; i < layers_.size(); ++i) {
-        const double f = std::clamp(layers_[i].churn_ema / mean, 1.0 - m, 1.0 + m);
-        total += f;
-        if (static_cast<int32_t>(i) == row.layer) raw_self = f;
-      }
-      factor *= raw_self * num_layers_ / total;
-    }
-  }
-  if (mode == BudgetMoves::kSteps || mode == BudgetMoves::kBoth) {
-    const Layer& l = layers_[static_cast<size_t>(row.layer)];
-    if (shifted(l)) {
-      factor *= 1.0 + m;
-    } else if (l.borrowed > 0) {
-      factor *= 1.0 - std::min(m, l.borrowed);
-    }
-  }
-  return factor;
-}
-
 int64_t PredictorBase::row_budget(const RowContext& row) const {
   const int64_t fixed = budget_blocks(config_, row.n_blocks);
-  const double factor = budget_factor(row);
+  if (!moves_budget() || config_.budget_moves == BudgetMoves::kNone) return fixed;
+  const double factor =
+      budget_move_factor(config_.budget_moves, config_.budget_move_max, num_layers_, row.layer,
+                         [this](int32_t i) -> const BudgetMoveState& { return layers_[static_cast<size_t>(i)].moves; });
   if (factor == 1.0) return fixed;
   const auto moved = static_cast<int64_t>(std::llround(static_cast<double>(fixed) * factor));
   const int64_t forced = std::min<int64_t>(
@@ -428,73 +384,8 @@ int64_t PredictorBase::row_budget(const RowContext& row) const {
 }
 
 double PredictorBase::probe_share(int32_t layer) const {
-  const double s = layers_[static_cast<size_t>(layer)].probe_share;
-  return config_.probe_adapt && s >= 0 ? s : config_.probe_share;
-}
-
-// After a probing select of row 0: keys_[first, first + n_history) hold history's choice (keys
-// ~order(p) << 32 | block) and the n_probe keys after them the probe's.
-void PredictorBase::record_picks(Layer* l, int64_t first, int64_t n_history, int64_t n_probe) {
-  const uint64_t* keys = keys_.data();
-  l->probe_picked.clear();
-  for (int64_t i = first + n_history; i < first + n_history + n_probe; ++i)
-    l->probe_picked.push_back(static_cast<int32_t>(keys[i] & 0xFFFFFFFFu));
-  // History's lowest-ranked blocks are its largest keys: the smallest of the inverted keys.
-  margin_.assign(keys + first, keys + first + n_history);
-  for (uint64_t& k : margin_) k = ~(k | 0xFFFFFFFFu) | (k & 0xFFFFFFFFu);
-  const int64_t m = std::min(n_history, n_probe);
-  select_smallest(margin_.data(), n_history, m);
-  l->margin_picked.clear();
-  for (int64_t i = 0; i < m; ++i) l->margin_picked.push_back(static_cast<int32_t>(margin_[i] & 0xFFFFFFFFu));
-  std::sort(l->probe_picked.begin(), l->probe_picked.end());
-  std::sort(l->margin_picked.begin(), l->margin_picked.end());
-}
-
-// Top-k hits per block of the probe's picks against history's marginal picks, in row 0's
-// observation: the share moves by up to 0.15 toward whichever paid more per block, within
-// [probe_share / 2, 0.95]: never so low that a jump of the top-k finds no probe.
-void PredictorBase::update_probe_share(Layer* l, const PooledRow& row0) {
-  if (l->probe_picked.empty() || l->margin_picked.empty()) return;
-  const auto hits_in = [&](const std::vector<int32_t>& picked) {
-    int64_t hits = 0;
-    size_t k = 0;
-    for (size_t i = 0; i < row0.blocks.size(); ++i) {
-      while (k < picked.size() && picked[k] < row0.blocks[i]) ++k;
-      if (k < picked.size() && picked[k] == row0.blocks[i]) hits += row0.topk_hits[i];
-    }
-    return static_cast<double>(hits);
-  };
-  const double rp = hits_in(l->probe_picked) / static_cast<double>(l->probe_picked.size());
-  const double rm = hits_in(l->margin_picked) / static_cast<double>(l->margin_picked.size());
-  l->probe_picked.clear();
-  l->margin_picked.clear();
-  if (rp + rm <= 0) return;
-  const double s = l->probe_share >= 0 ? l->probe_share : config_.probe_share;
-  l->probe_share = std::clamp(s + 0.15 * (rp - rm) / (rp + rm), 0.5 * config_.probe_share, 0.95);
-}
-
-// Called at commit with the newest replayed row, before prev_topk_blocks moves on to it.
-void PredictorBase::update_churn(Layer* l, const PooledRow& newest) {
-  int64_t now = 0, kept = 0;
-  size_t k = 0;
-  const std::vector<int32_t>& before = l->prev_topk_blocks;  // ascending
-  for (size_t i = 0; i < newest.blocks.size(); ++i) {
-    if (newest.topk_hits[i] == 0) continue;
-    ++now;
-    while (k < before.size() && before[k] < newest.blocks[i]) ++k;
-    kept += k < before.size() && before[k] == newest.blocks[i];
-  }
-  if (now == 0 || before.empty()) return;  // nothing to compare yet
-  const double churn = 1.0 - static_cast<double>(kept) / static_cast<double>(now);
-  // Steps mode's loan: a shift step borrows budget_move_max, a calm step repays up to as much.
-  const double m = config_.budget_move_max;
-  if (shifted(*l)) {  // the condition budget_factor() spent the loan on
-    l->borrowed += m;
-  } else if (l->borrowed > 0) {
-    l->borrowed = std::max(0.0, l->borrowed - m);
-  }
-  l->churn = churn;
-  l->churn_ema = l->churn_ema < 0 ? churn : 0.8 * l->churn_ema + 0.2 * churn;
+  const ProbeShareState& s = layers_[static_cast<size_t>(layer)].share;
+  return config_.probe_adapt ? s.current(config_.probe_share) : config_.probe_share;
 }
 
 Status PredictorBase::observe(int32_t layer, int32_t row, const RowScores& scores) {
@@ -560,8 +451,8 @@ Status PredictorBase::commit(int32_t accepted) {
     for (int32_t j = first; j <= last; ++j) l.state.apply(l.pending[static_cast<size_t>(j)], step);
     // step-reuse reads the top-k of the newest replayed row: the last token the model kept.
     const PooledRow& newest = l.pending[static_cast<size_t>(last)];
-    update_churn(&l, newest);
-    if (config_.probe_adapt) update_probe_share(&l, l.pending[0]);
+    l.moves.update(l.prev_topk_blocks, newest, config_.budget_move_max);
+    if (config_.probe_adapt) l.share.update(l.pending[0], config_.probe_share);
     l.prev_topk_blocks.clear();
     l.prev_topk_hits.clear();
     for (size_t i = 0; i < newest.blocks.size(); ++i) {
@@ -614,11 +505,8 @@ void PredictorBase::reset() {
     l.observed = 0;
     l.prev_topk_blocks.clear();
     l.prev_topk_hits.clear();
-    l.churn = l.churn_ema = -1;
-    l.borrowed = 0;
-    l.probe_picked.clear();
-    l.margin_picked.clear();
-    l.probe_share = -1;
+    l.moves = BudgetMoveState{};
+    l.share.reset();
   }
   open_ = false;
   open_step_ = -1;
@@ -634,6 +522,10 @@ Status PredictorBase::reserve(int64_t max_entries, int32_t max_next_n) {
   if (max_next_n < 1 || max_next_n > kMaxNextN)
     return invalid_argument("{}: reserve: max_next_n {} is outside 1..{}", name_, max_next_n,
                             kMaxNextN);
+  if (const PredictorInfo* info = find_predictor(name_); info == nullptr || !info->can_serve)
+    return invalid_argument("{}: reserve: it reads {}, which grows with or comes from outside the "
+                            "serving API; it cannot promise allocation-free steps",
+                            name_, info ? predictor_reads_name(info->reads) : "what no registry row says");
   const int64_t n_blocks = blocks_for_entries(config_, max_entries);
   const size_t n = static_cast<size_t>(n_blocks);
   try {

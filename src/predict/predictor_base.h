@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "predict/block_state.h"
+#include "predict/budget_moves.h"
+#include "predict/probe_share.h"
 #include "spin/predict.h"
 
 namespace spin {
@@ -139,26 +141,14 @@ class PredictorBase : public BlockPredictor {
     uint32_t observed = 0;  // bit j: row j observed in the open step
     std::vector<int32_t> prev_topk_blocks;
     std::vector<int32_t> prev_topk_hits;
-    // Budget moves: churn = 1 - |blocks holding top-k now ∩ at the step before| / |now|, of the
-    // newest replayed row; its EMA; the blocks·steps this layer has borrowed (steps mode).
-    double churn = -1;      // -1: not measured yet
-    double churn_ema = -1;
-    double borrowed = 0;    // extra budget share spent after a shift, paid back on calm steps
-    // Adaptive probe share (probe_adapt): row 0's blocks the probe chose and the as many
-    // lowest-ranked blocks history chose (what the share trades), both ascending; the share now.
-    std::vector<int32_t> probe_picked, margin_picked;
-    double probe_share = -1;  // -1: config().probe_share
+    BudgetMoveState moves;  // budget_moves: the layer's churn and loan (budget_moves.h)
+    ProbeShareState share;  // probe_adapt: the layer's share now (probe_share.h)
   };
 
   Status check_step_input(int32_t layer, const StepInput& in) const;
   Status check_block_probe(const StepInput& in) const;
   Status select_row(const RowContext& ctx, Fill f, std::vector<int32_t>* blocks, int32_t* explored,
                     int64_t* probed, double* probe_seconds, std::vector<float>* scores);
-  double budget_factor(const RowContext& row) const;
-  static bool shifted(const Layer& l);
-  void update_churn(Layer* l, const PooledRow& newest);
-  void record_picks(Layer* l, int64_t first_history, int64_t n_history, int64_t n_probe);
-  void update_probe_share(Layer* l, const PooledRow& row0);
   // select_row's stages over mark_ (0 = not selected, 1 forced, 2 explored, 3 predicted) and the
   // candidate keys_ (ordering value << 32 | block). mark_forced returns the candidates' count.
   int64_t mark_forced(int64_t n);
@@ -183,7 +173,7 @@ class PredictorBase : public BlockPredictor {
   // Scratch reused across calls (sized to the largest context seen).
   std::vector<float> p_;
   std::vector<float> q_;  // the probe's scores
-  std::vector<uint64_t> margin_;  // record_picks' scratch
+  std::vector<uint64_t> margin_;  // ProbeShareState::record's scratch
   std::vector<uint8_t> mark_;
   std::vector<uint64_t> keys_;  // (ordering key << 32 | block) of the candidates
   PoolScratch pool_scratch_;

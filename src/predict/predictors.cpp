@@ -1,4 +1,5 @@
-// The predictors of spin/predict.h (ARCHITECTURE.md, "SPIN in brief") and make_predictor(). Each
+// The predictors of spin/predict.h (ARCHITECTURE.md, "SPIN in brief") and their factories, which
+// the registry's table (registry.cpp) names. Each
 // one only ranks a row's blocks; the protocol, budget, forced blocks and replay live in
 // PredictorBase. Exploration belongs to `spin`
 // alone (and `random` is all exploration): the other state predictors are the ablations the paper
@@ -19,6 +20,7 @@
 #include "core/errors.h"
 #include "predict/hisa.h"
 #include "predict/predictor_base.h"
+#include "predict/registry.h"
 
 namespace spin {
 namespace {
@@ -197,14 +199,6 @@ class EmaPredictor final : public PredictorBase {
   }
   void on_fork(int64_t shared_entries) override {
     for (HisaKeys& k : keys_) k.truncate(shared_entries);
-  }
-  Status on_reserve(int64_t max_blocks) override {
-    (void)max_blocks;
-    if (!parts_.probe) return ok_status();
-    return invalid_argument(
-        "{}: reserve: its pooled keys grow with the key cache it reads; the serving API (no key "
-        "cache) does not support it",
-        name());
   }
   size_t extra_memory_bytes() const override {
     size_t bytes = 0;
@@ -397,12 +391,6 @@ class HisaPredictor final : public PredictorBase {
   void on_fork(int64_t shared_entries) override {
     for (HisaKeys& k : keys_) k.truncate(shared_entries);
   }
-  Status on_reserve(int64_t max_blocks) override {
-    (void)max_blocks;
-    return invalid_argument(
-        "hisa: reserve: its pooled keys grow with the key cache it reads; the serving API (no key "
-        "cache) does not support it");
-  }
   size_t extra_memory_bytes() const override {
     size_t bytes = 0;
     for (const HisaKeys& k : keys_) bytes += k.memory_bytes();
@@ -416,68 +404,52 @@ class HisaPredictor final : public PredictorBase {
 
 }  // namespace
 
-const std::vector<std::string>& predictor_names() {
-  static const std::vector<std::string> kNames = {
-      "all-keep", "random", "prev-iter",  "prev-layer", "ema-slot",     "ema-offset",
-      "spin",     "oracle", "step-reuse", "hisa",       "indexcache-2", "indexcache-4",
-      "spin-hybrid", "spin-ic2", "spin-hybrid-ic2"};
-  return kNames;
+std::unique_ptr<BlockPredictor> make_all_keep(const PredictorArgs& a) {
+  return std::make_unique<AllKeepPredictor>(a.name, a.config, a.num_layers, a.request_id, a.config.alpha, a.config.beta);
 }
-
-bool predictor_needs_keys(std::string_view name) {
-  return name == "hisa" || name == "spin-hybrid" || name == "spin-hybrid-ic2";
+std::unique_ptr<BlockPredictor> make_random(const PredictorArgs& a) {
+  return std::make_unique<RandomPredictor>(a.name, a.config, a.num_layers, a.request_id, a.config.alpha, a.config.beta);
 }
-
-Result<std::unique_ptr<BlockPredictor>> make_predictor(std::string_view name,
-                                                       const PredictorConfig& config,
-                                                       int32_t num_layers, int64_t request_id) {
-  SPIN_RETURN_IF_ERROR(config.validate());
-  if (num_layers < 1 || num_layers > 4096)
-    return invalid_argument("num_layers {} is outside the supported 1..4096", num_layers);
-  const PredictorConfig& c = config;
-  const std::string n(name);
-  std::unique_ptr<BlockPredictor> p;
-  if (name == "all-keep") {
-    p = std::make_unique<AllKeepPredictor>(n, c, num_layers, request_id, c.alpha, c.beta);
-  } else if (name == "random") {
-    p = std::make_unique<RandomPredictor>(n, c, num_layers, request_id, c.alpha, c.beta);
-  } else if (name == "prev-iter") {
-    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id,
-                                       EmaParts{.alpha = 1.0, .offset = false});
-  } else if (name == "prev-layer") {
-    p = std::make_unique<PrevLayerPredictor>(c, num_layers, request_id);
-  } else if (name == "ema-slot") {
-    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id,
-                                       EmaParts{.alpha = c.alpha, .offset = false});
-  } else if (name == "ema-offset") {
-    p = std::make_unique<EmaPredictor>(n, c, num_layers, request_id,
-                                       EmaParts{.alpha = c.alpha, .slot = false});
-  } else if (name == "spin" || name == "spin-ic2") {
-    p = std::make_unique<EmaPredictor>(
-        n, c, num_layers, request_id,
-        EmaParts{.alpha = c.alpha, .explore = true, .moves = true,
-                 .share_freq = name == "spin-ic2" ? 2 : 0});
-  } else if (name == "spin-hybrid" || name == "spin-hybrid-ic2") {
-    p = std::make_unique<EmaPredictor>(
-        n, c, num_layers, request_id,
-        EmaParts{.alpha = c.alpha, .explore = true, .probe = true, .moves = true,
-                 .share_freq = name == "spin-hybrid-ic2" ? 2 : 0});
-  } else if (name == "oracle") {
-    p = std::make_unique<OraclePredictor>(n, c, num_layers, request_id, c.alpha, c.beta);
-  } else if (name == "step-reuse") {
-    p = std::make_unique<StepReusePredictor>(n, c, num_layers, request_id, c.alpha, c.beta);
-  } else if (name == "hisa") {
-    p = std::make_unique<HisaPredictor>(c, num_layers, request_id);
-  } else if (name == "indexcache-2") {
-    p = std::make_unique<IndexCachePredictor>(n, c, num_layers, request_id, 2);
-  } else if (name == "indexcache-4") {
-    p = std::make_unique<IndexCachePredictor>(n, c, num_layers, request_id, 4);
-  } else {
-    std::string list;
-    for (const std::string& s : predictor_names()) list += (list.empty() ? "" : ", ") + s;
-    return invalid_argument("unknown predictor '{}'; supported: {}", name, list);
-  }
-  return p;
+std::unique_ptr<BlockPredictor> make_prev_iter(const PredictorArgs& a) {
+  return std::make_unique<EmaPredictor>(a.name, a.config, a.num_layers, a.request_id,
+                                        EmaParts{.alpha = 1.0, .offset = false});
+}
+std::unique_ptr<BlockPredictor> make_prev_layer(const PredictorArgs& a) {
+  return std::make_unique<PrevLayerPredictor>(a.config, a.num_layers, a.request_id);
+}
+std::unique_ptr<BlockPredictor> make_ema_slot(const PredictorArgs& a) {
+  return std::make_unique<EmaPredictor>(a.name, a.config, a.num_layers, a.request_id,
+                                        EmaParts{.alpha = a.config.alpha, .offset = false});
+}
+std::unique_ptr<BlockPredictor> make_ema_offset(const PredictorArgs& a) {
+  return std::make_unique<EmaPredictor>(a.name, a.config, a.num_layers, a.request_id,
+                                        EmaParts{.alpha = a.config.alpha, .slot = false});
+}
+// spin and spin-hybrid; layer_sharing 2 stacks them on IndexCache (spin-ic2, spin-hybrid-ic2).
+std::unique_ptr<BlockPredictor> make_spin_family(const PredictorArgs& a, bool probe, int32_t layer_sharing) {
+  return std::make_unique<EmaPredictor>(
+      a.name, a.config, a.num_layers, a.request_id,
+      EmaParts{.alpha = a.config.alpha, .explore = true, .probe = probe, .moves = true, .share_freq = layer_sharing});
+}
+std::unique_ptr<BlockPredictor> make_spin(const PredictorArgs& a) { return make_spin_family(a, false, 0); }
+std::unique_ptr<BlockPredictor> make_spin_ic2(const PredictorArgs& a) { return make_spin_family(a, false, 2); }
+std::unique_ptr<BlockPredictor> make_spin_hybrid(const PredictorArgs& a) { return make_spin_family(a, true, 0); }
+std::unique_ptr<BlockPredictor> make_spin_hybrid_ic2(const PredictorArgs& a) { return make_spin_family(a, true, 2); }
+std::unique_ptr<BlockPredictor> make_oracle(const PredictorArgs& a) {
+  return std::make_unique<OraclePredictor>(a.name, a.config, a.num_layers, a.request_id, a.config.alpha, a.config.beta);
+}
+std::unique_ptr<BlockPredictor> make_step_reuse(const PredictorArgs& a) {
+  return std::make_unique<StepReusePredictor>(a.name, a.config, a.num_layers, a.request_id, a.config.alpha,
+                                              a.config.beta);
+}
+std::unique_ptr<BlockPredictor> make_hisa(const PredictorArgs& a) {
+  return std::make_unique<HisaPredictor>(a.config, a.num_layers, a.request_id);
+}
+std::unique_ptr<BlockPredictor> make_indexcache_2(const PredictorArgs& a) {
+  return std::make_unique<IndexCachePredictor>(a.name, a.config, a.num_layers, a.request_id, 2);
+}
+std::unique_ptr<BlockPredictor> make_indexcache_4(const PredictorArgs& a) {
+  return std::make_unique<IndexCachePredictor>(a.name, a.config, a.num_layers, a.request_id, 4);
 }
 
 }  // namespace spin

@@ -18,14 +18,12 @@
 namespace spin {
 
 Status ServingOptions::validate() const {
-  if (predictor == "oracle" || predictor == "hisa")
-    return invalid_argument(
-        "serving: predictor {} needs what serving does not have (oracle: this step's true top-k; "
-        "hisa: the key cache and query); use it through replay",
-        predictor);
-  const auto& names = predictor_names();
-  if (std::find(names.begin(), names.end(), predictor) == names.end())
-    return invalid_argument("serving: unknown predictor '{}'", predictor);
+  const PredictorInfo* info = find_predictor(predictor);
+  if (info == nullptr) return invalid_argument("serving: unknown predictor '{}'", predictor);
+  if (!info->can_serve)
+    return invalid_argument("serving: predictor {} reads {}, which serving does not have; use it "
+                            "through replay",
+                            predictor, predictor_reads_name(info->reads));
   SPIN_RETURN_IF_ERROR(config.validate());
   if (max_requests < 1 || max_requests > (1 << 20))
     return invalid_argument("serving: max_requests {} is outside 1..2^20", max_requests);
@@ -69,6 +67,7 @@ struct ServingPredictor::Impl {
     int64_t request_id = -1;
     int64_t step = 0;           // the next step number of this slot
     bool open = false;          // a step is open (selected, not committed)
+    bool prefill = false;       // the open step is a prefill (observed at once; commit closes it)
     int32_t next_n = 0;         // rows of the open step
     int32_t layer = -1;         // the layer of the last select (observe must match it)
     bool observed = true;       // that layer's rows were observed
@@ -248,6 +247,7 @@ Status ServingPredictor::add(int32_t slot, int64_t request_id) {
   s.request_id = request_id;
   s.step = 0;
   s.open = false;
+  s.prefill = false;
   s.layer = -1;
   s.observed = true;
   return ok_status();
@@ -263,6 +263,7 @@ Status ServingPredictor::drop(int32_t slot) {
   s.active = false;
   s.request_id = -1;
   s.open = false;
+  s.prefill = false;
   return ok_status();
 }
 
@@ -297,6 +298,8 @@ Status ServingPredictor::select(const int32_t* slots, int32_t batch, int32_t lay
                             blocks_stride, m.max_blocks);
   for (int32_t i = 0; i < batch; ++i) {
     const Impl::Slot& s = m.slots[static_cast<size_t>(slots[i])];
+    if (s.prefill)
+      return failed_precondition("{}: select: a prefill is open; commit it first", m.who(slots[i]));
     if (s.open && s.next_n != next_n)
       return invalid_argument("{}: select: next_n {} differs from the open step's {}", m.who(slots[i]),
                               next_n, s.next_n);
@@ -426,8 +429,10 @@ Status ServingPredictor::commit(const int32_t* slots, int32_t batch, const int32
   }
   for (int32_t i = 0; i < batch; ++i) {
     Impl::Slot& s = m.slots[static_cast<size_t>(slots[i])];
-    SPIN_RETURN_IF_ERROR(m.with_slot(s.predictor->commit(accepted[i]), slots[i]));
+    // A prefill's layers were observed at once (observe_prefill): commit only closes its step.
+    if (!s.prefill) SPIN_RETURN_IF_ERROR(m.with_slot(s.predictor->commit(accepted[i]), slots[i]));
     s.open = false;
+    s.prefill = false;
     s.layer = -1;
     ++s.step;
   }
@@ -444,32 +449,32 @@ Status ServingPredictor::prefill(const int32_t* slots, int32_t batch, int32_t la
   if (batch > 0 && logits == nullptr) return invalid_argument("serving: prefill: logits is null");
   for (int32_t i = 0; i < batch; ++i) {
     const Impl::Slot& s = m.slots[static_cast<size_t>(slots[i])];
-    if (s.open && (s.next_n != 1 || !s.observed))
+    if (s.open && !s.prefill)
       return failed_precondition("{}: prefill: a decode step is open; commit it first",
                                  m.who(slots[i]));
     if (logits_stride < m.visible(seq_lens[i], 1, 0))
       return invalid_argument("{}: prefill: logits_stride {} is below its {} entries",
                               m.who(slots[i]), logits_stride, m.visible(seq_lens[i], 1, 0));
   }
-  // HOOK(observe_prefill): the minimal path through the existing protocol — a step of one row
-  // whose every visible block counts as scored (what ReplayOptions::warm_start does for step 0).
+  // Replay's prefill path: the row goes to observe_prefill at the slot's step number, so the steps
+  // that follow are numbered (and explore) as replay numbers them; commit() then closes the step.
   for (int32_t i = 0; i < batch; ++i) {
     Impl::Slot& s = m.slots[static_cast<size_t>(slots[i])];
-    std::array<int64_t, kMaxNextN> vis{};
-    const StepInput in = m.step_input(s, seq_lens[i], 1, vis);
-    SPIN_RETURN_IF_ERROR(m.with_slot(s.predictor->select(layer, in, &s.sel), slots[i]));
+    const int64_t vis = m.visible(seq_lens[i], 1, 0);
     RowScores rs;
     rs.scores = logits + int64_t{i} * logits_stride;
-    rs.num_cols = vis[0];
-    rs.visible_entries = vis[0];
+    rs.num_cols = vis;
+    rs.visible_entries = vis;
     rs.scored_blocks = m.all_blocks.data();
-    rs.num_scored_blocks = blocks_for_entries(m.options.config, vis[0]);
+    rs.num_scored_blocks = blocks_for_entries(m.options.config, vis);
+    SPIN_RETURN_IF_ERROR(m.with_slot(s.predictor->observe_prefill(layer, s.step, rs), slots[i]));
     s.open = true;
+    s.prefill = true;
     s.next_n = 1;
     s.layer = layer;
-    s.visible = vis;
-    SPIN_RETURN_IF_ERROR(m.with_slot(s.predictor->observe(layer, 0, rs), slots[i]));
     s.observed = true;
+    s.visible = {};
+    s.visible[0] = vis;
   }
   return ok_status();
 }

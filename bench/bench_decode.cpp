@@ -300,7 +300,7 @@ int run_decode_bench(const DecodeBenchOptions& o) {
              "tok/s", "speedup", "model", "predicted", "attn_err", "recall");
   nlohmann::json records = nlohmann::json::array();
   for (int64_t context : contexts) {
-    // cost_fraction (DESIGN.md §8), measured: the indexer time the run spends (its masked indexer
+    // cost_fraction, measured: the indexer time the run spends (its masked indexer
     // plus the predictor's select/observe, probe included) over all-keep's indexer time.
     auto print = [&](const std::string& name, double sparsity, const RunResult& r, double speedup, double predicted,
                      double full_indexer_ms) {

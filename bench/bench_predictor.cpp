@@ -94,7 +94,7 @@ int run_predictor_bench(const PredictorBenchOptions& options) {
     const double indexer_us = time_full_indexer_us(context, threads, options.min_seconds);
     const double total = select_us + observe_us;
     const double overhead = total / indexer_us;
-    // cost_fraction (DESIGN.md §8): entries scored over the full indexer's, plus the overhead.
+    // cost_fraction: entries scored over the full indexer's, plus the overhead.
     const double work = static_cast<double>(scored_entries) / (static_cast<double>(context) * steps);
     fmt::print("{:>8} {:>7} {:>12.1f} {:>12.1f} {:>12.1f} {:>14.1f} {:>10.4f}\n", context, n_blocks, select_us,
                observe_us, total, indexer_us, overhead);

@@ -1,4 +1,4 @@
-// Cost accounting (DESIGN.md §8, issue 9): every predictor's work_fraction hand-checked on a small
+// Cost accounting: every predictor's work_fraction hand-checked on a small
 // trace — fine entries scored plus probe entry-equivalents over the visible entries — and the
 // timed part (select/observe overhead) finite, non-negative, and added on top.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Beyond the paper (issue 9): spin-hybrid (history + the pooled-key probe), spin stacked on
+// Beyond the paper: spin-hybrid (history + the pooled-key probe), spin stacked on
 // IndexCache's layer sharing, and budgets that move between layers and steps at the same mean.
 #include <gtest/gtest.h>
 

@@ -73,7 +73,7 @@ struct TraceFacts {
   double prev_step_block_pearson = 0;  // mean Pearson of consecutive steps' max-pooled block scores (row 0)
   double mean_visible_entries = 0;
 };
-// Over every layer, or only `layer` (≥ 0): real models' layers differ a lot (issue 12).
+// Over every layer, or only `layer` (≥ 0): real models' layers differ a lot.
 // block_entries must be ≥ 1 and layer < the trace's layers (check_trace_facts says why not);
 // arguments it refuses give an all-zero TraceFacts, never a division by zero.
 Status check_trace_facts(const ScoredTrace& scored, int32_t block_entries, int32_t layer = -1);
@@ -111,7 +111,7 @@ struct ReplayResult {
   bool open_loop = false;
   QualityStats quality{2048};
   double predictor_seconds = 0;  // time in select + observe + commit
-  // Cost (DESIGN.md §8): what the predictor's select + observe + commit took on the counted
+  // Cost: what the predictor's select + observe + commit took on the counted
   // steps, its probe's own scoring taken out (the probe is charged by its work instead,
   // QualityStats::work_fraction), and the full indexer's time per entry measured in the same
   // process (indexer_entry_seconds) to express it in indexer work.

@@ -1,4 +1,4 @@
-// spin/serving.h — the serving API (DESIGN.md §7 "Serving contract"): one object for a whole
+// spin/serving.h — the serving API (the serving contract): one object for a whole
 // batch, what an inference engine (vLLM, SGLang) calls at every decode step of every indexer layer.
 //
 // State is indexed by a request *slot* that the engine owns (vLLM's req_index), for

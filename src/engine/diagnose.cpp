@@ -19,21 +19,21 @@ namespace {
 constexpr const char* kH100Spec = "NVIDIA H100 SXM5 datasheet: 3.35 TB/s HBM3, 1979 TFLOPS FP8 / 989 TFLOPS BF16 dense, 132 SMs";
 constexpr const char* kH200Spec = "NVIDIA H200 SXM datasheet: 4.8 TB/s HBM3e, 1979 TFLOPS FP8 / 989 TFLOPS BF16 dense, 132 SMs (H100 die)";
 constexpr const char* kB200Spec = "NVIDIA HGX/DGX B200 specifications: 8 TB/s HBM3e, 4.5 PFLOPS FP8 / 2.25 PFLOPS BF16 dense, 148 SMs";
-// reference/peers.md §4 and §2 (the sglang HISA branch's H200 profile, 2026-04-21).
+// The sglang HISA branch's H200 profile of 2026-04-21 (docs/sources.md has each source).
 constexpr const char* kLogitsMeasured =
-    "DeepGEMM paged MQA logits on H200, B=64, 64K: 553.6 MB in 0.149 ms = 77 % of HBM (peers.md §4); "
-    "B=1, 64K: 0.011 ms, the latency floor (sglang HISA-branch H200 profile, peers.md §2)";
+    "DeepGEMM paged MQA logits on H200, B=64, 64K: 553.6 MB in 0.149 ms = 77 % of HBM (sglang HISA-branch H200 profile, docs/sources.md); "
+    "B=1, 64K: 0.011 ms, the latency floor (the same profile)";
 constexpr const char* kLogitsCarried =
     "H200's measured 77 % of HBM and 0.011 ms floor carried over (assumption: no published figure "
-    "for this GPU; peers.md §4)";
+    "for this GPU; docs/sources.md)";
 constexpr const char* kTopkHopper =
     "fast_topk_v2 on H200, one layer: 0.037 ms at B=1, 64K and 0.039 ms at B=64 (one row per SM, "
-    "flat in batch): 0.037 ms / 65536 entries per row (sglang HISA-branch profile, peers.md §2)";
+    "flat in batch): 0.037 ms / 65536 entries per row (sglang HISA-branch profile, docs/sources.md)";
 constexpr const char* kTopkHopperCarried =
     "H200's fast_topk_v2 time per entry (0.037 ms / 65536) carried over to H100 (same SM count and "
     "architecture; assumption)";
 constexpr const char* kTopkB200 =
-    "tokenspeed PR 1366 on B200: 1 × 131072 entries, k = 2048, 9.9 µs (peers.md §4)";
+    "tokenspeed PR 1366 on B200: 1 × 131072 entries, k = 2048, 9.9 µs (docs/sources.md)";
 constexpr double kLogitsEfficiency = 0.77;
 constexpr double kLogitsFloorS = 0.011e-3;
 constexpr double kHopperTopkSPerEntry = 0.037e-3 / 65536.0;
@@ -45,7 +45,7 @@ constexpr double kAttentionComputeEfficiency = 0.5;
 constexpr const char* kAttentionSource =
     "sparse MLA (FlashMLA fp8_ds_mla, 656 B per entry, QK 576 + PV 512 dims, BF16): memory at 77 % "
     "of HBM, compute at 50 % of BF16 dense, and the indexer's 0.011 ms small-batch floor (assumptions: "
-    "no published sparse-decode time in peers.md)";
+    "no published sparse-decode time: docs/sources.md)";
 
 const std::vector<GpuPreset>& presets() {
   static const std::vector<GpuPreset> kPresets = {

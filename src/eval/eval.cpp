@@ -68,7 +68,7 @@ constexpr const char* kCalibrationPredictor = "prev-iter";
 constexpr double kComparisonSparsity = 0.3;  // open-loop block recall is read at this budget
 constexpr double kMtpSparsity = 0.5;         // MTP and pooling tables (where misses show)
 
-// The ablations behind spin-hybrid's and the budget moves' defaults (issue 9), at the MTP table's
+// The ablations behind spin-hybrid's and the budget moves' defaults, at the MTP table's
 // sparsity: the probe's share of the budget, its pooling granularity (entries per pooled key),
 // how often it runs, and whether it also re-ranks history; the budget moves against the fixed one.
 // A literal that does not apply to the user's base config (a --set the ablation cannot combine

@@ -70,9 +70,9 @@ class SpinConfig:
     min_context: int = DEFAULT_MIN_CONTEXT
 
 
-# Predictors the serving API cannot run: the oracle needs the step's true top-k, the probers
-# (hisa, spin-hybrid) pooled block keys that serving does not keep yet.
-_CANNOT_SERVE = ("oracle", "hisa", "spin-hybrid", "spin-hybrid-ic2")
+# Predictors the serving API cannot run, from the library's one predictor table (the oracle
+# reads the step's true top-k, the probers pooled block keys that serving does not keep).
+_CANNOT_SERVE = tuple(r["name"] for r in spin_dsa.predictor_info() if not r["can_serve"])
 
 def _fail(message: str):
     raise ValueError(f"--additional-config spin: {message}")

@@ -20,12 +20,15 @@ def pytest_addoption(parser):
 class MustRun:
     def __init__(self, prefixes, exempt):
         self.prefixes, self.exempt = tuple(prefixes), tuple(exempt)
-        self.counts = {"passed": 0, "failed": 0, "skipped": 0}
+        self.counts = {"passed": 0, "failed": 0, "skipped": 0, "xfailed": 0}
         self.required_skips = []
 
     def pytest_runtest_logreport(self, report):
         # One outcome per test: its call, or its setup when that did not pass (a skip or an error).
         if report.when != "call" and not (report.when == "setup" and not report.passed):
+            return
+        if hasattr(report, "wasxfail"):  # an expected failure ran: not a skip
+            self.counts["xfailed"] += 1
             return
         self.counts["passed" if report.passed else "skipped" if report.skipped else "failed"] += 1
         if report.skipped and report.nodeid.startswith(self.prefixes) \
@@ -35,7 +38,7 @@ class MustRun:
     def pytest_terminal_summary(self, terminalreporter):
         c = self.counts
         terminalreporter.write_line(f"must-run check: {c['passed']} passed, {c['failed']} "
-                                    f"failed, {c['skipped']} skipped")
+                                    f"failed, {c['skipped']} skipped, {c['xfailed']} xfailed")
         for nodeid in self.required_skips:
             terminalreporter.write_line(f"must-run check: required but skipped: {nodeid}",
                                         red=True)

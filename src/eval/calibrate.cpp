@@ -65,7 +65,7 @@ const std::vector<Knob>& knobs() {
 
 }  // namespace
 
-// One function (~80 lines): the Gauss–Newton iteration below (Jacobian, minimum-norm step,
+// One function: the Gauss–Newton iteration below (Jacobian, minimum-norm step,
 // backtracking) shares params, current and the best point measure() keeps; split, every stage
 // would take all of them.
 Result<CalibrationResult> calibrate(const CalibrationTarget& target, const CalibrationOptions& options) {

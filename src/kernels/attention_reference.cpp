@@ -1,7 +1,8 @@
 // Plain C++ sparse-attention paths (no ISA-specific code):
 //  * the scalar reference — boring loops, entries dequantised exactly in double, double
 //    accumulation, a two-pass softmax: the ground truth the fast kernels are compared against;
-//  * the portable fp32 fallback for CPUs without AVX-512 BF16 — two passes per row (scores, then
+//  * the portable fp32 path, for CPUs without any of the SIMD paths (AVX-512 BF16, AVX-512F,
+//    AVX2, NEON) — two passes per row (scores, then
 //    softmax and P·V), with the query transposed [dim][head] so the inner loops run over heads or
 //    dims and vectorise without reassociating any sum.
 #include <omp.h>

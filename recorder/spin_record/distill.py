@@ -32,6 +32,7 @@ HP = dict(heads=4, steps=200, batch_rows=32, lr=5e-3, theta=1e5, seed=0,
 CONTEXT = 8192
 STEPS = 32
 TURNS = ((6144, 16), (7184, 15), (8192, 15))  # (ctx_len at the turn's last step, decode steps)
+MTP_SPAN = 40  # greedy-draft MTP: row 0 of step 0 at context - 40 (~33 steps at ~20 % acceptance)
 
 SRC = os.path.dirname(os.path.abspath(__file__))
 TRAIN_SOURCES = ("assets.py", "model.py", "tokenizer.py", "indexer.py", "fp8.py")
@@ -174,6 +175,104 @@ def evaluate(layers, X, P, rows, ks=(256, 2048), seed=0):
 
 # -- key traces -----------------------------------------------------------------------------------
 
+def capture_eval(model, tokens, rows, chunk=512):
+    """ix.capture that also keeps each layer's K/V [layers, T, KV, D] (for draft-token decodes)."""
+    from .model import rms_norm
+    W = model.w
+    tokens = np.asarray(tokens, np.int64)
+    T = len(tokens)
+    pos = np.arange(T)
+    rec = np.asarray(rows, np.int64)
+    X = np.empty((W.n_layers, T, W.d_model), F32)
+    probs = np.zeros((W.n_layers, len(rec), T), F32)
+    K = np.empty((W.n_layers, T, model.KV, model.D), F32)
+    V = np.empty_like(K)
+    x = W.embed[tokens]
+    for l in range(W.n_layers):
+        L = W.layers[l]
+        h = rms_norm(x, L["attn_norm"], W.eps)
+        X[l] = h
+        q, K[l], V[l] = model.qkv(l, h, pos)
+        o = model._causal_attention(q, K[l], V[l], chunk, rec, probs, l)
+        x = x + o @ L["wo"]
+        x = model.mlp(l, x)
+    return X, probs, model.final(x[rec]), K, V
+
+
+def decode_inputs(model, token, pos, K, V):
+    """The layer inputs (after RMSNorm) [layers, d] of `token` placed at position `pos` after
+    the cached positions [0, pos): one decode step through every layer."""
+    from .model import rms_norm
+    W = model.w
+    x = W.embed[np.array([token])]
+    out = np.empty((W.n_layers, W.d_model), F32)
+    for l in range(W.n_layers):
+        L = W.layers[l]
+        h = rms_norm(x, L["attn_norm"], W.eps)
+        out[l] = h[0]
+        q, k, v = model.qkv(l, h, np.array([pos]))
+        o = model._causal_attention(q, np.concatenate([K[l, :pos], k]),
+                                    np.concatenate([V[l, :pos], v]), 1, None, None, l)
+        x = model.mlp(l, x + o @ L["wo"])
+    return out
+
+
+def project(L, x, pos):
+    """One layer's indexer on arbitrary inputs x [n, d] at positions pos [n]: q [n, H, D],
+    k [n, D], w [n, H] (the same math as Layer.qkw)."""
+    xs = x / L.x_rms
+    c, s = ix.rope_tables(pos, L.theta)
+    H = L.p["Ww"].shape[1]
+    q = ix.rope((xs @ L.p["Wq"]).reshape(len(x), H, ix.D), c[:, None, :], s[:, None, :])
+    return q, ix.rope(xs @ L.p["Wk"], c, s), (xs @ L.p["Ww"]) * F32(H ** -0.5)
+
+
+def greedy_mtp_steps(argmax, tokens, first, context):
+    """MTP with one draft, the draft being the model's own greedy guess: step s decodes the real
+    token at p (row 0) and drafts d = argmax(p) at p + 1 (row 1); accepted = (d == the book's
+    token at p + 1); the next step's row 0 sits at p + 1 + accepted (the verifier's bonus token
+    is the book's). Returns [(p, d, accepted)] while row 1 fits in the context."""
+    out, p = [], first
+    while p + 1 < context:
+        d = int(argmax[p])
+        a = int(d == tokens[p + 1])
+        out.append((p, d, a))
+        p += 1 + a
+    return out
+
+
+def greedy_mtp_trace(model, layers, X, K, V, tokens, argmax, first, meta_extra):
+    """kind=keys, next_n 2, rows of real draft tokens with real acceptance; the rejected drafts'
+    own keys in layer.{l}.k_draft (an accepted draft's key is the final sequence's)."""
+    st = greedy_mtp_steps(argmax, tokens, first, X.shape[1])
+    ctx = np.array([p + 2 for p, _, _ in st], np.int64)
+    Xd = np.empty((len(st), X.shape[0], X.shape[2]), F32)          # [steps, layers, d]
+    for i, (p, d, a) in enumerate(st):
+        Xd[i] = X[:, p + 1] if a else decode_inputs(model, d, p + 1, K, V)
+    H = layers[0].p["Ww"].shape[1]
+    t = {"ctx_len": ctx, "accepted": np.array([a for _, _, a in st], np.int32)}
+    p0 = np.array([p for p, _, _ in st])
+    for l, L in enumerate(layers):
+        q0, k, w0 = L.qkw(X[l], p0)
+        q1, k1, w1 = project(L, Xd[:, l], p0 + 1)
+        q = np.stack([q0, q1], axis=1).reshape(-1, H, ix.D)
+        w = np.stack([w0, w1], axis=1).reshape(-1, H)
+        kc, ks, qc, wf = ix.quantise_for_trace(q, k, w)
+        dc, ds, _, _ = ix.quantise_for_trace(q[:1], k1, w[:1])
+        t[f"layer.{l}.k"], t[f"layer.{l}.k_scale"] = kc, ks
+        t[f"layer.{l}.q"] = qc.reshape(len(ctx), 2, H, ix.D)
+        t[f"layer.{l}.w"] = wf.reshape(len(ctx), 2, H)
+        t[f"layer.{l}.k_draft"] = dc.reshape(len(ctx), 1, ix.D)
+        t[f"layer.{l}.k_draft_scale"] = ds.reshape(len(ctx), 1)
+    meta = dict(format="spin-trace", version=1, kind="keys", num_layers=len(layers), next_n=2,
+                num_heads=H, page_size=64, topk=scaled_topk(X.shape[1]), compress_ratio=1,
+                model=assets.MODEL_NAME,
+                drafts="the model's greedy next token at row 0 (real acceptance against the "
+                       "book; a rejected draft's own key in k_draft; ctx_len grows by 1 + accepted)")
+    meta.update(meta_extra)
+    return t, meta
+
+
 def turn_steps(turns=TURNS):
     """ctx_len of a multi-turn trace: each turn decodes `n` steps ending at ctx_len `end`; the
     text between turns (~1K tokens of the book, standing in for a tool output) arrives at once,
@@ -226,12 +325,12 @@ def run(model, tok, text, out_dir, hp=HP, log=print, force=False, context=CONTEX
         specs = {"n1": (step_rows(context, steps, 1)[1], 1),
                  "n2": (step_rows(context, steps, 2)[1], 2),
                  "turns": (turn_steps(turns), 1)}
-        want = set()
+        want = set(range(context - MTP_SPAN, context - 1))  # greedy-draft MTP: argmax at row 0
         for ctx, n in specs.values():
             want |= set((ctx[:, None] - n + np.arange(n)[None, :]).ravel().tolist())
         rows = np.array(sorted(want), np.int64)
         t0 = time.time()
-        X, P, hf = ix.capture(model, tokens, rows)
+        X, P, hf, K, V = capture_eval(model, tokens, rows)
         t_cap = time.time() - t0
         argmax = dict(zip(rows.tolist(), np.argmax(model.logits(hf), axis=1).tolist()))
         log(f"evaluation text captured ({t_cap:.0f} s)")
@@ -259,6 +358,16 @@ def run(model, tok, text, out_dir, hp=HP, log=print, force=False, context=CONTEX
                 d["accepted_mean"] = float(t["accepted"].mean())
                 d["accepted_hist"] = np.bincount(t["accepted"], minlength=n).tolist()
             traces[name] = d
+        t, meta = greedy_mtp_trace(model, layers, X, K, V, tokens, argmax, context - MTP_SPAN,
+                                   extra)
+        path = tmp / f"smollm2-keys-ctx{context}-mtp2.safetensors"
+        save_trace(str(path), t, meta)
+        traces["mtp2"] = dict(file=path.name, next_n=2, steps=len(t["ctx_len"]),
+                              ctx_len=[int(t["ctx_len"][0]), int(t["ctx_len"][-1])],
+                              accepted_mean=float(t["accepted"].mean()),
+                              accepted_hist=np.bincount(t["accepted"], minlength=2).tolist(),
+                              draft_keys=True)
+        del K, V
         # the quantised form against the float indexer: top-256 recall, n1 rows, every layer
         t = key_trace(layers, X, tokens, argmax, specs["n1"][0][-4:], 1, {})[0]
         qrec = []

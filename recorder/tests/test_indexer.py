@@ -138,7 +138,8 @@ def test_key_traces_round_trip_through_the_cpp_reader(model, tok, text, tmp_path
     r = distill.run(model, tok, text, str(out), hp=hp, log=lambda m: None, **args)
     assert len(r["per_layer"]) == 30 and r["traces"]["n2"]["next_n"] == 2
     from safetensors.numpy import load_file
-    for name in ("n1", "n2", "turns"):
+    assert r["traces"]["mtp2"]["draft_keys"] and r["traces"]["mtp2"]["steps"] >= 20
+    for name in ("n1", "n2", "turns", "mtp2"):
         path = out / f"smollm2-keys-ctx384-{name}.safetensors"
         info = subprocess.run([spin, "trace", "info", str(path)], capture_output=True, text=True)
         assert info.returncode == 0, info.stderr
@@ -152,6 +153,16 @@ def test_key_traces_round_trip_through_the_cpp_reader(model, tok, text, tmp_path
         n = k["layer.0.q"].shape[1]
         if name == "turns":
             assert (np.diff(ctx) > 1).sum() == 2                 # two ctx_len jumps
+        if name == "mtp2":
+            assert "draft keys recorded" in info.stdout
+            acc = k["accepted"]
+            assert 0 < acc.sum() < len(acc)                      # the greedy drafts: real acceptance
+            assert np.array_equal(np.diff(ctx), 1 + acc[:-1])    # ctx_len grows by 1 + accepted
+            for l in (0, 29):
+                kd, kf = k[f"layer.{l}.k_draft"][:, 0], k[f"layer.{l}.k"][ctx - 1]
+                assert np.array_equal(kd[acc == 1], kf[acc == 1])  # accepted: the book's token
+                assert (kd[acc == 0] != kf[acc == 0]).any(axis=1).all()  # rejected: its own key
+        # (spin replays a draft row over the final sequence's entries, k_draft unused: replay.h)
         for l in (0, 17, 29):
             q, w = k[f"layer.{l}.q"], k[f"layer.{l}.w"]
             deq = ix.dequantised_scores(k[f"layer.{l}.k"], k[f"layer.{l}.k_scale"],
@@ -165,3 +176,12 @@ def test_key_traces_round_trip_through_the_cpp_reader(model, tok, text, tmp_path
     mtime = (out / "distill.json").stat().st_mtime_ns
     r2 = distill.run(model, tok, text, str(out), hp=hp, log=lambda m: None, **args)
     assert r2 == r and (out / "distill.json").stat().st_mtime_ns == mtime
+
+
+def test_decode_step_equals_the_prefill(model, tok, text):
+    """distill.decode_inputs (the draft tokens' path) gives the same layer inputs as the causal
+    forward for the token that is really there."""
+    ids = np.array(tok.encode(text).ids)[:200]
+    X, _, _, K, V = distill.capture_eval(model, ids, np.array([199]))
+    got = distill.decode_inputs(model, int(ids[150]), 150, K, V)
+    assert np.abs(got - X[:, 150]).max() <= 2e-3 * np.abs(X[:, 150]).max()

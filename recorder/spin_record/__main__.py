@@ -1,7 +1,9 @@
-"""python -m spin_record {record,quality} — real-model score traces and DSA-emulated task quality.
+"""python -m spin_record {record,quality,distill} — real-model score traces, DSA-emulated task quality,
+and a distilled DSA lightning indexer with its kind=keys traces.
 
   record   [--out build/real-traces] [--context 8192] [--steps 32] [--next-n 1 2] [--force]
   quality  [--out build/real-traces] [--decode 128] [--quick]
+  distill  [--out build/real-traces] [--force]   (indexer per layer, distill.md, key traces)
 
 Results are cached by content: the key hashes the recorder's own sources, the model and text
 hashes and the arguments; a second run with the same key copies the cached files and returns.
@@ -139,6 +141,17 @@ def cmd_quality(a):
     print(report)
 
 
+def cmd_distill(a):
+    from . import distill
+
+    m, tok = load_model()
+    t0 = time.time()
+    r = distill.run(m, tok, assets.read_text(), a.out, log=log, force=a.force)
+    log(f"distill done ({time.time() - t0:.1f} s)")
+    print((Path(a.out) / "distill.md").read_text())
+    return r
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m spin_record", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -156,11 +169,14 @@ def main(argv=None):
             s.add_argument("--quick", action="store_true", help="one sparsity, three needles")
             s.add_argument("--predictors", nargs="*", default=[],
                            help="C++ predictors through spin_dsa (e.g. spin step-reuse)")
+    s = sub.add_parser("distill")
+    s.add_argument("--out", default=str(assets.repo_root() / "build" / "real-traces"))
+    s.add_argument("--force", action="store_true", help="re-record the key traces (not the weights)")
     a = p.parse_args(argv)
     if a.cmd == "quality":
         a.decode_for_quality = a.decode
     try:
-        {"record": cmd_record, "quality": cmd_quality}[a.cmd](a)
+        {"record": cmd_record, "quality": cmd_quality, "distill": cmd_distill}[a.cmd](a)
     except (RuntimeError, ValueError) as e:
         print(f"spin_record: error: {e}", file=sys.stderr)
         return 1

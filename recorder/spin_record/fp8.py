@@ -1,4 +1,4 @@
-"""e4m3 codes with UE8M0 per-row scales, bit-exact with spin/numerics.h (DESIGN.md §3).
+"""e4m3 codes with UE8M0 per-row scales, bit-exact with spin/numerics.h.
 
 The same functions as examples/record_trace.py (numpy only), kept here so that the recorder does
 not import from examples/: scale = 2^ceil(log2(fl32(max(amax, 1e-4) * fl32(1/448)))) computed on

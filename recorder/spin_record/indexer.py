@@ -1,4 +1,4 @@
-"""A distilled DSA lightning indexer for every layer of SmolLM2-135M (issue 19, item 1).
+"""A distilled DSA lightning indexer for every layer of SmolLM2-135M.
 
 The indexer (DeepSeek-V3.2, reference/dsa_indexer_spec.md §1, PAPER32 eq. 1), one per layer l:
 

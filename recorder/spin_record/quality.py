@@ -1,4 +1,4 @@
-"""Task quality on the real model with the DSA pipeline emulated (issue 12, item 6).
+"""Task quality on the real model with the DSA pipeline emulated.
 
 Three measurements, all from the recording's cached forward (KV cache of the first `context`
 tokens of the book) so that no 8K prefill is repeated:

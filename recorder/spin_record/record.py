@@ -1,4 +1,4 @@
-"""Record kind=scores traces (DESIGN.md §6) of the real model over a real text.
+"""Record kind=scores traces (include/spin/trace.h) of the real model over a real text.
 
 One causal forward over the first `context` tokens of the book gives everything: teacher-forced
 decoding on the real continuation is exactly the causal prefill of the full sequence, so the
@@ -29,7 +29,7 @@ the rest. Blocks the row sees that hold no committed entry (only this step's dra
 
 top-k: DSA keeps 2048 of up to 128K entries; a 2048 of 8K would be a quarter of the context, so
 top-k is scaled to the context as 2048 * context / 65536 (3 % of the entries), rounded to a power
-of two and clamped to [64, 2048]: 256 at 8K (decision of issue 12; written in the metadata).
+of two and clamped to [64, 2048]: 256 at 8K (written in the metadata).
 """
 
 import json
@@ -153,7 +153,7 @@ def build_trace(probs_rows, row_index, tokens, argmax, context, steps, next_n, m
 
 
 def trace_stats(scores_by_layer, ctx_len, topk, block=64):
-    """All-keep statistics of a trace, row 0 of each step, per layer (DESIGN.md §5):
+    """All-keep statistics of a trace, row 0 of each step, per layer (include/spin/metrics.h):
     prev-iter top-k recall |TopK(I_{t-1}) ∩ TopK(I_t)| / k, Pearson of consecutive steps'
     max-pooled block scores (the prev-iter block predictor) and of the entry scores themselves,
     and the share of visible 64-entry blocks holding >= 1 top-k entry."""

@@ -7,12 +7,12 @@ Interface (one selector object per decoded sequence, state per layer):
     commit()                       end of a decode step (all layers done)
 `needs_truth = True` selectors (oracle) get `peek(layer, full_scores)` before `select`.
 
-Budget and forced blocks follow DESIGN.md §2/§4: B = ceil((1 - sparsity) * n_blocks), never
+Budget and forced blocks: B = ceil((1 - sparsity) * n_blocks), never
 below what top-k needs (ceil(topk / block) blocks) plus the forced ones; forced = the first
 `sink_blocks` blocks and the newest `local_blocks` (the newest holds never-scored entries).
 
 SPIN itself is not reimplemented here: `SpinDsaSelector` is the adapter point for the C++
-predictors through the `spin_dsa` Python bindings (branch `serving`); see recorder/README.md.
+predictors through the `spin_dsa` Python bindings; see recorder/README.md.
 """
 
 import math
@@ -117,7 +117,7 @@ class Random(_Base):
 
 class SpinDsaSelector(_Base):
     """The C++ predictors (spin, step-reuse, ema-slot, ...) through the `spin_dsa` bindings
-    (python/ on branch `serving`: `make_predictor(name, config, num_layers, request_id)`,
+    (python/: `make_predictor(name, config, num_layers, request_id)`,
     `select(layer, step, num_entries)`, `observe(layer, row, scores, topk, scored_blocks)`,
     `commit(accepted)`). SPIN is not reimplemented in Python: without the bindings this raises
     ImportError with one line. Forced blocks are aligned with the Python baselines (1 sink,

@@ -1,4 +1,4 @@
-"""The kind=scores trace a short recording writes (DESIGN.md §6), and the selectors."""
+"""The kind=scores trace a short recording writes (include/spin/trace.h), and the selectors."""
 
 import json
 

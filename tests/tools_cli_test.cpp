@@ -321,7 +321,9 @@ TEST(Cli, ScoreTracesConvertReplayAndRefuseHisa) {
            {"trace", "info", "s.st"}, {"replay", "s.st", "--predictor", "spin", "--sparsity", "0.5"},
            {"replay", "s.st", "--predictor", "hisa", "--sparsity", "0.5"},
            {"replay", "s.st", "--predictor", "oracle", "--open-loop"},
-           {"eval", "--trace", "s.st", "--trace", "t.st", "--quick", "--out", "ev"}}) {
+           {"eval", "--trace", "s.st", "--trace", "t.st", "--quick", "--out", "ev"},
+           // a trace named by a path: its plot files are named without the path's slashes
+           {"eval", "--trace", "./s.st", "--quick", "--out", "ev"}}) {
     const RunResult ok = ws.run(args);
     expect_one_error_line(ok, joined(args));
     EXPECT_TRUE(WIFEXITED(ok.status) && WEXITSTATUS(ok.status) == 0) << joined(args) << "\n" << ok.err;

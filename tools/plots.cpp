@@ -1,6 +1,7 @@
 // Sweep plots from results.json (see plots.h).
 #include "plots.h"
 
+#include <cctype>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -97,6 +98,15 @@ std::string quoted(const std::string& path) {  // for the shell: one argument, w
   return q + "'";
 }
 
+// A scenario as part of a file name: a trace's scenario is its path, whose slashes would name
+// folders that do not exist under the output folder.
+std::string file_name_part(const std::string& scenario) {
+  std::string out = scenario;
+  for (char& c : out)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
+  return out;
+}
+
 }  // namespace
 
 const std::vector<std::string>& default_plot_predictors() {
@@ -118,7 +128,7 @@ Result<SweepPlots> draw_sweep_plots(const std::string& out_dir, const std::strin
     return plots;
   }
   for (const auto& [scenario, by_label] : series(results["sweep"], labels)) {
-    const std::string base = out_dir + "/sweep-" + scenario;
+    const std::string base = out_dir + "/sweep-" + file_name_part(scenario);
     SPIN_RETURN_IF_ERROR(write_file_atomic(base + ".dat", data_file(by_label)));
     // gnuplot writes a temporary PNG that replaces the old one only when drawn whole.
     const std::string tmp = base + ".png.tmp";

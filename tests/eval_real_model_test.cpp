@@ -101,6 +101,7 @@ TEST(RealModel, EvalRealSectionReadsTheTraceAtTwoTopk) {
   for (const auto& run : r["real_model"]) {
     EXPECT_EQ(run["all_keep"]["layers"].size(), 2u);
     EXPECT_EQ(run["source"], "test scores, not a DSA indexer");
+    EXPECT_EQ(run["kind"], "scores");  // the report names the trace kind: attention, or an indexer
     EXPECT_FALSE(run["synthetic_doc_qa_10k_same_shape"]["layers"].empty());
     bool oracle_at_half = false;
     for (const auto& row : run["sweep"]) {
@@ -113,6 +114,7 @@ TEST(RealModel, EvalRealSectionReadsTheTraceAtTwoTopk) {
   }
   EXPECT_NE(summary->report_md.find("## Real model"), std::string::npos);
   EXPECT_NE(summary->report_md.find("not a DSA indexer"), std::string::npos);
+  EXPECT_NE(summary->report_md.find("score trace), top-k 64"), std::string::npos);
 }
 
 }  // namespace

@@ -407,6 +407,7 @@ std::vector<Job> real_jobs(bool mtp, bool probe, const EvalOptions& o) {
 // One real trace at one top-k, and the synthetic generator at the same shape.
 struct RealRun {
   std::string path, label, model, source;
+  std::string kind;  // "scores": a model's attention; "keys": an indexer's keys and queries
   int32_t topk = 0;
   ScenarioRun run;
   std::vector<TraceFacts> layers;            // per layer, all-keep
@@ -472,6 +473,7 @@ Result<std::vector<RealRun>> run_real_trace(const EvalOptions& o, const std::str
     rr.label = fmt::format("{}@k{}", file_stem(path), ks[ki]);
     rr.model = m.model;
     rr.source = source != m.extra.end() ? source->second : "recorded trace";
+    rr.kind = scores ? "scores" : "keys";
     ScenarioRun& run = rr.run;
     run.name = rr.label;
     run.description = fmt::format("real-model trace {}: model {}, kind={}, top-k {}", path, m.model,
@@ -616,6 +618,7 @@ void add_real_results(const RealRun& rr, Results* res) {
                              {"label", rr.label},
                              {"model", rr.model},
                              {"source", rr.source},
+                             {"kind", rr.kind},
                              {"topk", rr.topk},
                              {"all_keep", layer_facts_json(rr.layers)},
                              {"synthetic_doc_qa_10k_same_shape", layer_facts_json(rr.synthetic_layers)},
@@ -823,15 +826,18 @@ std::string range_cell(const json& r) {
 std::string render_real(const json& real, bool quick) {
   if (real.empty()) return "";
   std::string md = "\n## Real model\n\n";
-  md += "These traces are the **attention scores of a small pretrained language model** recorded over a real text "
-        "(`./scripts/record-real-traces.sh`, recorder/README.md), **not a DSA indexer**: the closest real signal "
-        "available here (DSA trains its indexer to match the head-summed attention). Each is read at its own top-k "
-        "and at a second one (scaled to the context as 2048 of 64K, or DSA's 2048).\n\n";
+  md += "Real traces of a small pretrained language model over a real text (`./scripts/record-real-traces.sh`, "
+        "recorder/README.md). A **score trace** holds the model's **attention scores**, not a DSA indexer's: the "
+        "closest real signal (DSA trains its indexer to match the head-summed attention). A **key trace** holds the "
+        "keys and queries of a **lightning indexer distilled** for the model that way, which spin's indexer scores. "
+        "Each is read at its own top-k and at a second one (scaled to the context as 2048 of 64K, or DSA's "
+        "2048).\n\n";
   for (const json& r : real) {
     const json& a = r["all_keep"]["summary"];
     const json& syn = r["synthetic_doc_qa_10k_same_shape"]["summary"];
-    md += fmt::format("### {} — {} ({}), top-k {}\n\n", r["label"].get<std::string>(), r["model"].get<std::string>(),
-                      r["source"].get<std::string>(), r["topk"].get<int>());
+    md += fmt::format("### {} — {} ({}, {} trace), top-k {}\n\n", r["label"].get<std::string>(),
+                      r["model"].get<std::string>(), r["source"].get<std::string>(),
+                      r.value("kind", std::string("scores")) == "keys" ? "key" : "score", r["topk"].get<int>());
     md += "All-keep statistics, mean (min–max over layers), beside the generator's doc-qa-10k at the same context, "
           "steps and top-k:\n\n| statistic | real | synthetic |\n|---|---:|---:|\n";
     for (const auto& [key, name] : std::vector<std::pair<std::string, std::string>>{

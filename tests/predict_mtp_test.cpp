@@ -17,6 +17,7 @@ namespace spin {
 namespace {
 
 using testing::observe_union;
+using testing::state_of;
 
 PredictorConfig mtp_config(MtpUpdate mode) {
   PredictorConfig c = testing::small_blocks_config(1, 1);
@@ -83,7 +84,7 @@ TEST(PredictMtp, ReplayModes) {
       ASSERT_TRUE(p->select(0, {5, 41, 3}, &sel).ok());
       ASSERT_TRUE(observe_union(*p, 0, sel, full, 41, 3).ok());
       // Nothing is applied before commit.
-      EXPECT_FALSE(p->state(0).seen(0));
+      EXPECT_FALSE(state_of(*p, 0).seen(0));
       ASSERT_TRUE(p->commit(accepted).ok());
       int32_t last = accepted;
       if (mode == MtpUpdate::kRow0) last = 0;
@@ -93,16 +94,16 @@ TEST(PredictMtp, ReplayModes) {
       // Block 0 (a sink, seen by every row): EMA over rows 0..last in order.
       float want = x_of(rows[0], 0);
       for (int32_t j = 1; j <= last; ++j) want = 0.75f * want + 0.25f * x_of(rows[j], 0);
-      EXPECT_NEAR(p->state(0).slot(0), want, 1e-6) << mtp_update_name(mode) << " a=" << accepted;
+      EXPECT_NEAR(state_of(*p, 0).slot(0), want, 1e-6) << mtp_update_name(mode) << " a=" << accepted;
       if (last == 1) {  // the order shows: rows 1 then 0 would give another value
         const float reversed = 0.75f * x_of(rows[1], 0) + 0.25f * x_of(rows[0], 0);
         EXPECT_GT(std::abs(reversed - want), 1e-3);
       }
-      EXPECT_EQ(p->state(0).last_seen(0), 5);
+      EXPECT_EQ(state_of(*p, 0).last_seen(0), 5);
       // Block 10 is visible to row 2 only.
-      EXPECT_EQ(p->state(0).seen(10), last == 2) << mtp_update_name(mode) << " a=" << accepted;
+      EXPECT_EQ(state_of(*p, 0).seen(10), last == 2) << mtp_update_name(mode) << " a=" << accepted;
       // Offset distance 0: one update per replayed row.
-      EXPECT_EQ(p->state(0).offset_updates(0), last + 1);
+      EXPECT_EQ(state_of(*p, 0).offset_updates(0), last + 1);
     }
   }
 }
@@ -165,9 +166,9 @@ TEST(PredictMtp, ProtocolErrors) {
   EXPECT_EQ(p->commit(2).code(), StatusCode::kInvalidArgument);  // accepted ≤ next_n - 1
   EXPECT_EQ(p->commit(-1).code(), StatusCode::kInvalidArgument);
   // None of the errors changed anything: the step commits cleanly.
-  EXPECT_FALSE(p->state(0).seen(0));
+  EXPECT_FALSE(state_of(*p, 0).seen(0));
   ASSERT_TRUE(p->commit(1).ok());
-  EXPECT_TRUE(p->state(0).seen(0));
+  EXPECT_TRUE(state_of(*p, 0).seen(0));
   // Twice.
   s = p->commit(1);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
@@ -203,23 +204,23 @@ TEST(PredictMtp, ForkAndReset) {
   ASSERT_TRUE(whole.ok());
   BlockPredictor& child = *whole.value();
   EXPECT_EQ(child.request_id(), 9);
-  EXPECT_EQ(child.state(0).n_blocks(), 20);
-  EXPECT_EQ(child.state(0).slot(19), p->state(0).slot(19));
+  EXPECT_EQ(state_of(child, 0).n_blocks(), 20);
+  EXPECT_EQ(state_of(child, 0).slot(19), state_of(*p, 0).slot(19));
   // The child numbers its own steps and evolves independently.
   ASSERT_TRUE(child.select(0, {0, 84, 1}, &sel).ok());
   ASSERT_TRUE(observe_union(child, 0, sel, mtp_scores(84, 1), 84, 1).ok());
   ASSERT_TRUE(child.commit(0).ok());
-  EXPECT_EQ(child.state(0).last_seen(20), 0);
-  EXPECT_EQ(p->state(0).n_blocks(), 20);
+  EXPECT_EQ(state_of(child, 0).last_seen(20), 0);
+  EXPECT_EQ(state_of(*p, 0).n_blocks(), 20);
 
   auto prefix = p->fork(10, 30);  // shares 30 entries: blocks 0..7 (7 partially)
   ASSERT_TRUE(prefix.ok());
-  EXPECT_EQ(prefix.value()->state(0).n_blocks(), 8);
+  EXPECT_EQ(state_of(*prefix.value(), 0).n_blocks(), 8);
   EXPECT_EQ(prefix.value()->memory_bytes(),
-            8 * kStateBytesPerBlock + p->state(0).n_offset_buckets() * kStateBytesPerOffsetBucket);
+            8 * kStateBytesPerBlock + state_of(*p, 0).n_offset_buckets() * kStateBytesPerOffsetBucket);
 
   p->reset();
-  EXPECT_EQ(p->state(0).n_blocks(), 0);
+  EXPECT_EQ(state_of(*p, 0).n_blocks(), 0);
   EXPECT_EQ(p->memory_bytes(), 0u);
   EXPECT_EQ(p->commit(0).code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(p->select(0, {0, 80, 1}, &sel).ok());  // step 0 again after a reset

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "predict/block_state.h"
+#include "predict/hisa.h"
 #include "predict_testing.h"
 #include "spin/numerics.h"
 #include "spin/predict.h"
@@ -21,6 +22,7 @@ namespace spin {
 namespace {
 
 using testing::observe_union;
+using testing::state_of;
 
 PredictorConfig small_config() { return testing::small_blocks_config(1, 1); }
 
@@ -277,7 +279,7 @@ TEST(PredictPredictors, HisaPooledKeysIncrementalAndExact) {
     ASSERT_TRUE(p->commit(0).ok());
     ++step;
   }
-  EXPECT_EQ(p->memory_bytes(), p->state(0).memory_bytes() + 12 * kHisaBytesPerBlock);
+  EXPECT_EQ(p->memory_bytes(), state_of(*p, 0).memory_bytes() + 12 * kHisaBytesPerBlock);
   // A bad view is refused.
   HisaView bad{cache.bytes.data(), 8, cache.table.data(), 90, q.data(), w.data(), kHeads, -1};
   StepInput in{step, 90, 1};

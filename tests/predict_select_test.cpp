@@ -16,6 +16,7 @@ namespace spin {
 namespace {
 
 using testing::observe_union;
+using testing::state_of;
 
 // Blocks of 4 entries, top-k 4 (one block), 2 sinks, 3 locals, 50 % sparsity.
 PredictorConfig base_config() { return testing::small_blocks_config(2, 3); }
@@ -67,8 +68,8 @@ TEST(PredictSelect, PredictionFillAndTies) {
     c.explicit_budget_blocks = budget;
     auto p = make("ema-slot", c);
     observe_all(*p, 0, block_scores(v, 4), 80);
-    EXPECT_NEAR(p->state(0).slot(9), -1.0 / 6.0, 1e-6);
-    EXPECT_NEAR(p->state(0).slot(11), -0.4 / 1.4, 1e-6);
+    EXPECT_NEAR(state_of(*p, 0).slot(9), -1.0 / 6.0, 1e-6);
+    EXPECT_NEAR(state_of(*p, 0).slot(11), -0.4 / 1.4, 1e-6);
     Selection sel;
     StepInput in{1, 80, 1};
     in.want_scores = true;
@@ -111,7 +112,7 @@ TEST(PredictSelect, CombineMaxAndWeighted) {
     c.combine_weight = 0.25;
     auto p = make("spin", c);
     observe_all(*p, 0, block_scores(v, 4), 80);
-    const BlockState& st = p->state(0);
+    const BlockState& st = state_of(*p, 0);
     Selection sel;
     StepInput in{1, 84, 1};  // one more block appended: block 20 is new (never seen)
     in.want_scores = true;
@@ -173,8 +174,8 @@ TEST(PredictSelect, StalestPicksTheOldest) {
     if (b != 4 && b != 7) most.blocks.push_back(b);
   ASSERT_TRUE(observe_union(*p, 0, most, {block_scores(v, 4)}, 80, 1).ok());
   ASSERT_TRUE(p->commit(0).ok());
-  EXPECT_EQ(p->state(0).last_seen(4), 0);
-  EXPECT_EQ(p->state(0).last_seen(6), 1);
+  EXPECT_EQ(state_of(*p, 0).last_seen(4), 0);
+  EXPECT_EQ(state_of(*p, 0).last_seen(6), 1);
   ASSERT_TRUE(p->select(0, {2, 80, 1}, &sel).ok());
   EXPECT_EQ(sel.row_explored[0], 2);
   EXPECT_TRUE(contains(sel.row_blocks[0], 4));
@@ -189,7 +190,7 @@ TEST(PredictSelect, StalestPicksTheOldest) {
   EXPECT_TRUE(contains(sel.row_blocks[0], 20));
   int32_t oldest = -1;
   for (int32_t b = 2; b < 20 && oldest < 0; ++b)
-    if (p->state(0).last_seen(b) == 1) oldest = b;  // the oldest after steps 0..2
+    if (state_of(*p, 0).last_seen(b) == 1) oldest = b;  // the oldest after steps 0..2
   ASSERT_GE(oldest, 0);
   EXPECT_TRUE(contains(sel.row_blocks[0], oldest)) << oldest;
 }

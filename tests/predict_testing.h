@@ -16,6 +16,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "predict/block_state.h"
+#include "predict/predictor_base.h"
 #include "spin/numerics.h"
 #include "spin/predict.h"
 #include "spin/rng.h"
@@ -28,6 +30,12 @@ inline std::unique_ptr<BlockPredictor> make_checked(std::string_view name, const
   auto r = make_predictor(name, c, layers, request_id);
   EXPECT_TRUE(r.ok()) << r.status().to_string();
   return std::move(r).value();
+}
+
+// A predictor's state of one layer: internal to the library (every predictor is a PredictorBase),
+// read here by white-box tests.
+inline const BlockState& state_of(const BlockPredictor& p, int32_t layer) {
+  return dynamic_cast<const PredictorBase&>(p).state(layer);
 }
 
 // All-keep scores where every entry of block b (of e entries) equals v[b].

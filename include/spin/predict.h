@@ -37,8 +37,6 @@
 
 namespace spin {
 
-class BlockState;  // the per-(request, layer) state, src/predict/block_state.h (tests read it)
-
 // ---------------------------------------------------------------------------------------------
 // Enums and their names (the names are what configs, CLIs and reports use).
 
@@ -58,17 +56,6 @@ Result<ExplorePolicy> explore_policy_from_name(std::string_view name);
 Result<Combine> combine_from_name(std::string_view name);
 Result<MtpUpdate> mtp_update_from_name(std::string_view name);
 Result<BudgetMoves> budget_moves_from_name(std::string_view name);
-
-// ---------------------------------------------------------------------------------------------
-// Constants of the state layout.
-
-// Persistent state bytes per block per (request, layer): float slot + int32 last_seen.
-inline constexpr size_t kStateBytesPerBlock = 8;
-// Per offset bucket: float EMA + int32 update count.
-inline constexpr size_t kStateBytesPerOffsetBucket = 8;
-// hisa keeps a 128-float key sum + int32 pooled-entry count per block per layer on top.
-inline constexpr size_t kHisaBytesPerBlock = 128 * 4 + 4;
-// kMaxNextN (rows per step) comes from spin/numerics.h.
 
 // ---------------------------------------------------------------------------------------------
 // Config: one typed struct, printed with every result.
@@ -257,8 +244,7 @@ class BlockPredictor {
   // every buffer keeps its capacity, so nothing is allocated.
   virtual void rebind(int64_t request_id) = 0;
 
-  virtual const BlockState& state(int32_t layer) const = 0;
-  // Persistent state of all layers (BlockState::memory_bytes, plus hisa's pooled keys).
+  // Persistent state of all layers: each layer's block and offset state, plus hisa's pooled keys.
   virtual size_t memory_bytes() const = 0;
 };
 

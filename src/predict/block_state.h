@@ -1,5 +1,5 @@
 // BlockState: SPIN's state of one (request, indexer layer) — slot EMA and last_seen per block,
-// and the relative-offset EMA. Internal to spin_predict; BlockPredictor::state() hands it to tests.
+// and the relative-offset EMA. Internal to spin_predict; PredictorBase::state() hands it to tests.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +27,11 @@ inline constexpr double kOffsetMeanScale = 1073741824.0;  // 2^30
 int64_t offset_fixed_point(float x);
 // The mean of `count` observations whose fixed-point sum is fixed_sum, as the EMA takes it.
 float offset_mean(int64_t fixed_sum, int64_t count);
+
+// Persistent state bytes per block per (request, layer): float slot + int32 last_seen.
+inline constexpr size_t kStateBytesPerBlock = 8;
+// Per offset bucket: float EMA + int32 update count.
+inline constexpr size_t kStateBytesPerOffsetBucket = 8;
 
 // last_seen of a block that was never observed (older than every step, which are ≥ 0).
 inline constexpr int32_t kNeverSeen = -1;

@@ -16,6 +16,9 @@
 
 namespace spin {
 
+// hisa keeps a 128-float key sum + int32 pooled-entry count per block per layer, beside the state.
+inline constexpr size_t kHisaBytesPerBlock = 128 * 4 + 4;
+
 // Checks a HisaView against the config and the step (pointers, page size, entry count, heads).
 Status check_hisa_view(const PredictorConfig& config, const HisaView& view, int64_t num_entries,
                        int32_t next_n);

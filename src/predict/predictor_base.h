@@ -36,7 +36,8 @@ class PredictorBase : public BlockPredictor {
                                                int64_t shared_entries) const final;
   Status reserve(int64_t max_entries, int32_t max_next_n) final;
   void rebind(int64_t request_id) final;
-  const BlockState& state(int32_t layer) const final;
+  // A layer's state (tests read it: state_of in tests/predict_testing.h).
+  const BlockState& state(int32_t layer) const;
   size_t memory_bytes() const final;
 
   // Blocks nothing is known about rank below every observed x (x ≥ -1), newest first: -2 - d is

@@ -12,6 +12,7 @@
 
 #include "predict/block_state.h"
 #include "predict_testing.h"
+#include "spin/predictor_inputs.h"
 #include "spin/metrics.h"
 #include "spin/replay.h"
 #include "spin/workload.h"
@@ -200,24 +201,26 @@ TEST(ScoreReplay, StepInputProbeIsChecked) {
   BlockPredictor& p = *made.value();
   std::vector<float> probe(10);
   for (size_t b = 0; b < probe.size(); ++b) probe[b] = static_cast<float>((b * 7) % 10);
+  PredictorInputs inputs;
   StepInput in;
+  in.inputs = &inputs;
   in.step = 0;
   in.num_entries = 40;
   Selection sel;
   Status s = p.select(0, in, &sel);
   EXPECT_NE(s.message().find("neither hisa (the query and the key cache) nor block_probe"), std::string::npos)
       << s.message();
-  in.block_probe = probe.data();
-  in.block_probe_stride = 10;
-  in.block_probe_entries = 8;
+  inputs.block_probe = probe.data();
+  inputs.block_probe_stride = 10;
+  inputs.block_probe_entries = 8;
   s = p.select(0, in, &sel);
   EXPECT_NE(s.message().find("block_probe_entries 8 differs from the config's block_entries 4"), std::string::npos)
       << s.message();
-  in.block_probe_entries = 4;
-  in.block_probe_stride = 9;
+  inputs.block_probe_entries = 4;
+  inputs.block_probe_stride = 9;
   s = p.select(0, in, &sel);
   EXPECT_NE(s.message().find("block_probe_stride 9 is below row 0's 10 blocks"), std::string::npos) << s.message();
-  in.block_probe_stride = 10;
+  inputs.block_probe_stride = 10;
   ASSERT_TRUE(p.select(0, in, &sel).ok());
   // Forced: block 0 (sink) and 8, 9 (local); then the highest probe: 7 (value 9), 4 (8), ... within 5 blocks.
   EXPECT_EQ(sel.blocks, (std::vector<int32_t>{0, 4, 7, 8, 9}));

@@ -10,6 +10,7 @@
 #include "predict/hisa.h"
 #include "predict_testing.h"
 #include "spin/predict.h"
+#include "spin/predictor_inputs.h"
 #include "spin/rng.h"
 
 namespace spin {
@@ -78,8 +79,10 @@ TEST(PredictHybrid, DeterministicInsideTheBudgetWithTheForcedBlocksAndItsProbeCh
              {60, 1}, {70, 1}, {71, 1}, {81, 2}, {90, 2}, {100, 1}, {101, 3}, {120, 1}}) {
       HisaView view{k.cache.bytes.data(), 4, k.cache.table.data(), entries, k.q.data(), k.w.data(),
                     kHeads, static_cast<int64_t>(k.cache.table.size())};
+      PredictorInputs inputs;
       StepInput in{step, entries, next_n};
-      in.hisa = &view;
+      in.inputs = &inputs;
+      inputs.hisa = &view;
       ASSERT_TRUE(a->select(0, in, &sa).ok());
       ASSERT_TRUE(b->select(0, in, &sb).ok());
       EXPECT_EQ(sa.blocks, sb.blocks) << "step " << step;
@@ -145,8 +148,10 @@ TEST(PredictHybrid, TheProbeFindsABlockHistoryHasNeverSeen) {
   ASSERT_TRUE(spin->observe_prefill(0, 0, r).ok());
   HisaView view{cache.bytes.data(), 4, cache.table.data(), 128, q.data(), w.data(), kHeads,
                 static_cast<int64_t>(cache.table.size())};
+  PredictorInputs inputs;
   StepInput in{1, 128, 1};
-  in.hisa = &view;
+  in.inputs = &inputs;
+  inputs.hisa = &view;
   Selection sh, ss;
   ASSERT_TRUE(hybrid->select(0, in, &sh).ok());
   ASSERT_TRUE(spin->select(0, in, &ss).ok());
@@ -190,8 +195,10 @@ TEST(PredictHybrid, AdaptiveShareMovesTowardTheSourceThatPays) {
         q[static_cast<size_t>(h * 128 + d)] = e4m3_from_float(dir[static_cast<size_t>(target)][static_cast<size_t>(d)]);
     HisaView view{cache.bytes.data(), 4, cache.table.data(), kEntries, q.data(), w.data(), kHeads,
                   static_cast<int64_t>(cache.table.size())};
+    PredictorInputs inputs;
     StepInput in{step, kEntries, 1};
-    in.hisa = &view;
+    in.inputs = &inputs;
+    inputs.hisa = &view;
     Selection sel;
     ASSERT_TRUE(p->select(0, in, &sel).ok());
     explored.push_back(sel.row_explored[0]);
@@ -208,8 +215,10 @@ TEST(PredictHybrid, AdaptiveShareMovesTowardTheSourceThatPays) {
   const std::vector<uint8_t> q(kHeads * 128, 0x30);
   HisaView view{cache.bytes.data(), 4, cache.table.data(), kEntries, q.data(), w.data(), kHeads,
                 static_cast<int64_t>(cache.table.size())};
+  PredictorInputs inputs;
   StepInput in{0, kEntries, 1};
-  in.hisa = &view;
+  in.inputs = &inputs;
+  inputs.hisa = &view;
   ASSERT_TRUE(fixed->select(0, in, &sel).ok());
   EXPECT_EQ(sel.row_explored[0], explored.front());
 }

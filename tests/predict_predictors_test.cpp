@@ -16,6 +16,7 @@
 #include "predict_testing.h"
 #include "spin/numerics.h"
 #include "spin/predict.h"
+#include "spin/predictor_inputs.h"
 #include "spin/rng.h"
 
 namespace spin {
@@ -138,12 +139,14 @@ TEST(PredictPredictors, OracleTakesTheBlocksHoldingTheTrueTopk) {
   Selection sel;
   EXPECT_EQ(p->select(0, {0, 40, 1}, &sel).code(), StatusCode::kInvalidArgument);  // no top-k
   std::vector<int32_t> top = {21, 22, 23, 13, 5, -1};  // block 5: 3, block 3: 1, block 1: 1
+  PredictorInputs inputs;
   StepInput in{0, 40, 1};
-  in.true_topk = top.data();
+  in.inputs = &inputs;
+  inputs.true_topk = top.data();
   ASSERT_TRUE(p->select(0, in, &sel).ok());
   EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 1, 5, 9}));  // 1 beats 3 on the tie
   std::vector<int32_t> outside = {40, -1, -1, -1, -1, -1};
-  in.true_topk = outside.data();
+  inputs.true_topk = outside.data();
   auto q = make("oracle", c);
   EXPECT_EQ(q->select(0, in, &sel).code(), StatusCode::kOutOfRange);
 }
@@ -253,8 +256,10 @@ TEST(PredictPredictors, HisaPooledKeysIncrementalAndExact) {
                   w.data(),
                   kHeads,
                   static_cast<int64_t>(cache.table.size())};
+    PredictorInputs inputs;
     StepInput in{step, entries, next_n};
-    in.hisa = &view;
+    in.inputs = &inputs;
+    inputs.hisa = &view;
     in.want_scores = true;
     ASSERT_TRUE(p->select(0, in, &sel).ok()) << entries;
     const int64_t committed = visible_entries(entries, next_n, 0);
@@ -282,8 +287,10 @@ TEST(PredictPredictors, HisaPooledKeysIncrementalAndExact) {
   EXPECT_EQ(p->memory_bytes(), state_of(*p, 0).memory_bytes() + 12 * kHisaBytesPerBlock);
   // A bad view is refused.
   HisaView bad{cache.bytes.data(), 8, cache.table.data(), 90, q.data(), w.data(), kHeads, -1};
+  PredictorInputs inputs;
   StepInput in{step, 90, 1};
-  in.hisa = &bad;
+  in.inputs = &inputs;
+  inputs.hisa = &bad;
   EXPECT_NE(p->select(0, in, &sel).message().find("page_size"), std::string::npos);
   std::vector<int32_t> broken = cache.table;
   broken[22] = 1000;
@@ -291,7 +298,7 @@ TEST(PredictPredictors, HisaPooledKeysIncrementalAndExact) {
       cache.bytes.data(), 4,        broken.data(), 92,
       q.data(),           w.data(), kHeads,        static_cast<int64_t>(cache.table.size())};
   in.num_entries = 92;
-  in.hisa = &oob;
+  inputs.hisa = &oob;
   EXPECT_EQ(p->select(0, in, &sel).code(), StatusCode::kOutOfRange);
 }
 

@@ -17,6 +17,7 @@
 #include "predict_testing.h"
 #include "spin/numerics.h"
 #include "spin/predict.h"
+#include "spin/predictor_inputs.h"
 #include "spin/rng.h"
 
 namespace spin {
@@ -186,9 +187,11 @@ TEST(PredictProperty, RandomConfigurations) {
                       hisa.w.data(),
                       heads,
                       static_cast<int64_t>(hisa.table.size())};
+        PredictorInputs inputs;
         StepInput in{step, entries, next_n};
-        in.true_topk = top.data();
-        in.hisa = &view;
+        in.inputs = &inputs;
+        inputs.true_topk = top.data();
+        inputs.hisa = &view;
         std::vector<std::vector<double>> oracle_recall;
         for (size_t pi = 0; pi < names.size(); ++pi) {
           const std::string& name = names[pi];

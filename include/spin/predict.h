@@ -5,8 +5,10 @@
 // step-reuse, hisa, indexcache-2/4, spin-hybrid, spin-ic2, spin-hybrid-ic2) behind one interface: budgeted selection (forced → exploration
 // → prediction), observation, and the speculative-decoding (MTP) pending buffers and their replay.
 // The per-(request, layer) state (slot EMA, last_seen, relative-offset EMA: predict/block_state.h)
-// and the pooling of scores into per-block observations (predict/pooling.h) stay behind src/. It
-// does not score anything itself (the kernels do), and it never allocates per call once warmed up.
+// and the pooling of scores into per-block observations (predict/pooling.h) stay behind src/; what
+// the key- and truth-reading predictors take besides (hisa's cache and query, the oracle's top-k)
+// is in spin/predictor_inputs.h. It does not score anything itself (the kernels do), and it never
+// allocates per call once warmed up.
 // What SPIN computes, in brief: ARCHITECTURE.md.
 //
 // Protocol, per request (one BlockPredictor object per request, all of its indexer layers):
@@ -36,6 +38,8 @@
 #include "spin/status.h"
 
 namespace spin {
+
+struct PredictorInputs;  // spin/predictor_inputs.h
 
 // ---------------------------------------------------------------------------------------------
 // Enums and their names (the names are what configs, CLIs and reports use).
@@ -152,34 +156,15 @@ struct RowScores {
 // ---------------------------------------------------------------------------------------------
 // Selection.
 
-// The flat view hisa needs to pool keys and score them: the key cache in IndexerPageLayout
-// (spin/geometry.h), the page table and the step's query.
-struct HisaView {
-  const uint8_t* key_cache = nullptr;    // this layer's paged indexer key cache
-  int32_t page_size = 0;                 // must equal PredictorConfig::page_size
-  const int32_t* block_table = nullptr;  // [ceil(num_entries / page_size)] logical → physical page
-  int64_t num_entries = 0;               // must equal StepInput::num_entries
-  const uint8_t* q = nullptr;            // [next_n, num_heads, 128] e4m3 (scales folded into w)
-  const float* w = nullptr;              // [next_n, num_heads]
-  int32_t num_heads = 0;
-  int64_t num_cache_pages = -1;  // physical pages in key_cache, to check block_table; -1: unchecked
-};
-
 struct StepInput {
   int64_t step = 0;                      // decode step of this request: ≥ 0, < 2^31, increasing
   int64_t num_entries = 0;               // entries in this layer's cache incl. the step's rows
   int32_t next_n = 1;                    // rows this step, 1..kMaxNextN
   const int64_t* visible_entries = nullptr;  // optional [next_n] override of visible_entries() (V4)
-  const int32_t* true_topk = nullptr;    // oracle: [next_n, topk] this step's true top-k, -1 padded
-  const HisaView* hisa = nullptr;        // hisa: the query and the cache
-  // Optional: this step's probe of every visible block — the query scored against one pooled key
-  // per block, higher = more promising (e.g. hisa's Σ_h w·ReLU(q·kbar), or a score trace's
-  // layer.{l}.probe). Row j's values are block_probe[j · block_probe_stride + b] for its
-  // blocks b < ceil(visible_entries(j) / block_entries); block_probe_entries must equal the
-  // config's block_entries(). hisa ranks by it when `hisa` is null.
-  const float* block_probe = nullptr;    // [next_n][block_probe_stride]
-  int64_t block_probe_stride = 0;        // ≥ the last row's block count
-  int32_t block_probe_entries = 0;       // entries per pooled key
+  // What a predictor reads besides its own state (the oracle's true top-k, hisa's keys and query,
+  // a probe): spin/predictor_inputs.h. Null for the predictors that read only their own state —
+  // every one the serving API runs.
+  const PredictorInputs* inputs = nullptr;
   bool want_scores = false;              // fill Selection::row_scores
 };
 
@@ -263,9 +248,9 @@ inline bool context_jump_is_prefill(int64_t prev_ctx_len, int64_t ctx_len, int32
 // What a predictor reads besides its own state (the scores it observed).
 enum class PredictorReads {
   kOwnState,  // nothing else
-  kKeys,      // the key cache and the step's query (StepInput::hisa), or a probe made from them
-              // (StepInput::block_probe; a score trace's layer.{l}.probe)
-  kTrueTopk,  // this step's true top-k (StepInput::true_topk): a bound, not a predictor to deploy
+  kKeys,      // the key cache and the step's query (PredictorInputs::hisa), or a probe made from them
+              // (PredictorInputs::block_probe; a score trace's layer.{l}.probe)
+  kTrueTopk,  // this step's true top-k (PredictorInputs::true_topk): a bound, not a predictor to deploy
 };
 const char* predictor_reads_name(PredictorReads v);  // "own-state" "keys" "true-topk"
 

@@ -59,7 +59,7 @@ Result<ScoreTrace> all_keep_score_trace(const Trace& trace, const ScoreOptions& 
 // Whether a scored trace carries the keys and queries predictor_needs_keys() predictors read.
 bool has_keys(const ScoredTrace& scored);
 // Whether it carries a score trace's block probe (layer.{l}.probe), which such predictors read
-// instead (StepInput::block_probe) when the trace has no keys, and its entries per pooled key
+// instead (PredictorInputs::block_probe) when the trace has no keys, and its entries per pooled key
 // (0 without a probe). replay() hands the probe to every predictor whose block_entries match.
 bool has_probe(const ScoredTrace& scored);
 int32_t probe_block_entries(const ScoredTrace& scored);

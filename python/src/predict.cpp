@@ -15,6 +15,7 @@
 #include "common.h"
 #include "spin/geometry.h"
 #include "spin/predict.h"
+#include "spin/predictor_inputs.h"
 
 namespace spin_py {
 
@@ -95,6 +96,8 @@ class Predictor {
     in.next_n = next_n;
     IndexArray<int64_t> vis;
     IndexArray<int32_t> tk;
+    spin::PredictorInputs inputs;  // the oracle's true top-k; nothing else reaches Python
+    in.inputs = &inputs;
     if (!visible_entries.is_none()) {
       vis = index_i64(visible_entries, {"visible_entries", {next_n}, 0, num_entries, "next_n", false});
       in.visible_entries = vis.data;
@@ -102,7 +105,7 @@ class Predictor {
     if (!true_topk.is_none()) {
       tk = index_i32(true_topk, {"true_topk", {next_n, p_->config().topk}, -1, std::max<int64_t>(num_entries - 1, -1),
                                  "[next_n, topk]"});
-      in.true_topk = tk.data;
+      inputs.true_topk = tk.data;
     }
     check(p_->select(layer, in, &l.sel));
     l.next_n = next_n;

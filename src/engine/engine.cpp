@@ -15,6 +15,7 @@
 #include "core/errors.h"
 #include "spin/cache.h"
 #include "spin/indexer.h"
+#include "spin/predictor_inputs.h"
 #include "spin/rng.h"
 #include "spin/topk.h"
 
@@ -373,7 +374,9 @@ struct DecodeEngine::Impl {
       in.num_entries = hisa.num_entries;
       in.next_n = next_n;
       in.visible_entries = cfg.model.compress_ratio > 1 ? visible_entries.data() + int64_t{b} * next_n : nullptr;
-      in.hisa = &hisa;
+      PredictorInputs inputs;
+      inputs.hisa = &hisa;
+      in.inputs = &inputs;
       if (r.prefill) {
         select_all(hisa.num_entries, &selections[b]);
       } else {

@@ -18,6 +18,7 @@
 #include "predict/pooling.h"
 #include "spin/cache.h"
 #include "spin/indexer.h"
+#include "spin/predictor_inputs.h"
 #include "spin/memory.h"
 #include "spin/topk.h"
 
@@ -546,14 +547,16 @@ class Replayer {
     in.num_entries = st_.entries_at(s);
     in.next_n = next_n;
     in.visible_entries = st_.compress_ratio > 1 ? visible_entries_.data() : nullptr;
-    in.true_topk = true_topk_.data();
-    in.hisa = with_keys_ ? &hisa : nullptr;
+    PredictorInputs inputs;
+    inputs.true_topk = true_topk_.data();
+    inputs.hisa = with_keys_ ? &hisa : nullptr;
     // The recorded probe of this step, [next_n][probe_blocks], at the blocks the predictor uses.
     if (!st_.probe.empty() && st_.probe_block_entries == E_) {
-      in.block_probe = st_.probe[l].data() + s * next_n * st_.probe_blocks[l];
-      in.block_probe_stride = st_.probe_blocks[l];
-      in.block_probe_entries = st_.probe_block_entries;
+      inputs.block_probe = st_.probe[l].data() + s * next_n * st_.probe_blocks[l];
+      inputs.block_probe_stride = st_.probe_blocks[l];
+      inputs.block_probe_entries = st_.probe_block_entries;
     }
+    in.inputs = &inputs;
     in.want_scores = options_.open_loop;
     const auto t0 = Clock::now();
     SPIN_RETURN_IF_ERROR(at_row(predictor_->select(l, in, &sel_), l, s));

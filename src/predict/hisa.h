@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "spin/predict.h"
+#include "spin/predictor_inputs.h"
 
 namespace spin {
 

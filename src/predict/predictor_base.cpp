@@ -102,15 +102,16 @@ size_t PredictorBase::memory_bytes() const {
 }
 
 // A probe must hold every row's blocks at the predictor's block size: probe_row() relies on it.
-Status PredictorBase::check_block_probe(const StepInput& in) const {
+Status PredictorBase::check_block_probe(const StepInput& step) const {
+  const PredictorInputs& in = inputs_of(step);
   if (in.block_probe == nullptr) return ok_status();
   if (in.block_probe_entries != config_.block_entries())
     return invalid_argument("{}: block_probe_entries {} differs from the config's block_entries {} "
                             "(page_size {} x block_pages {})",
                             name_, in.block_probe_entries, config_.block_entries(), config_.page_size,
                             config_.block_pages);
-  for (int32_t j = 0; j < in.next_n; ++j) {
-    const int64_t n = blocks_for_entries(config_, visible_entries(in, j));
+  for (int32_t j = 0; j < step.next_n; ++j) {
+    const int64_t n = blocks_for_entries(config_, visible_entries(step, j));
     if (in.block_probe_stride < n)
       return invalid_argument("{}: block_probe_stride {} is below row {}'s {} blocks", name_,
                               in.block_probe_stride, j, n);

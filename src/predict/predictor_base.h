@@ -14,6 +14,7 @@
 #include "predict/budget_moves.h"
 #include "predict/probe_share.h"
 #include "spin/predict.h"
+#include "spin/predictor_inputs.h"
 
 namespace spin {
 
@@ -119,13 +120,18 @@ class PredictorBase : public BlockPredictor {
   const std::vector<int32_t>& previous_topk_hits(int32_t layer) const {
     return layers_[layer].prev_topk_hits;
   }
-  // Row `row`'s block probe (StepInput::block_probe; row.n_blocks values, checked against the
+  // The step's inputs beyond own state; all null when the caller passed none.
+  static const PredictorInputs& inputs_of(const StepInput& in) {
+    static const PredictorInputs kNone;
+    return in.inputs != nullptr ? *in.inputs : kNone;
+  }
+  // Row `row`'s block probe (PredictorInputs::block_probe; row.n_blocks values, checked against the
   // stride and block size in select), or nullptr when the step has none.
   static const float* probe_row(const RowContext& row) {
-    const StepInput& in = *row.in;
+    const PredictorInputs& in = inputs_of(*row.in);
     return in.block_probe ? in.block_probe + int64_t{row.row} * in.block_probe_stride : nullptr;
   }
-  // A recorded probe (StepInput::block_probe) into q; *work = the blocks it scored, one pooled key
+  // A recorded probe (PredictorInputs::block_probe) into q; *work = the blocks it scored, one pooled key
   // each: every visible block but those holding only drafts (+FLT_MAX, "keep": nothing pooled).
   static void copy_block_probe(const RowContext& row, float* q, int64_t* work);
   static int64_t visible_entries(const StepInput& in, int32_t row) {

@@ -114,20 +114,21 @@ class EmaPredictor final : public PredictorBase {
     if (shared(layer)) return check_layer_observed(full_layer(layer), layer, in);
     if (!parts_.probe) return ok_status();
     probe_row_ = {-1, -1, -1};  // a new select: steps repeat after reset, rebind or fork
-    if (in.hisa == nullptr && in.block_probe == nullptr)
+    const HisaView* hisa = inputs_of(in).hisa;
+    if (hisa == nullptr && inputs_of(in).block_probe == nullptr)
       return invalid_argument(
-          "{}: StepInput has neither hisa nor block_probe; its probe scores pooled block keys with "
+          "{}: StepInput::inputs has neither hisa nor block_probe; its probe scores pooled block keys with "
           "the step's query (or reads that score, recorded)",
           name());
-    if (in.hisa == nullptr) {
+    if (hisa == nullptr) {
       if (config().probe_entries != 0)
         return invalid_argument("{}: a recorded block_probe has one pooled key per block; probe_entries must be 0",
                                 name());
       return ok_status();
     }
-    SPIN_RETURN_IF_ERROR(check_hisa_view(config(), *in.hisa, in.num_entries, in.next_n));
+    SPIN_RETURN_IF_ERROR(check_hisa_view(config(), *hisa, in.num_entries, in.next_n));
     // Only committed entries (row 0's prefix) are pooled: drafts can still be rewritten.
-    return keys_[static_cast<size_t>(layer)].update(*in.hisa, visible_entries(in, 0));
+    return keys_[static_cast<size_t>(layer)].update(*hisa, visible_entries(in, 0));
   }
   Status rank(const RowContext& row, float* p) override {
     if (shared(row.layer)) {
@@ -156,11 +157,11 @@ class EmaPredictor final : public PredictorBase {
   Status score_probe(const RowContext& row) {
     if (probe_row_ == std::make_tuple(row.layer, row.row, row.step)) return ok_status();
     probe_.resize(static_cast<size_t>(row.n_blocks));
-    if (row.in->hisa == nullptr) {
+    if (inputs_of(*row.in).hisa == nullptr) {
       copy_block_probe(row, probe_.data(), &probe_work_);
     } else {
       SPIN_RETURN_IF_ERROR(keys_[static_cast<size_t>(row.layer)].score(
-          *row.in->hisa, row.row, row.n_blocks, config().block_entries(), probe_.data(), &probe_work_,
+          *inputs_of(*row.in).hisa, row.row, row.n_blocks, config().block_entries(), probe_.data(), &probe_work_,
           &query_scratch_));
     }
     probe_row_ = {row.layer, row.row, row.step};
@@ -252,7 +253,7 @@ class PrevLayerPredictor final : public PredictorBase {
 };
 
 // oracle: blocks ranked by how many of this step's TRUE top-k entries they hold (the caller passes
-// them in StepInput::true_topk). With the shared forced blocks, taking the highest counts is the
+// them in PredictorInputs::true_topk). With the shared forced blocks, taking the highest counts is the
 // best block recall any selection of the budget can reach.
 class OraclePredictor final : public PredictorBase {
  public:
@@ -260,15 +261,16 @@ class OraclePredictor final : public PredictorBase {
 
  protected:
   Status prepare(int32_t, const StepInput& in) override {
-    if (in.true_topk == nullptr)
+    const int32_t* true_topk = inputs_of(in).true_topk;
+    if (true_topk == nullptr)
       return invalid_argument(
-          "oracle: StepInput::true_topk is null; the oracle ranks blocks by "
+          "oracle: StepInput::inputs->true_topk is null; the oracle ranks blocks by "
           "this step's true top-k ([next_n, topk] positions, -1 padded)");
     const int32_t k = config().topk;
     for (int32_t j = 0; j < in.next_n; ++j) {
       const int64_t vis = visible_entries(in, j);
       for (int32_t t = 0; t < k; ++t) {
-        const int32_t pos = in.true_topk[static_cast<int64_t>(j) * k + t];
+        const int32_t pos = true_topk[static_cast<int64_t>(j) * k + t];
         if (pos != -1 && (pos < 0 || pos >= vis))
           return out_of_range(
               "oracle: true_topk[{}][{}] = {} is outside row {}'s {} visible "
@@ -282,7 +284,7 @@ class OraclePredictor final : public PredictorBase {
     fill_unknown(p, row.n_blocks);
     const int32_t k = config().topk;
     const int32_t e = config().block_entries();
-    const int32_t* top = row.in->true_topk + static_cast<int64_t>(row.row) * k;
+    const int32_t* top = inputs_of(*row.in).true_topk + static_cast<int64_t>(row.row) * k;
     for (int32_t t = 0; t < k; ++t) {
       if (top[t] < 0) continue;
       float& v = p[top[t] / e];
@@ -348,8 +350,8 @@ class IndexCachePredictor final : public PredictorBase {
 };
 
 // hisa: mean-pooled block keys (kept incrementally, see hisa.h) scored with the row's query by the
-// indexer formula; the highest blocks fill the budget. Without the cache (StepInput::hisa null)
-// it ranks by StepInput::block_probe, the same score computed elsewhere (a score trace's probe).
+// indexer formula; the highest blocks fill the budget. Without the cache (PredictorInputs::hisa null)
+// it ranks by PredictorInputs::block_probe, the same score computed elsewhere (a score trace's probe).
 class HisaPredictor final : public PredictorBase {
  public:
   HisaPredictor(const PredictorConfig& c, int32_t layers, int64_t request)
@@ -358,24 +360,25 @@ class HisaPredictor final : public PredictorBase {
 
  protected:
   Status prepare(int32_t layer, const StepInput& in) override {
-    if (in.hisa == nullptr && in.block_probe == nullptr)
+    const HisaView* hisa = inputs_of(in).hisa;
+    if (hisa == nullptr && inputs_of(in).block_probe == nullptr)
       return invalid_argument(
-          "hisa: StepInput has neither hisa (the query and the key cache) nor block_probe; hisa needs one");
-    if (in.hisa == nullptr) return ok_status();  // the probe is the whole ranking
-    SPIN_RETURN_IF_ERROR(check_hisa_view(config(), *in.hisa, in.num_entries, in.next_n));
+          "hisa: StepInput::inputs has neither hisa (the query and the key cache) nor block_probe; hisa needs one");
+    if (hisa == nullptr) return ok_status();  // the probe is the whole ranking
+    SPIN_RETURN_IF_ERROR(check_hisa_view(config(), *hisa, in.num_entries, in.next_n));
     // Row 0's entries are committed tokens; entries past them are this step's drafts, which can
     // still be rejected and rewritten, so they are never folded into the cached sums.
-    return keys_[static_cast<size_t>(layer)].update(*in.hisa, visible_entries(in, 0));
+    return keys_[static_cast<size_t>(layer)].update(*hisa, visible_entries(in, 0));
   }
   // The probe is hisa's whole ranking: it chooses every block after the forced ones (and is
   // charged as probe work); rank() is the same score, for the open loop's Pearson.
   int64_t probe_quota(const RowContext&, int64_t, int64_t left) const override { return left; }
   Status probe(const RowContext& row, float* q, int64_t* work) override {
-    if (row.in->hisa == nullptr) {
+    if (inputs_of(*row.in).hisa == nullptr) {
       copy_block_probe(row, q, work);
       return ok_status();
     }
-    return keys_[static_cast<size_t>(row.layer)].score(*row.in->hisa, row.row, row.n_blocks,
+    return keys_[static_cast<size_t>(row.layer)].score(*inputs_of(*row.in).hisa, row.row, row.n_blocks,
                                                        config().block_entries(), q, work, &query_scratch_);
   }
   Status rank(const RowContext& row, float* p) override {

@@ -312,6 +312,13 @@ def indexer_scores(key_cache: Annotated[NDArray, dict(writable=False)], block_ta
     Lightning-indexer logits over the paged fp8 cache (include/spin/indexer.h): key_cache uint8 pages [num_pages, page_size·132] (e4m3 values then fp32 scales), block_table int32 [batch, max_pages], context_lens int64 [batch], q uint8 [batch, next_n, heads, 128], weights float32 [batch, next_n, heads]. Optional block mask: block_ids int32 (sorted per request) with block_offsets int32 [batch + 1]. Returns float32 [batch·next_n, cols], -inf where not scored.
     """
 
+INDEXER_ENTRY_BYTES: int = 132
+
+def visible_entries(context_lens: numpy.typing.ArrayLike, next_n: int = 1, compress_ratio: int = 1) -> NDArray[numpy.int64]:
+    """
+    Entries each row of a step sees (include/spin/geometry.h): int64 [batch·next_n], row j of request i at i·next_n + j, max(0, context_len - next_n + j + 1) // compress_ratio. context_lens: tokens cached per request including the step's next_n rows.
+    """
+
 def topk(scores: Annotated[NDArray, dict(writable=False)], k: int, visible_entries: numpy.typing.ArrayLike | None = None, block_ids: numpy.typing.ArrayLike | None = None, block_offsets: numpy.typing.ArrayLike | None = None, rows_per_mask: int = 1, block_entries: int = 0, out: NDArray | None = None, threads: int = 0) -> NDArray:
     """
     Per-row top-k (include/spin/topk.h): int32 [rows, k] positions, ascending, -1 padded; ties to the lower position. With a block mask only the scored blocks' entries are read.

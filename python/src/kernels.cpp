@@ -219,6 +219,19 @@ ArrayOut topk(ArrayArg scores_obj, int64_t k, IndexArg visible_obj, IndexArg blo
   return result;
 }
 
+// The visibility rule (spin/geometry.h) for a batch, in the row order of every kernel here.
+nb::ndarray<nb::numpy, int64_t> visible_entries(IndexArg context_lens_obj, int64_t next_n, int64_t compress_ratio) {
+  const int32_t n = int_arg(next_n, "next_n", 1, spin::kMaxNextN);
+  const int32_t ratio = int_arg(compress_ratio, "compress_ratio", 1, INT32_MAX);
+  const auto ctx = index_i64(context_lens_obj, {"context_lens", {-1}, 0, INT64_MAX, nullptr, false});
+  const int64_t rows = checked_mul(ctx.dim(0), n, "visible_entries");
+  std::vector<int64_t> out(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < ctx.dim(0); ++i)
+    for (int32_t j = 0; j < n; ++j)
+      out[static_cast<size_t>(i * n + j)] = spin::visible_entries(ctx.data[i], n, j, ratio);
+  return owned_array(std::move(out), {static_cast<size_t>(rows)});
+}
+
 }  // namespace
 
 nb::dict diagnose(const std::string& model, const std::string& gpu, int64_t context, int64_t batch,
@@ -281,6 +294,12 @@ void bind_kernels(nb::module_& m) {
         "weights float32 [batch, next_n, heads]. Optional block mask: block_ids int32 (sorted per "
         "request) with block_offsets int32 [batch + 1]. Returns float32 [batch·next_n, cols], -inf "
         "where not scored.");
+  m.attr("INDEXER_ENTRY_BYTES") = spin::kEntryBytes;  // one key of an indexer cache page
+  m.def("visible_entries", &visible_entries, nb::arg("context_lens"), nb::arg("next_n") = 1,
+        nb::arg("compress_ratio") = 1,
+        "Entries each row of a step sees (include/spin/geometry.h): int64 [batch·next_n], row j of "
+        "request i at i·next_n + j, max(0, context_len - next_n + j + 1) // compress_ratio. "
+        "context_lens: tokens cached per request including the step's next_n rows.");
   m.def("topk", &topk, nb::arg("scores"), nb::arg("k"), nb::arg("visible_entries") = nb::none(),
         nb::arg("block_ids") = nb::none(), nb::arg("block_offsets") = nb::none(),
         nb::arg("rows_per_mask") = 1, nb::arg("block_entries") = 0, nb::arg("out") = nb::none(),

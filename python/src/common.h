@@ -55,7 +55,7 @@ SPIN_PY_NAMED_OBJECT(ArrayArg, "numpy.ndarray[writable=False]");
 SPIN_PY_NAMED_OBJECT(F32ArrayArg, "numpy.ndarray[dtype=float32, writable=False]");
 // An `out` the result is written into, or the result: that `out`, else a new numpy array.
 SPIN_PY_NAMED_OBJECT(ArrayOut, "numpy.ndarray[]");
-SPIN_PY_NAMED_OBJECT(FloatsArg, "collections.abc.Sequence[float]");
+SPIN_PY_NAMED_OBJECT(FloatsArg, "collections.abc.Sequence[float]");  // diagnose's sparsities
 // A PredictorConfig (config_from): a dict of fields or a 'key=value ...' string; None: defaults.
 SPIN_PY_NAMED_OBJECT(ConfigArg, "collections.abc.Mapping[str, object] | str");
 

@@ -19,16 +19,18 @@ Research API (one object per request)::
 Serving API (one object per batch, include/spin/serving.h): :class:`Serving`.
 Traces, replay, workloads: :func:`open_trace`, :func:`score_trace`, :func:`replay`,
 :func:`generate_workload`, :func:`write_score_trace`. Kernels: :func:`indexer_scores`, :func:`topk`.
+Cache geometry: :func:`visible_entries` (the entries each row of a step sees) and
+``INDEXER_ENTRY_BYTES`` (one indexer key in a cache page: 128 e4m3 values and a 4-byte scale).
 The vLLM plugin: ``spin_dsa.vllm`` (README "Use spin in vLLM"; imports vLLM only when loaded).
 """
 
 from ._errors import (DataLoss, FailedPrecondition, InvalidArgument, InvalidType, IoError,
                       OutOfRange, ResourceExhausted, SpinError)
-from ._core import (Predictor, ScoredTrace, Serving, Trace, TraceReader, budget_blocks,
-                    check_config, cpu_summary, default_config, diagnose, generate_workload, indexer_impls,
-                    indexer_scores, make_predictor, make_trace, open_trace, predictor_info, predictor_names,
-                    replay, scenario_names, score_trace, topk, workload_params, write_score_trace,
-                    write_trace)
+from ._core import (INDEXER_ENTRY_BYTES, Predictor, ScoredTrace, Serving, Trace, TraceReader,
+                    budget_blocks, check_config, cpu_summary, default_config, diagnose, generate_workload,
+                    indexer_impls, indexer_scores, make_predictor, make_trace, open_trace, predictor_info,
+                    predictor_names, replay, scenario_names, score_trace, topk, visible_entries,
+                    workload_params, write_score_trace, write_trace)
 
 __version__ = "0.1.0"
 
@@ -42,4 +44,5 @@ __all__ = [
     "write_score_trace",
     "score_trace", "replay", "generate_workload", "scenario_names", "workload_params",
     "indexer_scores", "topk", "indexer_impls", "cpu_summary", "diagnose",
+    "visible_entries", "INDEXER_ENTRY_BYTES",
 ]

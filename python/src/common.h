@@ -38,6 +38,27 @@ namespace nb = nanobind;
 using InArray = nb::ndarray<nb::ro>;  // any dtype, shape, device: checked by array_data()
 using OutArray = nb::ndarray<>;       // writable
 
+// Argument and result types that only name, for the generated stub (_core.pyi, written at build
+// time by nanobind's stubgen), what a caller may pass or gets. They accept any object: the
+// bindings check it themselves (in_array, index_i32, config_from, ...) with the messages of this
+// layer, where nanobind's own conversion would print a bare "incompatible function arguments".
+inline bool any_object(PyObject*) { return true; }
+#define SPIN_PY_NAMED_OBJECT(Type, stub_text)                              \
+  class Type : public nb::object {                                         \
+    NB_OBJECT_DEFAULT(Type, object, stub_text, ::spin_py::any_object)      \
+  }
+// A small index array (slots, seq_lens, block ids, ...): a list, tuple or integer array (copied
+// when it is not exactly the dtype, see the banner).
+SPIN_PY_NAMED_OBJECT(IndexArg, "numpy.typing.ArrayLike");
+// A big input read in place: exactly the dtype the library reads (numpy array or torch CPU tensor).
+SPIN_PY_NAMED_OBJECT(ArrayArg, "numpy.ndarray[writable=False]");
+SPIN_PY_NAMED_OBJECT(F32ArrayArg, "numpy.ndarray[dtype=float32, writable=False]");
+// An `out` the result is written into, or the result: that `out`, else a new numpy array.
+SPIN_PY_NAMED_OBJECT(ArrayOut, "numpy.ndarray[]");
+SPIN_PY_NAMED_OBJECT(FloatsArg, "collections.abc.Sequence[float]");  // diagnose's sparsities
+// A PredictorConfig (config_from): a dict of fields or a 'key=value ...' string; None: defaults.
+SPIN_PY_NAMED_OBJECT(ConfigArg, "collections.abc.Mapping[str, object] | str");
+
 // Raises spin_dsa.<ErrorClass> (python/spin_dsa/_errors.py) with the library's message (invalid
 // UTF-8 in a message — bytes from a corrupt file — is replaced, never a UnicodeDecodeError).
 [[noreturn]] void raise_status(const spin::Status& status);

@@ -35,7 +35,7 @@ spin::IndexerImpl indexer_impl(const std::string& name) {
 
 // Writes into `out` (float32 [rows, >= cols]) or a new array (sized against the memory budget
 // first: a huge logits_cols or context is refused in GiB, not as a std::bad_alloc).
-nb::object float_out(nb::handle out, size_t rows, size_t cols, float** data, int64_t* stride) {
+ArrayOut float_out(ArrayOut out, size_t rows, size_t cols, float** data, int64_t* stride) {
   if (!out.is_none()) {
     OutArray o = out_array(out, "out");
     *data = array_data<float>(o, "out", 2);
@@ -43,7 +43,7 @@ nb::object float_out(nb::handle out, size_t rows, size_t cols, float** data, int
       raise_value("out: expected float32 [" + std::to_string(rows) + ", >= " + std::to_string(cols) + "], got " +
                   shape_text(o));
     *stride = static_cast<int64_t>(o.shape(1));
-    return nb::borrow(out);
+    return out;
   }
   const int64_t cells = checked_mul(static_cast<int64_t>(rows), static_cast<int64_t>(cols), "logits");
   check_fits(static_cast<double>(cells) * sizeof(float),
@@ -51,7 +51,7 @@ nb::object float_out(nb::handle out, size_t rows, size_t cols, float** data, int
   auto arr = owned_array(std::vector<float>(static_cast<size_t>(cells)), {rows, cols});
   *data = arr.data();
   *stride = static_cast<int64_t>(cols);
-  return nb::cast(arr);
+  return nb::borrow<ArrayOut>(nb::cast(arr));
 }
 
 // `out` must not share a byte with an input the kernel reads while it writes.
@@ -78,10 +78,10 @@ BlockMask block_mask(nb::handle ids_obj, nb::handle offsets_obj, int64_t masks, 
   return m;
 }
 
-nb::object indexer(nb::handle key_cache_obj, nb::handle block_table_obj, nb::handle context_lens_obj,
-                   nb::handle q_obj, nb::handle weights_obj, int64_t page_size, int64_t compress_ratio,
-                   nb::handle block_ids_obj, nb::handle block_offsets_obj, int64_t block_pages,
-                   int64_t logits_cols, nb::handle out, const std::string& impl_name, int64_t threads) {
+ArrayOut indexer(ArrayArg key_cache_obj, IndexArg block_table_obj, IndexArg context_lens_obj, ArrayArg q_obj,
+                 ArrayArg weights_obj, int64_t page_size, int64_t compress_ratio, IndexArg block_ids_obj,
+                 IndexArg block_offsets_obj, int64_t block_pages, int64_t logits_cols, ArrayOut out,
+                 const std::string& impl_name, int64_t threads) {
   // Scalars first: nothing below may divide by compress_ratio or start threads before they hold.
   spin::IndexerParams p;
   p.page_size = int_arg(page_size, "page_size", 1, 1 << 16);
@@ -129,7 +129,7 @@ nb::object indexer(nb::handle key_cache_obj, nb::handle block_table_obj, nb::han
   if (logits_cols < 0) logits_cols = most;
   if (logits_cols > INT32_MAX) raise_value("logits_cols: " + std::to_string(logits_cols) + " is above 2^31 - 1");
   const size_t rows = static_cast<size_t>(batch) * static_cast<size_t>(p.next_n);
-  nb::object result = float_out(out, rows, static_cast<size_t>(logits_cols), &p.logits, &p.logits_stride);
+  ArrayOut result = float_out(out, rows, static_cast<size_t>(logits_cols), &p.logits, &p.logits_stride);
   p.logits_cols = logits_cols;
   const size_t out_bytes = rows * static_cast<size_t>(p.logits_stride) * sizeof(float);
   check_no_alias(p.logits, out_bytes, key_cache, "key_cache");
@@ -144,9 +144,9 @@ nb::object indexer(nb::handle key_cache_obj, nb::handle block_table_obj, nb::han
   return result;
 }
 
-nb::object topk(nb::handle scores_obj, int64_t k, nb::handle visible_obj, nb::handle block_ids_obj,
-                nb::handle block_offsets_obj, int64_t rows_per_mask, int64_t block_entries,
-                nb::handle out, int64_t threads) {
+ArrayOut topk(ArrayArg scores_obj, int64_t k, IndexArg visible_obj, IndexArg block_ids_obj,
+              IndexArg block_offsets_obj, int64_t rows_per_mask, int64_t block_entries, ArrayOut out,
+              int64_t threads) {
   spin::TopkParams p;
   p.topk = int_arg(k, "k", 1, INT32_MAX);
   const int nthreads = threads_arg(threads);
@@ -182,7 +182,7 @@ nb::object topk(nb::handle scores_obj, int64_t k, nb::handle visible_obj, nb::ha
     p.block_ids = mask.ids.data;
     p.block_offsets = mask.offsets.data;
   }
-  nb::object result;
+  ArrayOut result;
   if (!out.is_none()) {
     OutArray o = out_array(out, "out");
     p.out = array_data<int32_t>(o, "out", 2);
@@ -199,7 +199,7 @@ nb::object topk(nb::handle scores_obj, int64_t k, nb::handle visible_obj, nb::ha
     if (mask.present && mask.offsets.held.is_valid() &&
         overlaps(p.out, out_bytes, mask.offsets.data, mask.offsets.held.nbytes()))
       raise_value("out: shares memory with block_offsets");
-    result = nb::borrow(out);
+    result = out;
   } else {
     const int64_t cells = checked_mul(rows, p.topk, "topk output");
     check_fits(static_cast<double>(cells) * sizeof(int32_t),
@@ -208,7 +208,7 @@ nb::object topk(nb::handle scores_obj, int64_t k, nb::handle visible_obj, nb::ha
                            {static_cast<size_t>(rows), static_cast<size_t>(p.topk)});
     p.out = arr.data();
     p.out_stride = p.topk;
-    result = nb::cast(arr);
+    result = nb::borrow<ArrayOut>(nb::cast(arr));
   }
   spin::Status st;
   {
@@ -219,10 +219,23 @@ nb::object topk(nb::handle scores_obj, int64_t k, nb::handle visible_obj, nb::ha
   return result;
 }
 
+// The visibility rule (spin/geometry.h) for a batch, in the row order of every kernel here.
+nb::ndarray<nb::numpy, int64_t> visible_entries(IndexArg context_lens_obj, int64_t next_n, int64_t compress_ratio) {
+  const int32_t n = int_arg(next_n, "next_n", 1, spin::kMaxNextN);
+  const int32_t ratio = int_arg(compress_ratio, "compress_ratio", 1, INT32_MAX);
+  const auto ctx = index_i64(context_lens_obj, {"context_lens", {-1}, 0, INT64_MAX, nullptr, false});
+  const int64_t rows = checked_mul(ctx.dim(0), n, "visible_entries");
+  std::vector<int64_t> out(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < ctx.dim(0); ++i)
+    for (int32_t j = 0; j < n; ++j)
+      out[static_cast<size_t>(i * n + j)] = spin::visible_entries(ctx.data[i], n, j, ratio);
+  return owned_array(std::move(out), {static_cast<size_t>(rows)});
+}
+
 }  // namespace
 
 nb::dict diagnose(const std::string& model, const std::string& gpu, int64_t context, int64_t batch,
-                  int64_t next_n, nb::handle sparsities, double other_ms) {
+                  int64_t next_n, FloatsArg sparsities, double other_ms) {
   spin::DiagnoseInput in;
   auto mp = spin::model_preset(model);
   if (!mp.ok()) raise_status(mp.status());
@@ -281,6 +294,12 @@ void bind_kernels(nb::module_& m) {
         "weights float32 [batch, next_n, heads]. Optional block mask: block_ids int32 (sorted per "
         "request) with block_offsets int32 [batch + 1]. Returns float32 [batch·next_n, cols], -inf "
         "where not scored.");
+  m.attr("INDEXER_ENTRY_BYTES") = spin::kEntryBytes;  // one key of an indexer cache page
+  m.def("visible_entries", &visible_entries, nb::arg("context_lens"), nb::arg("next_n") = 1,
+        nb::arg("compress_ratio") = 1,
+        "Entries each row of a step sees (include/spin/geometry.h): int64 [batch·next_n], row j of "
+        "request i at i·next_n + j, max(0, context_len - next_n + j + 1) // compress_ratio. "
+        "context_lens: tokens cached per request including the step's next_n rows.");
   m.def("topk", &topk, nb::arg("scores"), nb::arg("k"), nb::arg("visible_entries") = nb::none(),
         nb::arg("block_ids") = nb::none(), nb::arg("block_offsets") = nb::none(),
         nb::arg("rows_per_mask") = 1, nb::arg("block_entries") = 0, nb::arg("out") = nb::none(),

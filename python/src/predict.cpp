@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
@@ -81,8 +82,7 @@ class Predictor {
       : p_(std::move(p)), layers_(static_cast<size_t>(p_->num_layers())) {}
 
   nb::ndarray<nb::numpy, int32_t> select(int64_t layer_arg, int64_t step, int64_t num_entries,
-                                         int64_t next_n_arg, nb::handle visible_entries,
-                                         nb::handle true_topk) {
+                                         int64_t next_n_arg, IndexArg visible_entries, IndexArg true_topk) {
     CallGuard guard(*busy_, "Predictor.select");
     const int32_t layer = layer_index(layer_arg);
     const int32_t next_n = int_arg(next_n_arg, "next_n", 1, spin::kMaxNextN);
@@ -128,8 +128,7 @@ class Predictor {
     return owned_array(std::move(blocks), {n});
   }
 
-  void observe(int64_t layer_arg, int64_t row_arg, nb::handle scores_obj, nb::handle topk,
-               nb::handle scored_blocks) {
+  void observe(int64_t layer_arg, int64_t row_arg, ArrayArg scores_obj, IndexArg topk, IndexArg scored_blocks) {
     CallGuard guard(*busy_, "Predictor.observe");
     const int32_t layer = layer_index(layer_arg);
     const LayerSel& l = layers_[static_cast<size_t>(layer)];
@@ -210,7 +209,7 @@ void bind_predict(nb::module_& m) {
   m.def("predictor_names", &spin::predictor_names, "The predictor names make_predictor accepts.");
   m.def(
       "predictor_info",
-      [] {
+      []() -> nb::typed<nb::list, nb::typed<nb::dict, nb::str, std::variant<nb::str, bool>>> {
         nb::list rows;
         for (const spin::PredictorInfo& info : spin::predictor_registry()) {
           nb::dict row;
@@ -229,10 +228,10 @@ void bind_predict(nb::module_& m) {
       "reuses_previous_topk.");
   m.def("default_config", [] { return config_dict(spin::PredictorConfig{}); },
         "The PredictorConfig defaults as a dict (include/spin/predict.h documents each field).");
-  m.def("check_config", [](nb::handle c) { return config_dict(config_from(c)); }, nb::arg("config").none(),
+  m.def("check_config", [](ConfigArg c) { return config_dict(config_from(c)); }, nb::arg("config").none(),
         "Validates a config (dict or 'key=value ...') and returns it complete, as a dict.");
   m.def("budget_blocks",
-        [](nb::handle c, int64_t n_blocks) {
+        [](ConfigArg c, int64_t n_blocks) {
           if (n_blocks < 0 || n_blocks > (int64_t{1} << 31))
             raise_value("n_blocks: " + std::to_string(n_blocks) + " is outside 0..2^31");
           return spin::budget_blocks(config_from(c), n_blocks);
@@ -273,7 +272,7 @@ void bind_predict(nb::module_& m) {
 
   m.def(
       "make_predictor",
-      [](const std::string& name, nb::handle config, int64_t num_layers, int64_t request_id) {
+      [](const std::string& name, ConfigArg config, int64_t num_layers, int64_t request_id) {
         auto r = spin::make_predictor(name, config_from(config), int_arg(num_layers, "num_layers", 1, 1024),
                                       request_id);
         if (!r.ok()) raise_status(r.status());

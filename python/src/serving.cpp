@@ -22,7 +22,7 @@ namespace {
 class Serving {
  public:
   Serving(int64_t max_requests, int64_t num_layers, int64_t max_entries, const std::string& predictor,
-          nb::handle config, int64_t max_next_n, int64_t compress_ratio) {
+          ConfigArg config, int64_t max_next_n, int64_t compress_ratio) {
     spin::ServingOptions o;
     o.predictor = predictor;
     o.config = config_from(config);
@@ -42,8 +42,7 @@ class Serving {
     counts_.assign(static_cast<size_t>(rows), 0);
   }
 
-  nb::object select(nb::handle slots_obj, int64_t layer, nb::handle seq_lens_obj, int64_t next_n,
-                    nb::handle out) {
+  ArrayOut select(IndexArg slots_obj, int64_t layer, IndexArg seq_lens_obj, int64_t next_n, ArrayOut out) {
     CallGuard guard(busy_, "Serving.select");
     const int32_t nn = int_arg(next_n, "next_n", 1, spin::kMaxNextN);  // the library names max_next_n
     const int32_t l = int_arg(layer, "layer", 0, s_->options().num_layers - 1);
@@ -75,9 +74,9 @@ class Serving {
     last_rows_ = 0;  // a refused select leaves no rows to read
     check(s_->select(slots.data, static_cast<int32_t>(batch), l, seq.data, nn, dst, stride, counts_.data()));
     last_rows_ = rows;
-    if (!out.is_none()) return nb::borrow(out);
+    if (!out.is_none()) return out;
     nb::object self = nb::find(this);  // the view keeps this object (and its buffer) alive
-    return nb::cast(nb::ndarray<nb::numpy, int32_t>(blocks_.data(), {rows, cols}, self));
+    return nb::borrow<ArrayOut>(nb::cast(nb::ndarray<nb::numpy, int32_t>(blocks_.data(), {rows, cols}, self)));
   }
 
   // Only the rows the last select wrote: the buffer's other entries are older selects' counts.
@@ -89,7 +88,7 @@ class Serving {
     return nb::ndarray<nb::numpy, int32_t>(counts_.data(), {static_cast<size_t>(rows)}, self);
   }
 
-  void observe(nb::handle slots_obj, int64_t layer, nb::handle logits_obj, nb::handle topk_obj) {
+  void observe(IndexArg slots_obj, int64_t layer, ArrayArg logits_obj, ArrayArg topk_obj) {
     CallGuard guard(busy_, "Serving.observe");
     const int32_t l = int_arg(layer, "layer", 0, s_->options().num_layers - 1);
     const auto slots = slot_array(slots_obj);
@@ -104,7 +103,7 @@ class Serving {
                       tk_stride));
   }
 
-  void observe_scored(nb::handle slots_obj, int64_t layer, nb::handle scored_obj, nb::handle topk_obj) {
+  void observe_scored(IndexArg slots_obj, int64_t layer, ArrayArg scored_obj, ArrayArg topk_obj) {
     CallGuard guard(busy_, "Serving.observe_scored");
     const int32_t l = int_arg(layer, "layer", 0, s_->options().num_layers - 1);
     const auto slots = slot_array(slots_obj);
@@ -118,7 +117,7 @@ class Serving {
                              static_cast<int64_t>(scored.shape(1)), tk, tk_stride));
   }
 
-  void commit(nb::handle slots_obj, nb::handle accepted_obj) {
+  void commit(IndexArg slots_obj, IndexArg accepted_obj) {
     CallGuard guard(busy_, "Serving.commit");
     const auto slots = slot_array(slots_obj);
     const int64_t batch = slots.dim(0);
@@ -135,7 +134,7 @@ class Serving {
     check(s_->commit(slots.data, static_cast<int32_t>(batch), acc));
   }
 
-  void prefill(nb::handle slots_obj, int64_t layer, nb::handle seq_lens_obj, nb::handle logits_obj) {
+  void prefill(IndexArg slots_obj, int64_t layer, IndexArg seq_lens_obj, ArrayArg logits_obj) {
     CallGuard guard(busy_, "Serving.prefill");
     const int32_t l = int_arg(layer, "layer", 0, s_->options().num_layers - 1);
     const auto slots = slot_array(slots_obj);
@@ -207,7 +206,7 @@ void bind_serving(nb::module_& m) {
                       "state indexed by request slot, every buffer preallocated. Per step: "
                       "select/observe every layer, then commit; add/drop slots as requests come "
                       "and go. Exploration is keyed on the request id, not the slot.")
-      .def(nb::init<int64_t, int64_t, int64_t, const std::string&, nb::handle, int64_t, int64_t>(),
+      .def(nb::init<int64_t, int64_t, int64_t, const std::string&, ConfigArg, int64_t, int64_t>(),
            nb::arg("max_requests"), nb::arg("num_layers"), nb::arg("max_entries"),
            nb::arg("predictor") = "spin", nb::arg("config").none() = nb::none(), nb::arg("max_next_n") = 1,
            nb::arg("compress_ratio") = 1,

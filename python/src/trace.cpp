@@ -21,6 +21,10 @@ namespace spin_py {
 
 namespace {
 
+// For the stub (common.h): what score_trace and generate_workload take.
+SPIN_PY_NAMED_OBJECT(TraceArg, "str | Trace | TraceReader");
+SPIN_PY_NAMED_OBJECT(StrArg, "str");
+
 template <typename T>
 nb::ndarray<nb::numpy, const T> view(const T* data, std::initializer_list<size_t> shape, nb::handle owner) {
   return nb::ndarray<nb::numpy, const T>(data, shape, owner);
@@ -143,7 +147,8 @@ spin::TraceMeta parse_meta(nb::dict meta) {
   return m;
 }
 
-PyTrace make_trace(nb::dict meta, nb::handle ctx_len, nb::list layers, nb::handle accepted) {
+PyTrace make_trace(nb::dict meta, IndexArg ctx_len, nb::typed<nb::list, nb::typed<nb::dict, nb::str, ArrayArg>> layers,
+                   IndexArg accepted) {
   auto t = std::make_shared<spin::Trace>();
   spin::TraceMeta& m = t->meta;
   m = parse_meta(meta);
@@ -176,8 +181,8 @@ PyTrace make_trace(nb::dict meta, nb::handle ctx_len, nb::list layers, nb::handl
 
 // A score trace (kind=scores) from arrays: scores one float32 [steps, next_n, entries] per layer.
 // Validated and written atomically by the library (spin::write_score_trace).
-void write_score_trace(nb::dict meta, nb::handle ctx_len, nb::list scores, const std::string& path,
-                       nb::handle accepted) {
+void write_score_trace(nb::dict meta, IndexArg ctx_len, nb::typed<nb::list, F32ArrayArg> scores,
+                       const std::string& path, IndexArg accepted) {
   spin::ScoreTrace t;
   t.meta = parse_meta(meta);
   t.meta.kind = spin::TraceKind::kScores;
@@ -206,7 +211,7 @@ void write_score_trace(nb::dict meta, nb::handle ctx_len, nb::list scores, const
   check(st);
 }
 
-PyScored score(nb::handle trace, int64_t threads) {
+PyScored score(TraceArg trace, int64_t threads) {
   PyScored out;
   spin::ScoreOptions o;
   o.threads = threads_arg(threads);
@@ -233,7 +238,7 @@ PyScored score(nb::handle trace, int64_t threads) {
   return out;
 }
 
-nb::dict replay(const PyScored& s, const std::string& predictor, nb::handle config, bool open_loop,
+nb::dict replay(const PyScored& s, const std::string& predictor, ConfigArg config, bool open_loop,
                 bool warm_start, bool keep_topk) {
   spin::ReplayOptions o;
   o.predictor = predictor;
@@ -421,7 +426,7 @@ void bind_trace(nb::module_& m) {
   }, nb::arg("scenario"), "A scenario's generator parameters as 'key=value ...'.");
   m.def(
       "generate_workload",
-      [](nb::handle scenario, nb::kwargs params) {
+      [](StrArg scenario, nb::kwargs params) {
         spin::WorkloadParams p;
         if (!scenario.is_none()) {
           if (!nb::isinstance<nb::str>(scenario)) raise_type("scenario: expected a name (str) or None");

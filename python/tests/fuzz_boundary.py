@@ -405,14 +405,18 @@ def trace_case(rng, verbose, files):
 
 
 def misc_case(rng, verbose):
-    op = rng.choice(["check_config", "budget_blocks", "diagnose", "generate_workload", "make_trace",
-                     "write_score_trace"])
+    op = rng.choice(["check_config", "budget_blocks", "visible_entries", "diagnose", "generate_workload",
+                     "make_trace", "write_score_trace"])
     described = Notes([op])
     if op == "check_config":
         spin_dsa.check_config(rng.choice([None, {}, {"alpha": 0.3}, {"alpha": "x"}, "topk=0", 7, [1],
                                           {"alpha": float("nan")}, {"\ud800": 1}]))
     elif op == "budget_blocks":
         spin_dsa.budget_blocks(rng.choice([None, dict(CFG), "bad"]), mutate_scalar(rng, 10, "n")[0])
+    elif op == "visible_entries":
+        ctx, note = mutate_array(rng, np.array([0, 5, 300], np.int64), "context_lens")
+        described.append(note)
+        spin_dsa.visible_entries(ctx, rng.choice([1, 2, 4, 0, 5, -1]), mutate_scalar(rng, 4, "ratio")[0])
     elif op == "diagnose":
         spin_dsa.diagnose(batch=mutate_scalar(rng, 1, "batch")[0] if rng.random() < 0.5 else 1,
                           next_n=rng.choice([1, 2, 0, 99]), sparsities=rng.choice([None, [0.5], ["x"], 5, [True]]))

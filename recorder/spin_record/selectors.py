@@ -7,9 +7,8 @@ Interface (one selector object per decoded sequence, state per layer):
     commit()                       end of a decode step (all layers done)
 `needs_truth = True` selectors (oracle) get `peek(layer, full_scores)` before `select`.
 
-Budget and forced blocks: B = ceil((1 - sparsity) * n_blocks), never
-below what top-k needs (ceil(topk / block) blocks) plus the forced ones; forced = the first
-`sink_blocks` blocks and the newest `local_blocks` (the newest holds never-scored entries).
+Budget and forced blocks: B = budget_blocks(...) below, the C++ predictors' budget; forced = the
+first `sink_blocks` blocks and the newest `local_blocks` (the newest holds never-scored entries).
 
 SPIN itself is not reimplemented here: `SpinDsaSelector` is the adapter point for the C++
 predictors through the `spin_dsa` Python bindings; see recorder/README.md.
@@ -20,9 +19,18 @@ import math
 import numpy as np
 
 
-def budget_blocks(sparsity, n_blocks, topk, block, forced):
-    need = min(n_blocks, math.ceil(topk / block) + forced)
-    return min(n_blocks, max(need, math.ceil((1.0 - sparsity) * n_blocks - 1e-9)))
+def budget_blocks(sparsity, n_blocks, topk, block, sink_blocks, local_blocks):
+    """Blocks scored for a row that sees n_blocks blocks: ceil((1 - sparsity) * n_blocks), never
+    below what top-k needs (ceil(topk / block)) nor below the forced blocks, at most n_blocks.
+
+    The library's rule (spin_dsa.budget_blocks) restated: this virtualenv has no C++ build, and
+    the baselines must get the budget the C++ predictors get beside them in the quality report.
+    python/tests/test_recorder_budget.py checks the two agree."""
+    if n_blocks <= 0:
+        return 0
+    share = math.ceil((1.0 - sparsity) * n_blocks - 1e-9)  # (1 - 0.3) * 10 = 7.000000000000001 is 7
+    forced = min(n_blocks, sink_blocks + local_blocks)
+    return min(n_blocks, max(share, -(-topk // block), forced))
 
 
 class _Base:
@@ -36,7 +44,7 @@ class _Base:
     def _frame(self, ctx_len):
         nb = -(-ctx_len // self.block)
         forced = sorted(set(range(min(self.sink, nb))) | set(range(max(0, nb - self.local), nb)))
-        B = budget_blocks(self.sparsity, nb, self.topk, self.block, len(forced))
+        B = budget_blocks(self.sparsity, nb, self.topk, self.block, self.sink, self.local)
         return nb, forced, B
 
     def _fill(self, nb, forced, B, ranked):

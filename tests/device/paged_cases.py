@@ -5,6 +5,8 @@ them (ascending, -1 padded, the union of a request's MTP rows, the newest blocks
 import numpy as np
 import torch
 
+import spin_dsa
+
 
 def quantize(x):
     """fp32 [n, 128] → e4m3 bytes uint8 [n, 128] and UE8M0 scales float32 [n]:
@@ -50,7 +52,8 @@ def queries(rows, heads, rng, signed=True):
 
 
 def visible(seq_len, next_n, j, compress_ratio=1):
-    return max(0, seq_len - next_n + j + 1) // compress_ratio
+    """Entries row j sees: the library's rule."""
+    return int(spin_dsa.visible_entries([seq_len], next_n, compress_ratio)[j])
 
 
 def choose_blocks(seq_lens, next_n, block_entries, rng, keep=0.5, width=None, compress_ratio=1,

@@ -72,6 +72,12 @@ CASES = [
 ]
 
 
+def test_kernel_entry_is_the_library_entry():
+    """The kernel's page layout restates spin_dsa.INDEXER_ENTRY_BYTES (it loads without spin_dsa)."""
+    from spin_dsa.device import _logits_kernel
+    assert _logits_kernel.ENTRY_BYTES.value == spin_dsa.INDEXER_ENTRY_BYTES
+
+
 @pytest.mark.parametrize("page_size,heads,next_n,pages,lengths,fp8", CASES)
 def test_kernel_matches_reference(page_size, heads, next_n, pages, lengths, fp8):
     rng = np.random.default_rng(hash((page_size, heads, next_n, fp8)) % 2**32)

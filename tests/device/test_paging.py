@@ -36,6 +36,25 @@ HAVE_TRITON = _triton()
 
 
 # --------------------------------------------------------------------------------------------
+# visible_entries: the device's tensor form of the library's rule
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_visible_entries_is_the_library_rule(dtype):
+    """Every device-path visibility goes through P.visible_entries (tensor ops, no host sync);
+    it must give what the library's spin_dsa.visible_entries gives, row for row."""
+    ctx = np.array(list(range(0, 260)) + [4095, 4096, 4097, 2 ** 31 - 1], np.int64)
+    if dtype == torch.int64:
+        ctx = np.concatenate([ctx, [2 ** 31 + 3, 2 ** 40]])
+    for next_n in range(1, 5):
+        for cr in (1, 2, 3, 4, 7, 64):
+            want = spin_dsa.visible_entries(ctx, next_n, cr)
+            got = P.visible_entries(torch.from_numpy(ctx).to(dtype).to(DEV), next_n, cr)
+            assert got.dtype == torch.int64
+            np.testing.assert_array_equal(got.cpu().numpy(), want, err_msg=f"next_n={next_n} cr={cr}")
+
+
+# --------------------------------------------------------------------------------------------
 # compact
 # --------------------------------------------------------------------------------------------
 

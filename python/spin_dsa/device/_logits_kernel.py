@@ -4,6 +4,11 @@ alone; :func:`spin_dsa.device._logits.paged_logits` imports this on first use.""
 import triton
 import triton.language as tl
 
+# Bytes of one entry of an indexer cache page: D = 128 e4m3 codes and one fp32 scale. The library's
+# spin_dsa.INDEXER_ENTRY_BYTES, restated because this module also loads without the compiled
+# library (bench/gpu/run.py on a bare GPU machine); tests/device/test_logits.py holds them equal.
+ENTRY_BYTES = tl.constexpr(128 + 4)
+
 
 @triton.jit
 def _e4m3_to_f32(u8):
@@ -66,8 +71,10 @@ def _paged_logits_kernel(Q, W, CACHE, CACHE_F32, TABLE, stride_tb, table_cols, L
         next_cols = cols + BLOCK_N
         next_page = tl.load(table_row + next_cols // PAGE_SIZE, mask=next_cols < req_len, other=0)
         slot = cols % PAGE_SIZE
-        k_off = (page * (PAGE_SIZE * 132) + slot * D)[:, None] + d[None, :]
-        k_scale = tl.load(CACHE_F32 + page * (PAGE_SIZE * 33) + PAGE_SIZE * 32 + slot, mask=live, other=0.0)
+        k_off = (page * (PAGE_SIZE * ENTRY_BYTES) + slot * D)[:, None] + d[None, :]
+        # The page in fp32 words: its PAGE_SIZE scales follow PAGE_SIZE · D code bytes.
+        k_scale = tl.load(CACHE_F32 + page * (PAGE_SIZE * ENTRY_BYTES // 4) + PAGE_SIZE * D // 4 + slot,
+                          mask=live, other=0.0)
         if FP8_DOT:
             # Loaded as e4m3 through an e4m3 pointer: the tile goes from the async copy's shared
             # memory straight into the MMA (no register round trip for a bitcast).

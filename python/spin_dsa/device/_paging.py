@@ -59,8 +59,12 @@ _INDEX = (torch.int32, torch.int64)
 
 
 def visible_entries(seq_lens: torch.Tensor, next_n: int, compress_ratio: int = 1) -> torch.Tensor:
-    """Entries row ``j`` of each request sees (include/spin/geometry.h): ``max(0, seq_len - next_n + j + 1)
-    // compress_ratio``, as int64 ``[batch · next_n]`` (row ``i · next_n + j``)."""
+    """Entries row ``j`` of each request sees: ``max(0, seq_len - next_n + j + 1) // compress_ratio``,
+    as int64 ``[batch · next_n]`` (row ``i · next_n + j``).
+
+    :func:`spin_dsa.visible_entries` (the library's rule, on the host) restated as tensor ops, so
+    that it stays on the device; the device path computes visibility here and nowhere else, and
+    tests/device/test_paging.py checks the two agree."""
     j = torch.arange(next_n, device=seq_lens.device, dtype=torch.int64)
     tokens = (seq_lens.to(torch.int64)[:, None] - next_n + 1 + j[None, :]).clamp_min(0)
     return (tokens // compress_ratio).reshape(-1)

@@ -32,6 +32,7 @@ import torch
 import spin_dsa
 
 from . import _hash
+from ._paging import visible_entries
 
 # Predictors whose choice reads only their own state (what a device can keep without the key
 # cache or the true top-k). spin with explore_ratio=0 is "spin without exploration".
@@ -308,10 +309,8 @@ class Serving:
         return slots.long(), int(layer)
 
     def _row_visible(self, seq_lens, next_n):
-        """[batch, next_n] entries each row sees (spin/geometry.h visible_entries)."""
-        j = torch.arange(next_n, dtype=torch.int64, device=self.device)
-        tokens = seq_lens.long().unsqueeze(1) - next_n + j + 1
-        return tokens.clamp(min=0) // self.compress_ratio
+        """[batch, next_n] entries each row sees."""
+        return visible_entries(seq_lens, next_n, self.compress_ratio).view(-1, next_n)
 
     def select(self, slots, layer, seq_lens, next_n=1):
         """(blocks int32 [batch·next_n, width], counts int32 [batch·next_n]) on the device."""

@@ -207,7 +207,7 @@ class DeviceRuntime:
         tokens = torch.tensor([t for _, t in self._prompt_rows], dtype=torch.int64,
                               device=self.device)
         L = md.seq_lens[rows].long()
-        entries = (L // self.compress_ratio).to(torch.int32)
+        entries = sd.visible_entries(L, 1, self.compress_ratio).to(torch.int32)  # one row each
         cache, table = _page_view(kv_cache, md.block_table[rows].to(torch.int32), self.page_size)
         q = q_quant.index_select(0, tokens)
         w = weights.index_select(0, tokens).float()

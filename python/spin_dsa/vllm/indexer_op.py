@@ -47,7 +47,7 @@ def kv_pages(kv_cache: torch.Tensor, page_size: int):
     (page_size·128 e4m3 values, then page_size fp32 scales), but a layer's view may stride over a
     cache shared by several layers. Returns (pages uint8 [n, page_bytes], mult, base): physical
     block p of vLLM is spin page p·mult + base."""
-    page_bytes = page_size * 132
+    page_bytes = page_size * spin_dsa.INDEXER_ENTRY_BYTES
     kv = kv_cache.view(torch.uint8) if kv_cache.dtype != torch.uint8 else kv_cache
     n = kv.shape[0]
     inner = kv[0] if n else kv
@@ -103,7 +103,7 @@ def spin_decode_cpu(op, md, q_quant: torch.Tensor, weights: torch.Tensor,
                                      block_ids=block_ids, block_offsets=offsets,
                                      block_pages=int(cfg["block_pages"]),
                                      logits_cols=int(seq_lens.max()))
-    visible = (seq_lens[:, None] - next_n + 1 + np.arange(next_n)).clip(min=0).reshape(-1)
+    visible = spin_dsa.visible_entries(seq_lens, next_n)  # compress_ratio 1, as indexer_scores
     top = spin_dsa.topk(logits, int(op.topk_tokens), visible_entries=visible, block_ids=block_ids,
                         block_offsets=offsets, rows_per_mask=next_n,
                         block_entries=rt.serving.block_entries)

@@ -306,10 +306,11 @@ class SpinRuntime:
             blocks = self.serving.select(slots[decode], layer, seq_lens[decode], next_n)
             counts = self.serving.counts(int(decode.sum()) * next_n)
         E = self.serving.block_entries
+        newest = spin_dsa.visible_entries(seq_lens, next_n)[next_n - 1::next_n]  # each last row's
         ids, offsets, d = [], [0], 0
         self._recorded_rows = []  # (request index, spin's own blocks) of recorded requests
         for i in range(batch):
-            visible = -(-int(seq_lens[i]) // E)
+            visible = -(-int(newest[i]) // E)
             own = blocks[d * next_n, :counts[d * next_n]].copy() if decode[i] else None
             if warm[i]:
                 b = np.arange(visible, dtype=np.int32)
@@ -347,8 +348,9 @@ class SpinRuntime:
                                  None if topk is None else np.ascontiguousarray(topk[rows]))
         if warm.any():  # row 0: the real token (the others are drafts, maybe rejected)
             first = np.flatnonzero(warm) * next_n
-            self.serving.prefill(slots[warm], layer, seq_lens[warm] - next_n + 1,
-                                 np.ascontiguousarray(logits[first]))
+            # Row 0's tokens: its visible entries (this path's compress_ratio is 1).
+            tokens = spin_dsa.visible_entries(seq_lens[warm], next_n)[::next_n]
+            self.serving.prefill(slots[warm], layer, tokens, np.ascontiguousarray(logits[first]))
         if self.recorder is not None:
             for i, rid in enumerate(self._batch[:len(slots)]):
                 if self.recorder.recording(rid):
@@ -362,7 +364,7 @@ class SpinRuntime:
         k, E = self.topk, self.serving.block_entries
         for i, own in self._recorded_rows:
             rows = slice(i * next_n, (i + 1) * next_n)
-            vis = np.maximum(int(seq_lens[i]) - next_n + 1 + np.arange(next_n), 0)
+            vis = spin_dsa.visible_entries(seq_lens[i:i + 1], next_n)
             topk[rows, :k] = spin_dsa.topk(np.ascontiguousarray(logits[rows]), k,
                                            visible_entries=vis, block_ids=own,
                                            block_offsets=np.array([0, own.size], np.int32),

@@ -4,7 +4,7 @@
 
 #include "cli.h"
 #include "spin/diagnose.h"
-#include "spin/engine.h"
+#include "spin/model.h"
 #include "spin/files.h"
 
 namespace spin::cli {

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "spin/engine.h"
+#include "spin/model.h"
 #include "spin/status.h"
 
 namespace spin {
@@ -47,7 +47,7 @@ Result<GpuPreset> gpu_preset(const std::string& name);
 const std::vector<std::string>& gpu_preset_names();
 
 struct DiagnoseInput {
-  ModelPreset model;        // spin/engine.h presets
+  ModelPreset model;        // spin/model.h presets
   GpuPreset gpu;
   int64_t context = 131072; // tokens cached per request
   int32_t batch = 1;        // requests decoding together

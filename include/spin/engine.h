@@ -24,28 +24,12 @@
 
 #include "spin/attention.h"
 #include "spin/indexer.h"
+#include "spin/model.h"
 #include "spin/predict.h"
 #include "spin/status.h"
 #include "spin/topk.h"
 
 namespace spin {
-
-struct ModelPreset {
-  std::string name;
-  int32_t model_layers = 0;     // decoder layers of the model
-  int32_t indexer_layers = 0;   // layers with a lightning indexer
-  int32_t index_heads = 64;     // indexer heads × 128 dims
-  int32_t topk = 2048;
-  int32_t page_size = kDefaultPageSize;       // indexer entries per page
-  int32_t compress_ratio = 1;   // tokens per indexer entry (V4 CSA: 4)
-  int32_t attn_heads = 128;     // MLA query heads
-  int32_t window = 0;           // V4 sliding-window entries attended besides the top-k
-};
-// deepseek-v3.2 (61 of 61 layers, top-k 2048, 128 heads), deepseek-v4-flash (21 of 43, ratio 4,
-// top-k 512, 64 heads, window 128), deepseek-v4-pro (30 of 61, ratio 4, top-k 1024, 128 heads,
-// window 128).
-Result<ModelPreset> model_preset(const std::string& name);
-const std::vector<std::string>& model_preset_names();
 
 // The kernels' own options, one struct per kernel family, as the engine passes them to every call
 // of a step (their num_threads are replaced by EngineConfig::threads). Printed with results.

@@ -13,28 +13,13 @@
 #include <limits>
 
 #include "core/errors.h"
+#include "engine/inputs.h"
 #include "spin/cache.h"
 #include "spin/indexer.h"
 #include "spin/predictor_inputs.h"
-#include "spin/rng.h"
 #include "spin/topk.h"
 
 namespace spin {
-
-const std::vector<std::string>& model_preset_names() {
-  static const std::vector<std::string> names = {"deepseek-v3.2", "deepseek-v4-flash", "deepseek-v4-pro"};
-  return names;
-}
-
-Result<ModelPreset> model_preset(const std::string& name) {
-  // The published model configs: V3.2 has an indexer on all 61 layers (64 heads × 128, top-k 2048,
-  // 128 MLA heads); V4-Flash / V4-Pro index their CSA layers (21 of 43 / 30 of 61) over entries
-  // that compress 4 tokens, with top-k 512 / 1024 and a 128-entry sliding window besides.
-  if (name == "deepseek-v3.2") return ModelPreset{name, 61, 61, 64, 2048, 64, 1, 128, 0};
-  if (name == "deepseek-v4-flash") return ModelPreset{name, 43, 21, 64, 512, 64, 4, 64, 128};
-  if (name == "deepseek-v4-pro") return ModelPreset{name, 61, 30, 64, 1024, 64, 4, 128, 128};
-  return invalid_argument("unknown model preset '{}' (deepseek-v3.2, deepseek-v4-flash, deepseek-v4-pro)", name);
-}
 
 EngineKernels EngineKernels::reference() {
   EngineKernels k;
@@ -60,22 +45,15 @@ std::string EngineKernels::to_string() const {
 
 namespace {
 
+using engine_inputs::InputSource;
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-
-enum : uint64_t { kTagIndexKey = 11, kTagLatent, kTagIndexQuery, kTagAttnQuery, kTagAccept };
 
 int64_t entries_for_tokens(const EngineConfig& c, int64_t tokens) { return tokens / c.model.compress_ratio; }
 
 int64_t pages_per_request(const EngineConfig& c, int64_t max_tokens) {
   const int64_t entries = entries_for_tokens(c, max_tokens + c.next_n) + 1;
   return (entries + c.model.page_size - 1) / c.model.page_size;
-}
-
-// Random e4m3 code that is never a NaN code.
-inline uint8_t random_code(uint64_t bits) {
-  const uint8_t c = static_cast<uint8_t>(bits);
-  return (c & 0x7F) == 0x7F ? static_cast<uint8_t>(c & 0xFE) : c;
 }
 
 // |a ∩ b| and |b| of two top-k rows (position-ascending, -1 padded, as topk() writes them).
@@ -131,6 +109,7 @@ struct DecodeEngine::Impl {
     std::vector<std::vector<int32_t>> last_topk;  // [layer][rows · topk]
   };
   std::vector<Request> requests;
+  std::unique_ptr<InputSource> inputs;  // synthetic, or cfg.inputs replayed
   int threads = 1;
   EngineKernels kernels;  // cfg.kernels with every num_threads set to `threads`
   // The shape of the open step (set by append_tokens and size_buffers).
@@ -152,8 +131,9 @@ struct DecodeEngine::Impl {
     return nullptr;
   }
 
-  // Writes random entries [first, last) of every layer for request r (keys and latents keyed on
-  // seed, layer, request and position, so any two engines with the same seed hold the same data).
+  // Writes entries [first, last) of every layer for request r: the source's indexer keys, and
+  // random latents (keyed on seed, layer, request and position, so any two engines with the same
+  // seed hold the same data).
   void fill_entries(const Request& r, int64_t first, int64_t last) {
     const int32_t page_size = cfg.model.page_size;
     const IndexerPageLayout ilayout{page_size};
@@ -167,102 +147,16 @@ struct DecodeEngine::Impl {
         const int32_t o = static_cast<int32_t>(e % page_size);
         uint8_t* key = icache + phys * ilayout.page_bytes() + ilayout.value_offset(o);
         float* scale = reinterpret_cast<float*>(icache + phys * ilayout.page_bytes() + ilayout.scale_offset(o));
-        write_index_key(l, r.id, e, key, scale);
+        inputs->index_key(l, r.id, e, key, scale);
         uint8_t* entry = lcache + phys * llayout.page_bytes() + llayout.entry_offset(o);
-        CounterRng lrng(stream_key(cfg.seed, kTagLatent, l, r.id, e));
-        if (llayout.dtype == LatentDtype::kFp8) {
-          for (int d = 0; d < kMlaLatentDim; d += 8) {
-            const uint64_t bits = lrng.next_u64();
-            for (int i = 0; i < 8; ++i) entry[LatentPageLayout::kFp8LatentOffset + d + i] = random_code(bits >> (8 * i));
-          }
-          for (int t = 0; t < kMlaNumTiles; ++t) {
-            const float s = 1.0f / 256;  // a UE8M0 power of two
-            std::memcpy(entry + LatentPageLayout::kFp8ScaleOffset + 4 * t, &s, 4);
-          }
-          for (int j = 0; j < kMlaRopeDim; ++j) {
-            const uint16_t v = bf16_from_float(static_cast<float>(lrng.uniform() * 2 - 1));
-            std::memcpy(entry + LatentPageLayout::kFp8RopeOffset + 2 * j, &v, 2);
-          }
-        } else {
-          for (int d = 0; d < kMlaHeadDim; ++d) {
-            const uint16_t v = bf16_from_float(static_cast<float>(lrng.uniform() * 2 - 1));
-            std::memcpy(entry + 2 * d, &v, 2);
-          }
-        }
+        engine_inputs::write_random_latent(cfg.seed, l, r.id, e, llayout.dtype, entry);
       }
     }
   }
 
-  // Indexer key and scale of entry e: the inputs' (recorded dynamics), or random.
-  void write_index_key(int32_t l, int64_t id, int64_t e, uint8_t* key, float* scale) const {
-    if (cfg.inputs != nullptr) {
-      std::memcpy(key, cfg.inputs->keys[l] + e * kIndexerHeadDim, kIndexerHeadDim);
-      std::memcpy(scale, cfg.inputs->key_scales[l] + e, 4);
-      return;
-    }
-    CounterRng rng(stream_key(cfg.seed, kTagIndexKey, l, id, e));
-    for (int d = 0; d < kIndexerHeadDim; d += 8) {
-      const uint64_t bits = rng.next_u64();
-      for (int i = 0; i < 8; ++i) key[d + i] = random_code(bits >> (8 * i));
-    }
-    const float s = std::ldexp(1.0f, -static_cast<int>(rng.below(6)));
-    std::memcpy(scale, &s, 4);
-  }
-
-  // Indexer query and head weights of one row: the inputs' row of the request's step, or random.
-  void write_index_query(int32_t l, const Request& r, int32_t j, int64_t position, uint8_t* q, float* w) const {
-    const int32_t heads = cfg.model.index_heads;
-    const int64_t q_size = int64_t{heads} * kIndexerHeadDim;
-    if (cfg.inputs != nullptr) {
-      const int64_t row = r.step * cfg.next_n + j;
-      std::memcpy(q, cfg.inputs->queries[l] + row * q_size, static_cast<size_t>(q_size));
-      std::memcpy(w, cfg.inputs->weights[l] + row * heads, static_cast<size_t>(heads) * 4);
-      return;
-    }
-    CounterRng qi(stream_key(cfg.seed, kTagIndexQuery, l, r.id, position));
-    for (int64_t i = 0; i < q_size; i += 8) {
-      const uint64_t bits = qi.next_u64();
-      for (int k = 0; k < 8; ++k) q[i + k] = random_code(bits >> (8 * k));
-    }
-    for (int32_t h = 0; h < heads; ++h) w[h] = static_cast<float>(qi.uniform() * 0.02);
-  }
-
-  // With inputs, the request's next step must exist and agree with the engine's own context.
-  Status check_inputs_step(const Request& r) const {
-    const IndexerInputs* in = cfg.inputs;
-    if (in == nullptr) return ok_status();
-    if (r.step >= in->steps) {
-      return out_of_range("request {} has replayed all {} steps of its inputs", r.id, in->steps);
-    }
-    if (in->ctx_len[r.step] < r.tokens + cfg.next_n) {
-      return failed_precondition("request {} is at {} tokens but step {} of its inputs has ctx_len {}", r.id,
-                                 r.tokens + cfg.next_n, r.step, in->ctx_len[r.step]);
-    }
-    return ok_status();
-  }
-
   // Whether request r's step is a prefill: its first, or one whose inputs' context grew by more
   // than the step's rows (the same rule as replay: context_jump_is_prefill).
-  bool is_prefill_step(const Request& r) const {
-    if (r.step == 0) return true;
-    return cfg.inputs != nullptr &&
-           context_jump_is_prefill(cfg.inputs->ctx_len[r.step - 1], cfg.inputs->ctx_len[r.step], cfg.next_n);
-  }
-
-  // Draft tokens of request r's step that verification accepts: the inputs', or drawn from the seed.
-  int32_t accepted_drafts(const Request& r) const {
-    if (cfg.inputs != nullptr) return cfg.inputs->accepted != nullptr ? cfg.inputs->accepted[r.step] : 0;
-    int32_t accepted = 0;
-    CounterRng rng(stream_key(cfg.seed, kTagAccept, r.id, r.step));
-    while (accepted < cfg.next_n - 1 && rng.uniform() < cfg.acceptance_rate) ++accepted;
-    return accepted;
-  }
-
-  // This step's context of request r: its tokens plus the rows, or the inputs' (which may jump
-  // further: agentic traces append a tool output between steps; the engine writes it as a prompt).
-  int64_t step_context(const Request& r) const {
-    return cfg.inputs != nullptr ? cfg.inputs->ctx_len[r.step] : r.tokens + cfg.next_n;
-  }
+  bool is_prefill_step(const Request& r) const { return r.step == 0 || inputs->context_jumps(r.step); }
 
   // ---- The stages of one step (DecodeEngine::step runs and times them in order) ---------------
 
@@ -276,8 +170,8 @@ struct DecodeEngine::Impl {
     ctx_lens.assign(static_cast<size_t>(batch), 0);
     for (int32_t b = 0; b < batch; ++b) {
       Request& r = requests[b];
-      SPIN_RETURN_IF_ERROR(check_inputs_step(r));
-      const int64_t ctx = step_context(r);
+      SPIN_RETURN_IF_ERROR(inputs->check_step(r.id, r.step, r.tokens + cfg.next_n));
+      const int64_t ctx = inputs->step_context(r.step, r.tokens);
       if (ctx > max_tokens + cfg.next_n) {
         return out_of_range("request {} reached the engine's max_tokens ({})", r.id, max_tokens);
       }
@@ -286,7 +180,7 @@ struct DecodeEngine::Impl {
       SPIN_RETURN_IF_ERROR(r.pages.reserve(after + 1, cfg.model.page_size, allocator));
       fill_entries(r, before, after);
       r.prefill = is_prefill_step(r);
-      r.accepted = accepted_drafts(r);
+      r.accepted = inputs->accepted_drafts(r.id, r.step);
       r.tokens = ctx - cfg.next_n;  // a jump of the inputs' context arrived as a prompt
       ctx_lens[b] = ctx;
       max_entries = std::max(max_entries, after);
@@ -322,7 +216,7 @@ struct DecodeEngine::Impl {
     predicted = !find_predictor(cfg.predictor)->keeps_all;  // create() checked the name
   }
 
-  // Queries of layer l (random, keyed on seed, layer, request and position) and the V4 window.
+  // Queries of layer l (the source's indexer queries, random attention queries) and the V4 window.
   void make_queries(int32_t l) {
     const int32_t next_n = cfg.next_n;
     const int32_t attn_heads = cfg.model.attn_heads, index_heads = cfg.model.index_heads;
@@ -330,13 +224,10 @@ struct DecodeEngine::Impl {
     for (int64_t row = 0; row < rows; ++row) {
       const Request& r = requests[row / next_n];
       const int64_t position = ctx_lens[row / next_n] - next_n + row % next_n;
-      write_index_query(l, r, static_cast<int32_t>(row % next_n), position,
-                        q_index.data() + row * index_heads * kIndexerHeadDim, w_index.data() + row * index_heads);
-      CounterRng qa(stream_key(cfg.seed, kTagAttnQuery, l, r.id, position));
-      uint16_t* qv = q_attn.data() + row * attn_heads * kMlaHeadDim;
-      for (int64_t i = 0; i < int64_t{attn_heads} * kMlaHeadDim; ++i) {
-        qv[i] = bf16_from_float(static_cast<float>(qa.uniform() - 0.5));
-      }
+      inputs->index_query(l, r.id, r.step, static_cast<int32_t>(row % next_n), position,
+                          q_index.data() + row * index_heads * kIndexerHeadDim, w_index.data() + row * index_heads);
+      engine_inputs::write_random_attn_query(cfg.seed, l, r.id, position, attn_heads,
+                                             q_attn.data() + row * attn_heads * kMlaHeadDim);
       // V4: the newest `window` entries of the row (cost-equivalent stand-in for the SWA window).
       for (int32_t i = 0; i < n_extra; ++i) {
         const int64_t e = visible_entries[row] - 1 - i;
@@ -374,9 +265,9 @@ struct DecodeEngine::Impl {
       in.num_entries = hisa.num_entries;
       in.next_n = next_n;
       in.visible_entries = cfg.model.compress_ratio > 1 ? visible_entries.data() + int64_t{b} * next_n : nullptr;
-      PredictorInputs inputs;
-      inputs.hisa = &hisa;
-      in.inputs = &inputs;
+      PredictorInputs reads;
+      reads.hisa = &hisa;
+      in.inputs = &reads;
       if (r.prefill) {
         select_all(hisa.num_entries, &selections[b]);
       } else {
@@ -555,34 +446,6 @@ struct DecodeEngine::Impl {
   }
 };
 
-namespace {
-
-// Inputs that cannot feed this engine's shape are refused before anything is allocated.
-Status check_inputs(const EngineConfig& c, int64_t max_tokens) {
-  const IndexerInputs* in = c.inputs;
-  if (in == nullptr) return ok_status();
-  const auto layers = static_cast<size_t>(c.layers);
-  if (in->keys.size() < layers || in->key_scales.size() < layers || in->queries.size() < layers ||
-      in->weights.size() < layers) {
-    return invalid_argument("the inputs hold {} layers, the engine simulates {}", in->keys.size(), c.layers);
-  }
-  if (in->steps < 1 || in->ctx_len == nullptr) return invalid_argument("the inputs hold no steps");
-  if (in->next_n != c.next_n) return invalid_argument("the inputs have next_n {}, the engine {}", in->next_n, c.next_n);
-  if (in->next_n > 1 && in->accepted == nullptr) return invalid_argument("MTP inputs need their accepted counts");
-  if (in->num_heads != c.model.index_heads) {
-    return invalid_argument("the inputs have {} indexer heads, {} has {}", in->num_heads, c.model.name,
-                            c.model.index_heads);
-  }
-  const int64_t last = in->ctx_len[in->steps - 1];
-  if (in->prompt_tokens() < 1 || last > max_tokens + c.next_n || last / c.model.compress_ratio > in->entries) {
-    return invalid_argument("the inputs' contexts ({} to {} tokens) do not fit {} entries and max_tokens {}",
-                            in->ctx_len[0], last, in->entries, max_tokens);
-  }
-  return ok_status();
-}
-
-}  // namespace
-
 DecodeEngine::DecodeEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DecodeEngine::~DecodeEngine() = default;
 
@@ -601,7 +464,7 @@ Result<std::unique_ptr<DecodeEngine>> DecodeEngine::create(const EngineConfig& c
   if (requests > 65536 || max_tokens > (int64_t{1} << 26)) {
     return invalid_argument("requests ({}) must be ≤ 65536 and max_tokens ({}) ≤ 2^26", requests, max_tokens);
   }
-  SPIN_RETURN_IF_ERROR(check_inputs(c, max_tokens));
+  SPIN_RETURN_IF_ERROR(engine_inputs::check_trace_inputs(c, max_tokens));
   c.predictor_config.page_size = c.model.page_size;
   c.predictor_config.topk = c.model.topk;
   SPIN_RETURN_IF_ERROR(c.predictor_config.validate());
@@ -620,6 +483,7 @@ Result<std::unique_ptr<DecodeEngine>> DecodeEngine::create(const EngineConfig& c
   impl->cfg = c;
   impl->max_requests = requests;
   impl->max_tokens = max_tokens;
+  impl->inputs = engine_inputs::make_input_source(c);
   impl->threads = c.threads > 0 ? c.threads : omp_get_max_threads();
   impl->kernels = c.kernels;
   impl->kernels.indexer.num_threads = impl->threads;
@@ -648,10 +512,7 @@ Status DecodeEngine::add_request(int64_t request_id, int64_t prompt_tokens) {
   if (prompt_tokens < 1 || prompt_tokens > m.max_tokens) {
     return invalid_argument("prompt_tokens must be in [1, {}], got {}", m.max_tokens, prompt_tokens);
   }
-  if (m.cfg.inputs != nullptr && prompt_tokens != m.cfg.inputs->prompt_tokens()) {
-    return invalid_argument("a request replaying inputs starts from their prompt of {} tokens, got {}",
-                            m.cfg.inputs->prompt_tokens(), prompt_tokens);
-  }
+  SPIN_RETURN_IF_ERROR(m.inputs->check_prompt(prompt_tokens));
   Impl::Request r;
   r.id = request_id;
   r.tokens = prompt_tokens;

@@ -16,7 +16,7 @@ namespace spin {
 // (or |max|, or 1, when that is 0), a pooled value v is first made relative, r = (v - kth)/spread
 // (shift- and scale-free, any sign of scores), then squashed below 0 as r/(1-r): monotone, so the
 // ranking is kept, and bounded by -1 (reached only by float rounding) so that a very bad block
-// cannot swamp an EMA. Blocks nothing is known about rank below -1 (see predictors.cpp).
+// cannot swamp an EMA. Blocks nothing is known about rank below -1 (PredictorBase::unknown_score).
 //   max:       r of the block's max score           → x in [-1, 1]; 0 = the block holds the kth
 //   mean:      r of the block's mean score          → x in [-1, 1]
 //   lse:       log Σ exp((s - kth)/spread)           → x in [-1, 1 + ln E]

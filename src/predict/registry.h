@@ -1,5 +1,11 @@
 // The predictor registry's private half: what a factory receives. The table itself (one row per
 // predictor: its PredictorInfo and its factory) is registry.cpp; spin/predict.h exposes the rows.
+//
+// Each predictor lives in its own file, src/predict/predictor_<name>.cpp (a PredictorBase subclass
+// and its factory). A predictor only ranks a row's blocks; the protocol, budget, forced blocks and
+// replay live in PredictorBase. A block nothing is known about gets PredictorBase::unknown_score:
+// below every observed value, newest first — a recency prior, so a predictor with nothing to go
+// on behaves like a sliding window.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,39 @@
+// step-reuse: the previous step's top-k blocks reused (vllm-ascend's temporal reuse).
+#include <memory>
+#include <vector>
+
+#include "core/errors.h"
+#include "predict/predictor_base.h"
+#include "predict/registry.h"
+
+namespace spin {
+namespace {
+
+// step-reuse: the blocks holding the previous step's top-k (vllm-ascend's temporal reuse), most
+// hits first, then recency.
+class StepReusePredictor final : public PredictorBase {
+ public:
+  using PredictorBase::PredictorBase;
+
+ protected:
+  Status rank(const RowContext& row, float* p) override {
+    fill_unknown(p, row.n_blocks);
+    const std::vector<int32_t>& blocks = previous_topk_blocks(row.layer);
+    const std::vector<int32_t>& hits = previous_topk_hits(row.layer);
+    for (size_t i = 0; i < blocks.size() && blocks[i] < row.n_blocks; ++i)
+      p[blocks[i]] = static_cast<float>(hits[i]);
+    return ok_status();
+  }
+  std::unique_ptr<PredictorBase> clone() const override {
+    return std::make_unique<StepReusePredictor>(*this);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<BlockPredictor> make_step_reuse(const PredictorArgs& a) {
+  return std::make_unique<StepReusePredictor>(a.name, a.config, a.num_layers, a.request_id, a.config.alpha,
+                                              a.config.beta);
+}
+
+}  // namespace spin

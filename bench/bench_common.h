@@ -115,7 +115,7 @@ struct DecodeBenchOptions {
   std::string attention_impl = "auto";  // any name of attention_impls(): forces the attention path
   bool attn_err = true;
   // Where the indexer's keys, queries and acceptance come from: "random", a scenario of
-  // spin/workload.h (generated for these layers and steps), or a key trace file.
+  // spin/lab/workload.h (generated for these layers and steps), or a key trace file.
   std::string source = "random";
   double path_share = 0.5;
   int threads = 0;

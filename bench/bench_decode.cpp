@@ -22,9 +22,9 @@
 
 #include "bench_common.h"
 #include "spin/cpu.h"
-#include "spin/engine.h"
+#include "spin/lab/engine.h"
 #include "spin/trace.h"
-#include "spin/workload.h"
+#include "spin/lab/workload.h"
 
 namespace spin::bench {
 namespace {

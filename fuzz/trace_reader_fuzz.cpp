@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <string>
 
-#include "spin/replay.h"
+#include "spin/lab/replay.h"
 #include "spin/trace.h"
 
 namespace {

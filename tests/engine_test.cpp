@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "spin/engine.h"
+#include "spin/lab/engine.h"
 
 namespace spin {
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "spin/predict.h"
-#include "spin/replay.h"
-#include "spin/workload.h"
+#include "spin/lab/replay.h"
+#include "spin/lab/workload.h"
 
 namespace spin {
 namespace {

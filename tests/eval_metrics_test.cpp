@@ -1,5 +1,5 @@
-// Quality metrics against hand-computed values (spin/metrics.h).
-#include "spin/metrics.h"
+// Quality metrics against hand-computed values (spin/lab/metrics.h).
+#include "spin/lab/metrics.h"
 
 #include <gtest/gtest.h>
 

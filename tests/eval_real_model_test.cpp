@@ -6,10 +6,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "spin/eval.h"
-#include "spin/replay.h"
+#include "spin/lab/eval.h"
+#include "spin/lab/replay.h"
 #include "spin/topk.h"
-#include "spin/workload.h"
+#include "spin/lab/workload.h"
 #include "test_util.h"
 
 namespace spin {

@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "spin/eval.h"
-#include "spin/replay.h"
-#include "spin/workload.h"
+#include "spin/lab/eval.h"
+#include "spin/lab/replay.h"
+#include "spin/lab/workload.h"
 #include "test_util.h"
 
 namespace spin {

@@ -1,6 +1,6 @@
 // The safetensors container: round trip, layout as the Python package writes it, and one
-// specific error per malformed header (src/eval/safetensors.h).
-#include "eval/safetensors.h"
+// specific error per malformed header (src/trace/safetensors.h).
+#include "trace/safetensors.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>

@@ -13,9 +13,9 @@
 #include "predict/block_state.h"
 #include "predict_testing.h"
 #include "spin/predictor_inputs.h"
-#include "spin/metrics.h"
-#include "spin/replay.h"
-#include "spin/workload.h"
+#include "spin/lab/metrics.h"
+#include "spin/lab/replay.h"
+#include "spin/lab/workload.h"
 #include "test_util.h"
 
 namespace spin {

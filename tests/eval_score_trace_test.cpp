@@ -11,7 +11,7 @@
 #include <map>
 #include <random>
 
-#include "eval/safetensors.h"
+#include "trace/safetensors.h"
 #include "spin/numerics.h"
 #include "spin/trace.h"
 #include "test_util.h"

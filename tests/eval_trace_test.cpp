@@ -16,7 +16,7 @@
 #include <tuple>
 #include <vector>
 
-#include "eval/safetensors.h"
+#include "trace/safetensors.h"
 #include "test_util.h"
 #include "trace_testing.h"
 

@@ -14,8 +14,8 @@
 
 #include <sys/utsname.h>
 
-#include "spin/replay.h"
-#include "spin/workload.h"
+#include "spin/lab/replay.h"
+#include "spin/lab/workload.h"
 #include "test_util.h"
 
 namespace spin {

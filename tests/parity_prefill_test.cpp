@@ -8,11 +8,11 @@
 #include <limits>
 #include <vector>
 
-#include "spin/engine.h"
-#include "spin/replay.h"
+#include "spin/lab/engine.h"
+#include "spin/lab/replay.h"
 #include "spin/serving.h"
 #include "spin/topk.h"
-#include "spin/workload.h"
+#include "spin/lab/workload.h"
 
 namespace spin {
 namespace {

@@ -108,7 +108,7 @@ inline std::vector<int32_t> true_topk(const std::vector<float>& full, int64_t vi
   return pos;
 }
 
-// Share of the true top-k entries lying in `blocks` (spin/metrics.h block_recall); 1 if none.
+// Share of the true top-k entries lying in `blocks` (spin/lab/metrics.h block_recall); 1 if none.
 inline double block_recall(const std::vector<int32_t>& topk, const std::vector<int32_t>& blocks,
                            int32_t block_entries) {
   int64_t total = 0, in = 0;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "eval/safetensors.h"
+#include "trace/safetensors.h"
 #include "spin/trace.h"
 #include "test_util.h"
 

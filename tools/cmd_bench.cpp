@@ -9,10 +9,10 @@
 #include "bench_common.h"
 #include "cli.h"
 #include "spin/attention.h"
-#include "spin/engine.h"
+#include "spin/lab/engine.h"
 #include "spin/indexer.h"
 #include "spin/predict.h"
-#include "spin/workload.h"
+#include "spin/lab/workload.h"
 
 namespace spin::cli {
 namespace {

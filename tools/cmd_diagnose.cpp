@@ -1,10 +1,10 @@
-// `spin diagnose`: the paper model of one GPU decode step (spin/diagnose.h) — indexer, top-k and
+// `spin diagnose`: the paper model of one GPU decode step (spin/lab/diagnose.h) — indexer, top-k and
 // sparse attention times, the indexer's share, and spin's gain per sparsity, each figure sourced.
 #include <fmt/format.h>
 
 #include "cli.h"
-#include "spin/diagnose.h"
-#include "spin/model.h"
+#include "spin/lab/diagnose.h"
+#include "spin/lab/model.h"
 #include "spin/files.h"
 
 namespace spin::cli {

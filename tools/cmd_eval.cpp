@@ -5,13 +5,13 @@
 
 #include "cli.h"
 #include "plots.h"
-#include "spin/calibrate.h"
-#include "spin/eval.h"
+#include "spin/lab/calibrate.h"
+#include "spin/lab/eval.h"
 #include "spin/files.h"
 #include "spin/predict.h"
-#include "spin/replay.h"
+#include "spin/lab/replay.h"
 #include "spin/trace.h"
-#include "spin/workload.h"
+#include "spin/lab/workload.h"
 
 namespace spin::cli {
 namespace {

@@ -11,7 +11,7 @@
 #include "cli.h"
 #include "spin/files.h"
 #include "spin/predict.h"
-#include "spin/replay.h"
+#include "spin/lab/replay.h"
 #include "spin/settings.h"
 #include "spin/trace.h"
 

@@ -5,9 +5,9 @@
 #include "cli.h"
 #include "spin/files.h"
 #include "spin/settings.h"
-#include "spin/replay.h"
+#include "spin/lab/replay.h"
 #include "spin/trace.h"
-#include "spin/workload.h"
+#include "spin/lab/workload.h"
 
 namespace spin::cli {
 namespace {

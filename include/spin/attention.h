@@ -19,7 +19,7 @@
 // outputs o = 0 and lse = -inf (the log of an empty sum; FlashMLA's test reference reports +inf).
 // Order inside S_r only changes fp32 rounding (the softmax is permutation-invariant).
 // The output is fp32, not bf16 like FlashMLA's: the CPU kernels accumulate in fp32 anyway, the
-// consumers here (the W_UV absorption, spin/engine.h's attn_err) want it unrounded, and rounding
+// consumers here (the W_UV absorption, spin/lab/engine.h's attn_err) want it unrounded, and rounding
 // to bf16 is one call for a caller that needs it. Cost: 2 · rows · heads · |S_r| · (576 + 512) FLOP.
 //
 // Extra indices are the V4 sliding-window entries: they address the same cache and page table as

@@ -271,7 +271,7 @@ def workload_params(scenario: str) -> str:
 
 def generate_workload(scenario: str | None = None, **params) -> Trace:
     """
-    Generates a synthetic trace (include/spin/workload.h): a scenario name and/or generator fields as keywords (prompt_tokens=..., steps=..., layers=..., next_n=..., seed=...).
+    Generates a synthetic trace (include/spin/lab/workload.h): a scenario name and/or generator fields as keywords (prompt_tokens=..., steps=..., layers=..., next_n=..., seed=...).
     """
 
 class ScoredTrace:
@@ -296,7 +296,7 @@ def replay(scored: ScoredTrace, predictor: str = 'spin', config: Mapping[str, ob
 
 def diagnose(model: str = 'deepseek-v3.2', gpu: str = 'h200', context: int = 131072, batch: int = 1, next_n: int = 1, sparsities: Sequence[float] | None = None, other_ms: float = 0.0) -> dict:
     """
-    The paper model of one GPU decode step (include/spin/diagnose.h, `spin diagnose --json`): indexer / top-k / attention ms, the indexer's share and spin's gain per sparsity, with sources. gpu: h100, h200, b200.
+    The paper model of one GPU decode step (include/spin/lab/diagnose.h, `spin diagnose --json`): indexer / top-k / attention ms, the indexer's share and spin's gain per sparsity, with sources. gpu: h100, h200, b200.
     """
 
 def indexer_impls() -> list[str]:

@@ -13,8 +13,8 @@
 
 #include "common.h"
 #include "spin/cpu.h"
-#include "spin/diagnose.h"
-#include "spin/engine.h"
+#include "spin/lab/diagnose.h"
+#include "spin/lab/engine.h"
 #include "spin/geometry.h"
 #include "spin/indexer.h"
 #include "spin/memory.h"
@@ -271,7 +271,7 @@ void bind_kernels(nb::module_& m) {
   m.def("diagnose", &diagnose, nb::arg("model") = "deepseek-v3.2", nb::arg("gpu") = "h200",
         nb::arg("context") = 131072, nb::arg("batch") = 1, nb::arg("next_n") = 1,
         nb::arg("sparsities") = nb::none(), nb::arg("other_ms") = 0.0,
-        "The paper model of one GPU decode step (include/spin/diagnose.h, `spin diagnose --json`): "
+        "The paper model of one GPU decode step (include/spin/lab/diagnose.h, `spin diagnose --json`): "
         "indexer / top-k / attention ms, the indexer's share and spin's gain per sparsity, with "
         "sources. gpu: h100, h200, b200.");
   m.def("indexer_impls", [] {

@@ -1,5 +1,5 @@
-// spin_dsa trace I/O (spin/trace.h), the workload generator (spin/workload.h) and replay
-// (spin/replay.h). Trace tensors come back as zero-copy numpy views: into the file mapping
+// spin_dsa trace I/O (spin/trace.h), the workload generator (spin/lab/workload.h) and replay
+// (spin/lab/replay.h). Trace tensors come back as zero-copy numpy views: into the file mapping
 // (TraceReader) or into the owning Trace's vectors; each view keeps its owner alive.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -13,9 +13,9 @@
 #include <string>
 
 #include "common.h"
-#include "spin/replay.h"
+#include "spin/lab/replay.h"
 #include "spin/trace.h"
-#include "spin/workload.h"
+#include "spin/lab/workload.h"
 
 namespace spin_py {
 
@@ -449,7 +449,7 @@ void bind_trace(nb::module_& m) {
         return PyTrace{std::make_shared<spin::Trace>(std::move(r).value())};
       },
       nb::arg("scenario") = nb::none(), nb::arg("params"),
-      "Generates a synthetic trace (include/spin/workload.h): a scenario name and/or generator "
+      "Generates a synthetic trace (include/spin/lab/workload.h): a scenario name and/or generator "
       "fields as keywords (prompt_tokens=..., steps=..., layers=..., next_n=..., seed=...).");
 
   nb::class_<PyScored>(m, "ScoredTrace",

@@ -153,7 +153,7 @@ def build_trace(probs_rows, row_index, tokens, argmax, context, steps, next_n, m
 
 
 def trace_stats(scores_by_layer, ctx_len, topk, block=64):
-    """All-keep statistics of a trace, row 0 of each step, per layer (include/spin/metrics.h):
+    """All-keep statistics of a trace, row 0 of each step, per layer (include/spin/lab/metrics.h):
     prev-iter top-k recall |TopK(I_{t-1}) ∩ TopK(I_t)| / k, Pearson of consecutive steps'
     max-pooled block scores (the prev-iter block predictor) and of the entry scores themselves,
     and the share of visible 64-entry blocks holding >= 1 top-k entry."""

@@ -1,5 +1,5 @@
-// Batched DSA decode engine (see spin/engine.h for what a step does and what is simulated).
-#include "spin/engine.h"
+// Batched DSA decode engine (see spin/lab/engine.h for what a step does and what is simulated).
+#include "spin/lab/engine.h"
 #include "spin/memory.h"
 
 #include <omp.h>

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "spin/engine.h"
+#include "spin/lab/engine.h"
 #include "spin/geometry.h"
 #include "spin/status.h"
 

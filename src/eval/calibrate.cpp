@@ -1,5 +1,5 @@
-// Workload calibration against the SPIN paper's all-keep statistics (see spin/calibrate.h).
-#include "spin/calibrate.h"
+// Workload calibration against the SPIN paper's all-keep statistics (see spin/lab/calibrate.h).
+#include "spin/lab/calibrate.h"
 
 #include <nlohmann/json.hpp>
 
@@ -13,7 +13,7 @@
 
 #include "core/atomic_file.h"
 #include "core/errors.h"
-#include "spin/replay.h"
+#include "spin/lab/replay.h"
 
 namespace spin {
 

@@ -1,4 +1,4 @@
-// Internal to src/eval: the parts of `spin eval` (spin/eval.h), one job per file —
+// Internal to src/eval: the parts of `spin eval` (spin/lab/eval.h), one job per file —
 //   eval_jobs.cpp     which replays each scenario runs (the job tables);
 //   eval_run.cpp      running them: scenarios, recorded traces, real-model traces, and run_eval;
 //   eval_results.cpp  what they measured as typed results, and results.json;
@@ -14,13 +14,13 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "spin/calibrate.h"
-#include "spin/eval.h"
-#include "spin/metrics.h"
+#include "spin/lab/calibrate.h"
+#include "spin/lab/eval.h"
+#include "spin/lab/metrics.h"
 #include "spin/predict.h"
-#include "spin/replay.h"
+#include "spin/lab/replay.h"
 #include "spin/status.h"
-#include "spin/workload.h"
+#include "spin/lab/workload.h"
 
 namespace spin::eval_internal {
 

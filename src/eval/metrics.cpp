@@ -1,5 +1,5 @@
-// Quality metrics (see spin/metrics.h for the definitions and the decisions).
-#include "spin/metrics.h"
+// Quality metrics (see spin/lab/metrics.h for the definitions and the decisions).
+#include "spin/lab/metrics.h"
 
 #include <algorithm>
 #include <cmath>

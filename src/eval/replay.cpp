@@ -1,6 +1,6 @@
 // Trace replay: closed/open-loop replay of a predictor against a trace's all-keep ground truth
-// (replay_scoring.cpp builds it; see spin/replay.h), and the indexer cost unit that prices it.
-#include "spin/replay.h"
+// (replay_scoring.cpp builds it; see spin/lab/replay.h), and the indexer cost unit that prices it.
+#include "spin/lab/replay.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,6 +1,6 @@
 // What a replay writes or converts: the key trace → score trace conversion (all-keep scores plus
 // hisa's block probe), the memory estimate, replay's JSON line and the top-k dump.
-#include "spin/replay.h"
+#include "spin/lab/replay.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/errors.h"
-#include "eval/safetensors.h"
+#include "trace/safetensors.h"
 #include "eval/scored_trace.h"
 #include "predict/hisa.h"
 #include "spin/predictor_inputs.h"

@@ -1,6 +1,6 @@
 // All-keep ground truth: score_trace runs the real indexer and top-k kernels over a key trace (or
-// takes a score trace's scores) into a ScoredTrace, and trace_facts summarises it (see spin/replay.h).
-#include "spin/replay.h"
+// takes a score trace's scores) into a ScoredTrace, and trace_facts summarises it (see spin/lab/replay.h).
+#include "spin/lab/replay.h"
 
 #include <omp.h>
 

@@ -1,6 +1,6 @@
 // Internal to src/eval: a trace's all-keep ground truth, as replay reads it. Built by score_trace
 // (replay_scoring.cpp), read by the replay (replay.cpp) and the conversion to a score trace
-// (replay_outputs.cpp); spin/replay.h only forward-declares it.
+// (replay_outputs.cpp); spin/lab/replay.h only forward-declares it.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include "spin/cache.h"
 #include "spin/geometry.h"
 #include "spin/predict.h"
-#include "spin/replay.h"
+#include "spin/lab/replay.h"
 #include "spin/status.h"
 
 namespace spin {

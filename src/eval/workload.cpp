@@ -1,5 +1,5 @@
-// Synthetic indexer workloads (see spin/workload.h for the model and every parameter).
-#include "spin/workload.h"
+// Synthetic indexer workloads (see spin/lab/workload.h for the model and every parameter).
+#include "spin/lab/workload.h"
 #include "spin/settings.h"
 
 #include <nlohmann/json.hpp>

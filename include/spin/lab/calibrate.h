@@ -1,4 +1,4 @@
-// spin/calibrate.h — fits the workload generator to the SPIN paper's all-keep statistics.
+// spin/lab/calibrate.h — fits the workload generator to the SPIN paper's all-keep statistics.
 //
 // The paper (DeepSeek-V3.2, 9.7K / 94K prompts) reports for the prev-iter predictor, open loop:
 // Pearson of pooled block scores 0.913 / 0.902 and token top-k recall between consecutive steps
@@ -12,13 +12,16 @@
 // fit is a damped Gauss–Newton over all three (finite-difference Jacobian, minimum-norm steps,
 // backtracking), each candidate measured on the default eval's sample (see seeds). Deterministic.
 #pragma once
+#ifdef SPIN_FACE_ONLY
+#error "spin/lab/calibrate.h is the research lab's; the engine's face (include/spin/*.h) must not need it"
+#endif
 
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "spin/status.h"
-#include "spin/workload.h"
+#include "spin/lab/workload.h"
 
 namespace spin {
 

@@ -4,7 +4,7 @@
 // One validator serves both directions: the reader (trace_reader.cpp) turns the file's tensors
 // into typed views after checking dtype and shape, trace_views turns a Trace's vectors into the
 // same views after checking sizes, and check_values then applies the value rules to either.
-#include "eval/trace_schema.h"
+#include "trace/trace_schema.h"
 
 #include <algorithm>
 #include <charconv>

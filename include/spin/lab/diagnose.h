@@ -1,4 +1,4 @@
-// spin/diagnose.h — a paper model of one decode step on a GPU (`spin diagnose`): how long the
+// spin/lab/diagnose.h — a paper model of one decode step on a GPU (`spin diagnose`): how long the
 // lightning indexer, its top-k and the sparse MLA attention take, the indexer's share, and what
 // skipping blocks at each sparsity would gain — with the top-k over the scored entries only (what
 // spin's masked top-k does) and over the full row (a top-k that does not skip).
@@ -19,12 +19,15 @@
 // The rest of the step (MoE, projections) is `other_ms` per step, 0 unless given: with 0 the gain
 // is that of the attention path alone, an upper bound on the step's.
 #pragma once
+#ifdef SPIN_FACE_ONLY
+#error "spin/lab/diagnose.h is the research lab's; the engine's face (include/spin/*.h) must not need it"
+#endif
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "spin/model.h"
+#include "spin/lab/model.h"
 #include "spin/status.h"
 
 namespace spin {
@@ -47,7 +50,7 @@ Result<GpuPreset> gpu_preset(const std::string& name);
 const std::vector<std::string>& gpu_preset_names();
 
 struct DiagnoseInput {
-  ModelPreset model;        // spin/model.h presets
+  ModelPreset model;        // spin/lab/model.h presets
   GpuPreset gpu;
   int64_t context = 131072; // tokens cached per request
   int32_t batch = 1;        // requests decoding together

@@ -1,5 +1,5 @@
 // safetensors reading and writing (see safetensors.h).
-#include "eval/safetensors.h"
+#include "trace/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,11 +1,11 @@
-// The paper model of a GPU decode step (spin/diagnose.h): it reproduces the measurements it is
+// The paper model of a GPU decode step (spin/lab/diagnose.h): it reproduces the measurements it is
 // anchored on, its gains behave (1 at sparsity 0, rising, scored-only top-k ≥ full top-k), the
 // budget floor shows in the realised sparsity, and bad input is refused.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
-#include "spin/diagnose.h"
+#include "spin/lab/diagnose.h"
 
 namespace spin {
 namespace {

@@ -1,4 +1,4 @@
-// spin/eval.h — `spin eval`, the main job: every quality claim of the project on the built-in
+// spin/lab/eval.h — `spin eval`, the main job: every quality claim of the project on the built-in
 // scenarios, written as report.md and results.json (the `spin` command draws the plots from
 // results.json: the library runs no programs).
 //
@@ -15,9 +15,12 @@
 //   pooling       spin with max / mean / topk-hits / lse pooling;
 //   real_model    real-model traces (EvalOptions::real_traces): per-layer statistics, sweeps at two
 //                 top-k, MTP modes, and the synthetic generator at the same shape for comparison.
-// Prefills (step 0 and every ctx_len jump, spin/replay.h) are observed in full by every predictor
+// Prefills (step 0 and every ctx_len jump, spin/lab/replay.h) are observed in full by every predictor
 // and not counted. Deterministic: the same options give an identical results.json apart from its "timing" keys.
 #pragma once
+#ifdef SPIN_FACE_ONLY
+#error "spin/lab/eval.h is the research lab's; the engine's face (include/spin/*.h) must not need it"
+#endif
 
 #include <cstdint>
 #include <functional>

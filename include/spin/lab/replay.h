@@ -1,9 +1,9 @@
-// spin/replay.h — replays a trace through a predictor and measures it against all-keep.
+// spin/lab/replay.h — replays a trace through a predictor and measures it against all-keep.
 //
 // Two steps, so that many predictors and budgets share the expensive part:
 //   1. score_trace(): runs the real indexer kernel (all blocks scored: all-keep) and the real
 //      top-k for every (layer, step, row) of the trace, on a paged cache built from the trace.
-//      This is the ground truth of every metric (spin/metrics.h).
+//      This is the ground truth of every metric (spin/lab/metrics.h).
 //   2. replay(): walks (step, layer, row) in decode order through a predictor.
 //      closed loop: the predictor selects blocks; only their scores exist for it (the indexer
 //        output with -inf elsewhere — bitwise what the block-masked kernel writes); top-k runs on
@@ -24,6 +24,9 @@
 // rows 0..accepted go to BlockPredictor::observe_prefill in full — the same for every MTP update
 // mode, so prefix, row0 and all-rows start from the same state — and it is not a sample.
 #pragma once
+#ifdef SPIN_FACE_ONLY
+#error "spin/lab/replay.h is the research lab's; the engine's face (include/spin/*.h) must not need it"
+#endif
 
 #include <cstdint>
 #include <functional>
@@ -31,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "spin/metrics.h"
+#include "spin/lab/metrics.h"
 #include "spin/predict.h"
 #include "spin/status.h"
 #include "spin/trace.h"

@@ -1,4 +1,4 @@
-// spin/metrics.h — quality metrics against all-keep, one definition everywhere
+// spin/lab/metrics.h — quality metrics against all-keep, one definition everywhere
 // (library, CLI, reports, tests).
 //
 // Per sample (request, layer, step, row):
@@ -25,6 +25,9 @@
 //   below what top-k needs): QualityStats counts it in exact_by_construction() and keeps it out
 //   of every distribution, sparsity included.
 #pragma once
+#ifdef SPIN_FACE_ONLY
+#error "spin/lab/metrics.h is the research lab's; the engine's face (include/spin/*.h) must not need it"
+#endif
 
 #include <cstdint>
 #include <limits>

@@ -1,4 +1,4 @@
-// spin/workload.h — synthetic indexer workloads with documented, calibrated dynamics.
+// spin/lab/workload.h — synthetic indexer workloads with documented, calibrated dynamics.
 //
 // No DSA weights can be downloaded here, so quality is measured on generated traces whose
 // structure is spelled out below and whose two headline statistics (all-keep prev-iter Pearson of
@@ -50,6 +50,9 @@
 // Head weights are 1 + 0.3·N(0,1) per (layer, head); queries are quantised with
 // quantize_queries (q scale and 128^-0.5·64^-0.5 folded into the weights).
 #pragma once
+#ifdef SPIN_FACE_ONLY
+#error "spin/lab/workload.h is the research lab's; the engine's face (include/spin/*.h) must not need it"
+#endif
 
 #include <cstdint>
 #include <string>

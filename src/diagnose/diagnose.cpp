@@ -1,6 +1,6 @@
-// The paper model of a GPU decode step (spin/diagnose.h): GPU presets with their sources, the
+// The paper model of a GPU decode step (spin/lab/diagnose.h): GPU presets with their sources, the
 // per-layer indexer / top-k / attention terms, and spin's gain per sparsity.
-#include "spin/diagnose.h"
+#include "spin/lab/diagnose.h"
 
 #include <fmt/format.h>
 
@@ -162,7 +162,7 @@ Result<DiagnoseResult> diagnose(const DiagnoseInput& in) {
       std::string("indexer: ") + in.gpu.logits_source,
       std::string("top-k: ") + in.gpu.topk_source,
       std::string("attention: ") + kAttentionSource,
-      fmt::format("model: {} preset (spin/engine.h): {} indexer layers, {} heads × 128, top-k {}, "
+      fmt::format("model: {} preset (spin/lab/engine.h): {} indexer layers, {} heads × 128, top-k {}, "
                   "page {}, compress ratio {}, {} MLA heads, window {}",
                   m.name, m.indexer_layers, m.index_heads, m.topk, m.page_size, m.compress_ratio,
                   m.attn_heads, m.window),

@@ -1,4 +1,4 @@
-// Internal to src/eval: the trace schema that the reader (trace_reader.cpp) and the writer
+// Internal to src/trace: the trace schema that the reader (trace_reader.cpp) and the writer
 // (trace_writer.cpp) share. A trace, whether in a file or in memory, is first turned into typed
 // views (checking dtype and shape, or sizes), and the same value rules then apply to either.
 #pragma once

@@ -8,7 +8,7 @@
 //
 // This file owns the container only: the reader memory-maps (or borrows) the bytes and validates
 // every header field once, with one clear message per fault; the writer writes atomically. What
-// the tensors *mean* is trace_schema.cpp's business. Internal to src/eval: tools see spin/trace.h only.
+// the tensors *mean* is trace_schema.cpp's business. Internal to src/trace: tools see spin/trace.h only.
 #pragma once
 
 #include <cstddef>

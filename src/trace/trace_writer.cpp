@@ -1,8 +1,8 @@
-// Writing trace files: a Trace or ScoreTrace is checked against the schema (eval/trace_schema.h),
+// Writing trace files: a Trace or ScoreTrace is checked against the schema (trace/trace_schema.h),
 // then written as safetensors tensors plus the metadata strings (atomically, by the container).
 #include "core/errors.h"
-#include "eval/safetensors.h"
-#include "eval/trace_schema.h"
+#include "trace/safetensors.h"
+#include "trace/trace_schema.h"
 #include "spin/trace.h"
 
 namespace spin {

@@ -1,12 +1,12 @@
-// Reading trace files: the safetensors container (eval/safetensors.h) checked against the schema
-// (eval/trace_schema.h) before anything is exposed, then typed views over the mapped bytes.
+// Reading trace files: the safetensors container (trace/safetensors.h) checked against the schema
+// (trace/trace_schema.h) before anything is exposed, then typed views over the mapped bytes.
 #include <algorithm>
 #include <charconv>
 #include <cstring>
 
 #include "core/errors.h"
-#include "eval/safetensors.h"
-#include "eval/trace_schema.h"
+#include "trace/safetensors.h"
+#include "trace/trace_schema.h"
 #include "spin/numerics.h"
 #include "spin/trace.h"
 

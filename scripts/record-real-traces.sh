@@ -5,7 +5,7 @@
 # probe layer.{l}.probe that hisa replays) into
 # build/real-traces/. Everything is cached by content under build/real-data (or
 # $SPIN_RECORD_CACHE): a second run is instant. See recorder/README.md.
-# Then the distilled DSA lightning indexer (issue 19: one per layer, trained on book tokens
+# Then the distilled DSA lightning indexer (one per layer, trained on book tokens
 # [16384, 24576), cached by content) and its kind=keys traces smollm2-keys-ctx8192-{n1,n2,turns}
 # plus distill.md (the per-layer table) into the same folder.
 #   ./scripts/record-real-traces.sh              the default traces (score and key traces)

@@ -216,7 +216,7 @@ TEST(Safetensors, OpenReportsFileSystemErrors) {
   expect_error(SafetensorsFile::open(dir.file("empty")).status(), "file is 0 bytes");
 }
 
-// Issue 20: a file changed under an open reader never faults it. Up to copy_below_bytes it is read
+// A file changed under an open reader never faults it. Up to copy_below_bytes it is read
 // into memory (truncating the file changes nothing the reader shows); above, it is mapped and
 // check_unchanged() reports the truncation before a read of the lost tail could raise SIGBUS.
 TEST(Safetensors, TruncatedUnderAnOpenReader) {

@@ -82,7 +82,7 @@ TEST(ScoreReplay, AllKeepClosedLoopOnAScoreTraceIsExact) {
   }
 }
 
-// Issue 20: open loop with keep_topk keeps every row (the all-keep top-k it saw), so nothing
+// Open loop with keep_topk keeps every row (the all-keep top-k it saw), so nothing
 // returned is unwritten; trace_facts refuses block_entries 0 instead of dividing by it.
 TEST(ScoreReplay, OpenLoopKeepsEveryTopkRowAndFactsRefuseZero) {
   WorkloadParams p = small_params();

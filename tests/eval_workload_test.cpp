@@ -204,7 +204,7 @@ TEST(Workload, AskedNeedleIsInTheAllKeepTopK) {
   }
 }
 
-// Issue 20: a trace that cannot fit is refused up front, in GiB, as `spin trace gen` refuses it.
+// A trace that cannot fit is refused up front, in GiB, as `spin trace gen` refuses it.
 TEST(Workload, RefusesATraceLargerThanMemoryBeforeGenerating) {
   WorkloadParams p = scenario_params("doc-qa-10k").value();
   p.layers = 100000;

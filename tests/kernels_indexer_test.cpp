@@ -308,7 +308,7 @@ TEST(IndexerValidation, RejectsBadArgumentsWithClearErrors) {
   p = good;
   p.compress_ratio = 0;
   expect_error(p, StatusCode::kInvalidArgument, "compress_ratio");
-  // Issue 20: a thread count above the machine's is refused, not handed to OpenMP.
+  // A thread count above the machine's is refused, not handed to OpenMP.
   testing::expect_status(indexer_scores(good, {IndexerImpl::kAuto, max_threads() + 1}), StatusCode::kInvalidArgument,
                          "num_threads");
   testing::expect_status(indexer_scores(good, {IndexerImpl::kAuto, -1}), StatusCode::kInvalidArgument, "num_threads");

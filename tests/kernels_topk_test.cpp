@@ -319,7 +319,7 @@ TEST(Topk, RejectsBadBlockMasks) {
   bad = p;
   bad.block_ids = negative.data();
   testing::expect_status(topk(bad), StatusCode::kOutOfRange, "block -1");
-  // Issue 20: a thread count above the machine's is refused, not handed to OpenMP.
+  // A thread count above the machine's is refused, not handed to OpenMP.
   testing::expect_status(topk(p, {TopkImpl::kAuto, max_threads() + 1}), StatusCode::kInvalidArgument, "num_threads");
   EXPECT_TRUE(topk(p, {TopkImpl::kAuto, max_threads()}).ok());
   std::vector<int32_t> backwards = {0, 2, 1};

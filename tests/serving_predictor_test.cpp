@@ -279,7 +279,7 @@ TEST(ServingPredictor, RefusesBadCalls) {
   EXPECT_NE(nan.message().find("slot 0"), std::string::npos) << nan.message();
 }
 
-// Issue 20: observe must list the select's slots, all of them, in its order — another list would
+// Observe must list the select's slots, all of them, in its order — another list would
 // read one request's logits rows as another's. open_next_n tells a binding how many rows to expect.
 TEST(ServingPredictor, ObserveMustRepeatTheSelectSlots) {
   auto s = make(small_options(4, 2));
@@ -308,7 +308,7 @@ TEST(ServingPredictor, ObserveMustRepeatTheSelectSlots) {
   EXPECT_TRUE(s->observe(two + 1, 1, 1, logits.data(), 700, 700).ok());
 }
 
-// Issue 20: a size that cannot fit is refused at create(), in GiB, before any slot is allocated.
+// A size that cannot fit is refused at create(), in GiB, before any slot is allocated.
 TEST(ServingPredictor, RefusesWhatWouldNotFitBeforeAllocating) {
   ServingOptions o = small_options();
   o.max_requests = 1 << 20;

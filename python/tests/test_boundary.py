@@ -1,4 +1,4 @@
-"""Issue 20: nothing a Python caller passes crashes the interpreter, hangs it, or is silently
+"""Nothing a Python caller passes crashes the interpreter, hangs it, or is silently
 misread. One test per category of the issue; every case is a typed error naming the argument (a
 SpinError subclass) or a correct result. The random search over the same surface is
 python/tests/fuzz_boundary.py (scripts/test-python.sh runs it for a fixed time)."""

@@ -1,5 +1,5 @@
 """Distil a DSA lightning indexer per layer of SmolLM2-135M, evaluate it, and record kind=keys
-traces from it (issue 19, items 1 and 2). The indexer itself: indexer.py.
+traces from it. The indexer itself: indexer.py.
 
 Texts (all from the one book, alice29.txt, 39,357 tokens; token offsets into its tokenisation):
   * training   [16384, 24576)  8192 tokens, a fresh context (positions 0..8191): 1024 query rows
@@ -341,7 +341,7 @@ def run(model, tok, text, out_dir, hp=HP, log=print, force=False, context=CONTEX
         t_eval = time.time() - t1
         extra = dict(text=assets.TEXT_NAME, text_package=assets.TEXT_PKG,
                      text_file=assets.TEXT_MEMBER, tokens=context,
-                     source="distilled DSA lightning indexer of SmolLM2-135M (issue 19): "
+                     source="distilled DSA lightning indexer of SmolLM2-135M: "
                             f"KL to head-summed attention, trained on tokens [{hp['train'][0]}, "
                             f"{hp['train'][0] + hp['train'][1]}) of the book",
                      indexer=f"I=sum_h w_h ReLU(q_h.k), {hp['heads']} heads x 128, RoPE half-split "
@@ -445,7 +445,7 @@ def format_report(r):
         f"{mean('kl_first', E):.3f} | {mean('recall256', E):.3f} | {mean('recall256_first', E):.3f} | "
         f"{mean('recall256_random', E):.3f} | {mean('recall2048', E):.3f} | "
         f"{mean('recall2048_first', E):.3f} | {mean('recall2048_random', E):.3f} |")
-    lines += ["", "Key traces (kind=keys, DESIGN.md §6):", ""]
+    lines += ["", "Key traces (kind=keys, include/spin/trace.h):", ""]
     for name, t in r["traces"].items():
         lines.append(f"- `{t['file']}`: next_n {t['next_n']}, {t['steps']} steps, ctx_len "
                      f"{t['ctx_len'][0]}..{t['ctx_len'][1]}" +

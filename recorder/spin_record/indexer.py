@@ -21,7 +21,7 @@ p_t = the layer's attention distribution summed over its 9 heads and normalised 
 of the per-head softmaxes: the trace's score). numpy with explicit gradients and Adam
 (`forward_backward`; tests/test_indexer.py checks the gradient against finite differences).
 
-Then the trace form (DESIGN.md §3 / §6): q and k are rotated by the 128-point Hadamard matrix
+Then the trace form (include/spin/indexer.h, include/spin/trace.h): q and k are rotated by the 128-point Hadamard matrix
 (orthogonal: q·k unchanged; it spreads outliers before quantisation, as V3.2 does) and quantised
 to e4m3 with one UE8M0 scale per key entry and per (row, head) query; the query scale and the
 128^-1/2 are folded into the weights, so `spin` computes k_scale[s] · Σ_h w'[h] ReLU(q8·k8).
@@ -238,7 +238,7 @@ def train_layer(X, rows, probs, hp, seed, log=None):
 # -- evaluation: recall of attention's top-k ----------------------------------------------------
 
 def topk_set(row, k):
-    """The top-k positions of one row: score descending, position ascending (DESIGN.md §3)."""
+    """The top-k positions of one row: score descending, position ascending (include/spin/topk.h)."""
     k = min(k, len(row))
     order = np.lexsort((np.arange(len(row)), -row.astype(np.float64)))
     return order[:k]

@@ -54,4 +54,29 @@ class HisaKeys {
   int64_t complete_ = 0;        // pools [0, complete_) are full and never read again
 };
 
+// The pooled keys of every layer of one request (hisa, spin-hybrid's probe): what a reset, a fork
+// and memory_bytes() do to them, said once.
+class HisaKeyLayers {
+ public:
+  HisaKeyLayers(int32_t layers, int32_t pool_entries)
+      : keys_(static_cast<size_t>(layers), HisaKeys(pool_entries)) {}
+
+  HisaKeys& operator[](int32_t layer) { return keys_[static_cast<size_t>(layer)]; }
+  const HisaKeys& operator[](int32_t layer) const { return keys_[static_cast<size_t>(layer)]; }
+  void reset() {
+    for (HisaKeys& k : keys_) k.reset();
+  }
+  void truncate(int64_t shared_entries) {
+    for (HisaKeys& k : keys_) k.truncate(shared_entries);
+  }
+  size_t memory_bytes() const {
+    size_t bytes = 0;
+    for (const HisaKeys& k : keys_) bytes += k.memory_bytes();
+    return bytes;
+  }
+
+ private:
+  std::vector<HisaKeys> keys_;
+};
+
 }  // namespace spin

@@ -63,8 +63,7 @@ class EmaPredictor final : public PredictorBase {
                const EmaParts& parts)
       : PredictorBase(std::move(name), c, layers, request, parts.alpha, c.beta),
         parts_(parts),
-        keys_(parts.probe ? static_cast<size_t>(layers) : 0,
-              HisaKeys(c.probe_entries > 0 ? c.probe_entries : c.block_entries())) {}
+        keys_(parts.probe ? layers : 0, c.probe_entries > 0 ? c.probe_entries : c.block_entries()) {}
 
  protected:
   bool explores() const override { return parts_.explore; }
@@ -90,7 +89,7 @@ class EmaPredictor final : public PredictorBase {
     }
     SPIN_RETURN_IF_ERROR(check_hisa_view(config(), *hisa, in.num_entries, in.next_n));
     // Only committed entries (row 0's prefix) are pooled: drafts can still be rewritten.
-    return keys_[static_cast<size_t>(layer)].update(*hisa, visible_entries(in, 0));
+    return keys_[layer].update(*hisa, visible_entries(in, 0));
   }
   Status rank(const RowContext& row, float* p) override {
     if (shared(row.layer)) {
@@ -122,7 +121,7 @@ class EmaPredictor final : public PredictorBase {
     if (inputs_of(*row.in).hisa == nullptr) {
       copy_block_probe(row, probe_.data(), &probe_work_);
     } else {
-      SPIN_RETURN_IF_ERROR(keys_[static_cast<size_t>(row.layer)].score(
+      SPIN_RETURN_IF_ERROR(keys_[row.layer].score(
           *inputs_of(*row.in).hisa, row.row, row.n_blocks, config().block_entries(), probe_.data(), &probe_work_,
           &query_scratch_));
     }
@@ -158,20 +157,16 @@ class EmaPredictor final : public PredictorBase {
     return std::make_unique<EmaPredictor>(*this);
   }
   void on_reset() override {
-    for (HisaKeys& k : keys_) k.reset();
+    keys_.reset();
   }
   void on_fork(int64_t shared_entries) override {
-    for (HisaKeys& k : keys_) k.truncate(shared_entries);
+    keys_.truncate(shared_entries);
   }
-  size_t extra_memory_bytes() const override {
-    size_t bytes = 0;
-    for (const HisaKeys& k : keys_) bytes += k.memory_bytes();
-    return bytes;
-  }
+  size_t extra_memory_bytes() const override { return keys_.memory_bytes(); }
 
  private:
   EmaParts parts_;
-  std::vector<HisaKeys> keys_;  // [layers] when parts_.probe
+  HisaKeyLayers keys_;  // every layer's when parts_.probe, else none
   std::vector<float> query_scratch_;
   std::vector<float> probe_;  // the probe of row probe_row_ = (layer, row, step)
   std::tuple<int32_t, int32_t, int64_t> probe_row_{-1, -1, -1};

@@ -17,7 +17,7 @@ class HisaPredictor final : public PredictorBase {
  public:
   HisaPredictor(const PredictorConfig& c, int32_t layers, int64_t request)
       : PredictorBase("hisa", c, layers, request, c.alpha, c.beta),
-        keys_(static_cast<size_t>(layers), HisaKeys(c.block_entries())) {}
+        keys_(layers, c.block_entries()) {}
 
  protected:
   Status prepare(int32_t layer, const StepInput& in) override {
@@ -29,7 +29,7 @@ class HisaPredictor final : public PredictorBase {
     SPIN_RETURN_IF_ERROR(check_hisa_view(config(), *hisa, in.num_entries, in.next_n));
     // Row 0's entries are committed tokens; entries past them are this step's drafts, which can
     // still be rejected and rewritten, so they are never folded into the cached sums.
-    return keys_[static_cast<size_t>(layer)].update(*hisa, visible_entries(in, 0));
+    return keys_[layer].update(*hisa, visible_entries(in, 0));
   }
   // The probe is hisa's whole ranking: it chooses every block after the forced ones (and is
   // charged as probe work); rank() is the same score, for the open loop's Pearson.
@@ -39,7 +39,7 @@ class HisaPredictor final : public PredictorBase {
       copy_block_probe(row, q, work);
       return ok_status();
     }
-    return keys_[static_cast<size_t>(row.layer)].score(*inputs_of(*row.in).hisa, row.row, row.n_blocks,
+    return keys_[row.layer].score(*inputs_of(*row.in).hisa, row.row, row.n_blocks,
                                                        config().block_entries(), q, work, &query_scratch_);
   }
   Status rank(const RowContext& row, float* p) override {
@@ -50,19 +50,15 @@ class HisaPredictor final : public PredictorBase {
     return std::make_unique<HisaPredictor>(*this);
   }
   void on_reset() override {
-    for (HisaKeys& k : keys_) k.reset();
+    keys_.reset();
   }
   void on_fork(int64_t shared_entries) override {
-    for (HisaKeys& k : keys_) k.truncate(shared_entries);
+    keys_.truncate(shared_entries);
   }
-  size_t extra_memory_bytes() const override {
-    size_t bytes = 0;
-    for (const HisaKeys& k : keys_) bytes += k.memory_bytes();
-    return bytes;
-  }
+  size_t extra_memory_bytes() const override { return keys_.memory_bytes(); }
 
  private:
-  std::vector<HisaKeys> keys_;
+  HisaKeyLayers keys_;
   std::vector<float> query_scratch_;
 };
 

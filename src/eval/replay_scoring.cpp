@@ -47,6 +47,24 @@ Result<std::shared_ptr<ScoredTrace>> scored_header(const TraceMeta& m, const std
   st->accepted = accepted;
   return st;
 }
+
+// The truth of one (layer, step): top-k over the step's rows of `cols` logit columns (-inf past
+// each row's visible prefix), then each row's visible scores and its top-k kept in `st`. Both
+// trace kinds end here, so they give bitwise the same truth.
+Status keep_scored_rows(const std::vector<float>& logits, int64_t cols, const std::vector<int64_t>& visible,
+                        int32_t l, int64_t s, int threads, ScoredTrace* st, std::vector<int32_t>* topk_out) {
+  const int32_t k = st->topk, next_n = st->next_n;
+  topk_out->resize(static_cast<size_t>(next_n) * k);
+  TopkParams tp{logits.data(), cols, next_n, cols, visible.data(), k, topk_out->data(), k};
+  SPIN_RETURN_IF_ERROR(at_row(topk(tp, {TopkImpl::kAuto, threads}), l, s));
+  for (int32_t j = 0; j < next_n; ++j) {
+    const size_t i = st->index(l, s, j);
+    st->visible_entries[i] = visible[j];
+    st->scores[i].assign(logits.begin() + j * cols, logits.begin() + j * cols + visible[j]);
+    st->truth[i].assign(topk_out->begin() + j * k, topk_out->begin() + (j + 1) * k);
+  }
+  return ok_status();
+}
 }  // namespace
 
 Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const ScoreOptions& options) {
@@ -55,7 +73,6 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const
   auto header = scored_header(m, trace.ctx_len, trace.accepted, options);
   if (!header.ok()) return header.status();
   std::shared_ptr<ScoredTrace> st = std::move(header).value();
-  const int32_t k = st->topk;  // the truth's top-k
   st->has_keys = true;
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   const int64_t entries = static_cast<int64_t>(trace.layers[0].k_scale.size());
@@ -102,15 +119,7 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const Trace& trace, const
       for (int32_t j = 0; j < m.next_n; ++j) {
         visible_entries[j] = spin::visible_entries(st->ctx_len[s], m.next_n, j, m.compress_ratio);
       }
-      topk_out.resize(static_cast<size_t>(m.next_n) * k);
-      TopkParams tp{logits.data(), cols, m.next_n, cols, visible_entries.data(), k, topk_out.data(), k};
-      SPIN_RETURN_IF_ERROR(at_row(topk(tp, {TopkImpl::kAuto, threads}), l, s));
-      for (int32_t j = 0; j < m.next_n; ++j) {
-        const size_t i = st->index(l, s, j);
-        st->visible_entries[i] = visible_entries[j];
-        st->scores[i].assign(logits.begin() + j * cols, logits.begin() + j * cols + visible_entries[j]);
-        st->truth[i].assign(topk_out.begin() + j * k, topk_out.begin() + (j + 1) * k);
-      }
+      SPIN_RETURN_IF_ERROR(keep_scored_rows(logits, cols, visible_entries, l, s, threads, st.get(), &topk_out));
       if (options.progress) options.progress(++done, total);
     }
   }
@@ -123,7 +132,6 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const ScoreTrace& trace, 
   auto header = scored_header(m, trace.ctx_len, trace.accepted, options);
   if (!header.ok()) return header.status();
   std::shared_ptr<ScoredTrace> st = std::move(header).value();
-  const int32_t k = st->topk;  // the truth's top-k
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
   const size_t n = static_cast<size_t>(m.num_layers) * st->steps * m.next_n;
   st->scores.resize(n);
@@ -145,15 +153,7 @@ Result<std::shared_ptr<const ScoredTrace>> score_trace(const ScoreTrace& trace, 
         const float* row = trace.row(l, s, j);
         std::copy(row, row + visible[j], logits.begin() + j * cols);
       }
-      topk_out.resize(static_cast<size_t>(m.next_n) * k);
-      TopkParams tp{logits.data(), cols, m.next_n, cols, visible.data(), k, topk_out.data(), k};
-      SPIN_RETURN_IF_ERROR(at_row(topk(tp, {TopkImpl::kAuto, threads}), l, s));
-      for (int32_t j = 0; j < m.next_n; ++j) {
-        const size_t i = st->index(l, s, j);
-        st->visible_entries[i] = visible[j];
-        st->scores[i].assign(logits.begin() + j * cols, logits.begin() + j * cols + visible[j]);
-        st->truth[i].assign(topk_out.begin() + j * k, topk_out.begin() + (j + 1) * k);
-      }
+      SPIN_RETURN_IF_ERROR(keep_scored_rows(logits, cols, visible, l, s, threads, st.get(), &topk_out));
       if (options.progress) options.progress(++done, total);
     }
   }

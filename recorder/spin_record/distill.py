@@ -175,30 +175,6 @@ def evaluate(layers, X, P, rows, ks=(256, 2048), seed=0):
 
 # -- key traces -----------------------------------------------------------------------------------
 
-def capture_eval(model, tokens, rows, chunk=512):
-    """ix.capture that also keeps each layer's K/V [layers, T, KV, D] (for draft-token decodes)."""
-    from .model import rms_norm
-    W = model.w
-    tokens = np.asarray(tokens, np.int64)
-    T = len(tokens)
-    pos = np.arange(T)
-    rec = np.asarray(rows, np.int64)
-    X = np.empty((W.n_layers, T, W.d_model), F32)
-    probs = np.zeros((W.n_layers, len(rec), T), F32)
-    K = np.empty((W.n_layers, T, model.KV, model.D), F32)
-    V = np.empty_like(K)
-    x = W.embed[tokens]
-    for l in range(W.n_layers):
-        L = W.layers[l]
-        h = rms_norm(x, L["attn_norm"], W.eps)
-        X[l] = h
-        q, K[l], V[l] = model.qkv(l, h, pos)
-        o = model._causal_attention(q, K[l], V[l], chunk, rec, probs, l)
-        x = x + o @ L["wo"]
-        x = model.mlp(l, x)
-    return X, probs, model.final(x[rec]), K, V
-
-
 def decode_inputs(model, token, pos, K, V):
     """The layer inputs (after RMSNorm) [layers, d] of `token` placed at position `pos` after
     the cached positions [0, pos): one decode step through every layer."""
@@ -330,7 +306,7 @@ def run(model, tok, text, out_dir, hp=HP, log=print, force=False, context=CONTEX
             want |= set((ctx[:, None] - n + np.arange(n)[None, :]).ravel().tolist())
         rows = np.array(sorted(want), np.int64)
         t0 = time.time()
-        X, P, hf, K, V = capture_eval(model, tokens, rows)
+        X, P, hf, K, V = ix.capture(model, tokens, rows, keep_kv=True)
         t_cap = time.time() - t0
         argmax = dict(zip(rows.tolist(), np.argmax(model.logits(hf), axis=1).tolist()))
         log(f"evaluation text captured ({t_cap:.0f} s)")

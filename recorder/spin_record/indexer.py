@@ -136,11 +136,12 @@ class Adam:
 
 # -- capturing a layer's inputs and attention -------------------------------------------------
 
-def capture(model, tokens, rows, chunk=512, progress=None):
+def capture(model, tokens, rows, chunk=512, progress=None, keep_kv=False):
     """One causal forward over `tokens` (positions 0..T-1). Returns X [layers, T, d] (each layer's
     attention input after its RMSNorm, float32), probs [layers, R, T] (the head-mean attention
     distribution of each of `rows`, zero beyond the row) and hf [R, d] (final-normed states of
-    `rows`, for the LM head)."""
+    `rows`, for the LM head); with keep_kv also each layer's K and V [layers, T, KV, D] (what a
+    decode of draft tokens after the text attends to)."""
     W = model.w
     tokens = np.asarray(tokens, np.int64)
     T = len(tokens)
@@ -148,18 +149,23 @@ def capture(model, tokens, rows, chunk=512, progress=None):
     rec = np.asarray(rows, np.int64)
     X = np.empty((W.n_layers, T, W.d_model), F32)
     probs = np.zeros((W.n_layers, len(rec), T), F32)
+    K = np.empty((W.n_layers, T, model.KV, model.D), F32) if keep_kv else None
+    V = np.empty_like(K) if keep_kv else None
     x = W.embed[tokens]
     for l in range(W.n_layers):
         L = W.layers[l]
         h = rms_norm(x, L["attn_norm"], W.eps)
         X[l] = h
         q, k, v = model.qkv(l, h, pos)
+        if keep_kv:
+            K[l], V[l] = k, v
         o = model._causal_attention(q, k, v, chunk, rec, probs, l)
         x = x + o @ L["wo"]
         x = model.mlp(l, x)
         if progress:
             progress(l)
-    return X, probs, model.final(x[rec])
+    hf = model.final(x[rec])
+    return (X, probs, hf, K, V) if keep_kv else (X, probs, hf)
 
 
 # -- one layer's training ---------------------------------------------------------------------

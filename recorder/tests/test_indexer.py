@@ -182,6 +182,6 @@ def test_decode_step_equals_the_prefill(model, tok, text):
     """distill.decode_inputs (the draft tokens' path) gives the same layer inputs as the causal
     forward for the token that is really there."""
     ids = np.array(tok.encode(text).ids)[:200]
-    X, _, _, K, V = distill.capture_eval(model, ids, np.array([199]))
+    X, _, _, K, V = ix.capture(model, ids, np.array([199]), keep_kv=True)
     got = distill.decode_inputs(model, int(ids[150]), 150, K, V)
     assert np.abs(got - X[:, 150]).max() <= 2e-3 * np.abs(X[:, 150]).max()

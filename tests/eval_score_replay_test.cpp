@@ -268,6 +268,9 @@ ReplayResult run_mode(const ScoredTrace& scored, MtpUpdate mode, double sparsity
   o.predictor = "spin";
   o.config.target_sparsity = sparsity;
   o.config.mtp_update = mode;
+  // The paper's ranking: under topk_first the last top-k's blocks fill this small budget and the
+  // replayed EMAs, what the modes differ in, rarely decide a block.
+  o.config.topk_first = 0;
   o.keep_topk = true;
   o.after_step = std::move(after_step);
   return replay(scored, o).value();

@@ -110,6 +110,7 @@ TEST(PredictSelect, CombineMaxAndWeighted) {
     PredictorConfig c = base_config();
     c.combine = comb;
     c.combine_weight = 0.25;
+    c.topk_first = 0;  // p[b] itself, not raised for the last top-k's block
     auto p = make("spin", c);
     observe_all(*p, 0, block_scores(v, 4), 80);
     const BlockState& st = state_of(*p, 0);
@@ -156,10 +157,76 @@ TEST(PredictSelect, ExplorationCount) {
   }
 }
 
+// topk_first: a block that held the last step's top-k ranks above a block whose EMA is higher.
+TEST(PredictSelect, TopkFirstRanksTheLastTopkBlocks) {
+  std::vector<float> v0(20, 0.0f), v1(20, 0.0f);
+  v0[5] = 10;   // step 0: block 5 holds the top-k (x 0), every other block x -1/2
+  v1[7] = 10;   // step 1: block 7 does; block 5 just misses it (x ≈ -0.01)
+  v1[5] = 9.9f;
+  for (int32_t first : {0, 1}) {
+    PredictorConfig c = base_config();
+    c.explore_ratio = 0;
+    c.combine_weight = 1.0;  // p = slot: 5's EMA ≈ -0.005 beats 7's -0.25
+    c.explicit_budget_blocks = 6;  // the 5 forced blocks and one ranked
+    c.topk_first = first;
+    for (const char* name : {"spin", "spin-ic2"}) {
+      auto p = make(name, c);
+      observe_all(*p, 0, block_scores(v0, 4), 80);
+      observe_all(*p, 1, block_scores(v1, 4), 80);
+      Selection sel;
+      ASSERT_TRUE(p->select(0, {2, 80, 1}, &sel).ok());
+      EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 1, first ? 7 : 5, 17, 18, 19})) << name << first;
+    }
+  }
+  // The paper's ablations keep their own ranking.
+  PredictorConfig c = base_config();
+  c.explicit_budget_blocks = 6;
+  auto q = make("ema-slot", c);
+  observe_all(*q, 0, block_scores(v0, 4), 80);
+  observe_all(*q, 1, block_scores(v1, 4), 80);
+  Selection sel;
+  ASSERT_TRUE(q->select(0, {2, 80, 1}, &sel).ok());
+  EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 1, 5, 17, 18, 19}));
+}
+
+// explore_churn: the share is explore_ratio until the layer has measured its top-k churn, then
+// explore_ratio · min(1, churn EMA / explore_churn).
+TEST(PredictSelect, ExplorationFollowsTheTopkChurn) {
+  std::vector<float> at5(20, 0.0f), at9(20, 0.0f);
+  at5[5] = 10;
+  at9[9] = 10;
+  for (double churn_scale : {0.0, 0.25}) {
+    PredictorConfig c = base_config();
+    c.explore_ratio = 0.2;  // budget 10: E = 2 at the full share
+    c.explore_churn = churn_scale;
+    auto p = make("spin", c);
+    std::vector<int32_t> explored;
+    for (int64_t step = 0; step < 4; ++step) {
+      Selection sel;
+      ASSERT_TRUE(p->select(0, {step, 80, 1}, &sel).ok());
+      explored.push_back(sel.row_explored[0]);
+      Selection everything;
+      for (int32_t b = 0; b < 20; ++b) everything.blocks.push_back(b);
+      // Steps 0 and 1: the top-k in block 5 (step 1 measures churn 0); step 2: in block 9
+      // (churn 1, EMA 0.8·0 + 0.2·1 = 0.2).
+      ASSERT_TRUE(observe_union(*p, 0, everything, {block_scores(step < 2 ? at5 : at9, 4)}, 80, 1).ok());
+      ASSERT_TRUE(p->commit(0).ok());
+    }
+    if (churn_scale == 0) {
+      EXPECT_EQ(explored, (std::vector<int32_t>{2, 2, 2, 2}));
+    } else {
+      // Unmeasured, unmeasured (step 0 had no top-k before it), churn 0, then 0.2 · (0.2 / 0.25)
+      // · 10 = 1.6 → 2.
+      EXPECT_EQ(explored, (std::vector<int32_t>{2, 2, 0, 2}));
+    }
+  }
+}
+
 TEST(PredictSelect, StalestPicksTheOldest) {
   PredictorConfig c = base_config();
   c.explore_policy = ExplorePolicy::kStalest;
   c.explore_ratio = 0.2;  // E = 2 of budget 10
+  c.explore_churn = 0;    // every step (the top-k here never moves: churn 0 would stop it)
   std::vector<float> v(20, 0.0f);
   v[5] = 10;
   v[4] = -50;  // 4 and 7 look useless, so prediction alone would never pick them

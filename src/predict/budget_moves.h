@@ -2,6 +2,8 @@
 // move between the layers of a step and between steps at the same mean. A layer's churn — the
 // share of the blocks holding its newest top-k that did not hold the one before — is what a fixed
 // budget gets wrong: a stable layer's blocks are found with few, a churning layer needs more.
+// (The churn EMA also scales spin's exploration share, with or without budget moves:
+// PredictorConfig::explore_churn.)
 //   layers: factor = churn_ema(l) / mean over the measured layers, clamped to 1 ± budget_move_max,
 //           then the factors of a step renormalised to mean 1 — the same total budget per step;
 //   steps:  after a step whose churn exceeds kShiftChurnRatio × its EMA (a shift), the layer

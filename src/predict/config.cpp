@@ -184,6 +184,12 @@ const Field kFields[] = {
                   ? ok_status()
                   : invalid_argument("explore_ratio {} is outside [0, 1]", c.explore_ratio);
      }},
+    {"explore_churn", print_value<&Config::explore_churn>, set_double<&Config::explore_churn>,
+     [](const Config& c, const char*) {
+       return c.explore_churn >= 0.0 && c.explore_churn <= 1.0
+                  ? ok_status()
+                  : invalid_argument("explore_churn {} is outside [0, 1]", c.explore_churn);
+     }},
     {"explore_policy", print_enum<&Config::explore_policy, kExploreNames>,
      set_enum<&Config::explore_policy, kExploreNames>, check_enum<&Config::explore_policy, kExploreNames>},
     {"alpha", print_value<&Config::alpha>, set_double<&Config::alpha>,
@@ -201,6 +207,11 @@ const Field kFields[] = {
        return c.combine_weight >= 0.0 && c.combine_weight <= 1.0
                   ? ok_status()
                   : invalid_argument("combine_weight {} is outside [0, 1]", c.combine_weight);
+     }},
+    {"topk_first", print_value<&Config::topk_first>, set_int<&Config::topk_first>,
+     [](const Config& c, const char*) {
+       return c.topk_first == 0 || c.topk_first == 1 ? ok_status()
+                                                     : invalid_argument("topk_first {} must be 0 or 1", c.topk_first);
      }},
     {"pooling", print_enum<&Config::pooling, kPoolingNames>, set_enum<&Config::pooling, kPoolingNames>,
      check_enum<&Config::pooling, kPoolingNames>},

@@ -1,7 +1,7 @@
 // PredictorBase (see predictor_base.h): the protocol, selection and MTP replay every predictor
 // shares. Selection of one row with budget B among its n visible blocks, all in O(n):
 //   1. forced: the newest local_blocks and the first sink_blocks (budget_blocks() makes room);
-//   2. exploration (explores() only): E = min(round(explore_ratio·B), B - forced) of the rest,
+//   2. exploration (explores() only): E = min(round(explore_share(layer)·B), B - forced) of the rest,
 //      `uniform`: the E smallest counter hashes rng.at(b) (top 32 bits) with rng keyed on (seed,
 //      request, layer, step) — a uniformly random subset, and the same draw for every row of a
 //      step, so MTP rows explore the same blocks and the union stays small; `stalest`: oldest
@@ -263,8 +263,7 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
   if (f == Fill::kRandom) {
     n_explore = left;
   } else if (explores() && n_probe == 0) {
-    n_explore =
-        std::min<int64_t>(std::llround(config_.explore_ratio * static_cast<double>(budget)), left);
+    n_explore = std::min<int64_t>(std::llround(explore_share(ctx.layer) * static_cast<double>(budget)), left);
   }
   if (n_explore > 0) {
     mark_explored(ctx, f, n_cand, n_explore);
@@ -382,6 +381,12 @@ int64_t PredictorBase::row_budget(const RowContext& row) const {
   const int64_t forced = std::min<int64_t>(
       row.n_blocks, static_cast<int64_t>(config_.sink_blocks) + config_.local_blocks);
   return std::min(std::max({moved, blocks_for_topk(config_), forced}), row.n_blocks);
+}
+
+double PredictorBase::explore_share(int32_t layer) const {
+  const double churn = layers_[static_cast<size_t>(layer)].moves.churn_ema;
+  if (config_.explore_churn <= 0 || churn < 0) return config_.explore_ratio;
+  return config_.explore_ratio * std::min(1.0, churn / config_.explore_churn);
 }
 
 double PredictorBase::probe_share(int32_t layer) const {

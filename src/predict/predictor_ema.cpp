@@ -43,11 +43,16 @@ void ema_rank(const BlockState& st, const PredictorConfig& c, int64_t n_blocks, 
   }
 }
 
+// PredictorConfig::topk_first ranks a block holding h of the last top-k at kTopkFirstBase + h: above
+// every EMA value (|x| ≤ 1 + ln 2^20) and blended rank (8 ± a few standard scores), exact in
+// float32 for any h ≤ 2^20 (the largest block), so the device path computes the same bits.
+constexpr float kTopkFirstBase = 1048576.0f;  // 2^20
+
 // Which parts an EmaPredictor uses.
 struct EmaParts {
   double alpha;
   bool slot = true, offset = true;
-  bool explore = false;    // spin's uniform exploration
+  bool explore = false;    // spin's uniform exploration (and PredictorConfig::topk_first)
   bool probe = false;      // spin-hybrid: the pooled-key probe chooses the exploration share
   bool moves = false;      // budget_moves applies
   int32_t share_freq = 0;  // stacked on IndexCache: layers l % freq != 0 reuse layer l - l % freq
@@ -97,8 +102,17 @@ class EmaPredictor final : public PredictorBase {
       return ok_status();
     }
     ema_rank(layer_state(row.layer), config(), row.n_blocks, parts_.slot, parts_.offset, p);
-    if (probes(row) && config().probe_blend > 0) return blend_with_probe(row, p);
+    if (probes(row) && config().probe_blend > 0) SPIN_RETURN_IF_ERROR(blend_with_probe(row, p));
+    if (parts_.explore && config().topk_first) raise_previous_topk(row, p);
     return ok_status();
+  }
+  // PredictorConfig::topk_first: the blocks holding the last committed step's top-k above every
+  // p[b] (which lie below kTopkFirstBase, blended ones included), most hits first.
+  void raise_previous_topk(const RowContext& row, float* p) const {
+    const std::vector<int32_t>& blocks = previous_topk_blocks(row.layer);
+    const std::vector<int32_t>& hits = previous_topk_hits(row.layer);
+    for (size_t i = 0; i < blocks.size() && blocks[i] < row.n_blocks; ++i)
+      p[blocks[i]] = kTopkFirstBase + static_cast<float>(hits[i]);
   }
   bool probes(const RowContext& row) const {
     return parts_.probe && !shared(row.layer) && row.step % config().probe_interval == 0;

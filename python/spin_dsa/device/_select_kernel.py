@@ -64,12 +64,13 @@ def _rank_value(p):
 
 @triton.jit
 def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COUNT, PREV_HITS,
-                  REQ_KEY, STEP, N_EXPLORE, N_HISTORY, KEEP_ALL, BUCKET, COUNTER, OUT, COUNTS,
-                  num_layers, n_blocks, n_buckets, width, sink, local, w, one_minus_w,
-                  NEXT_N: tl.constexpr, BLOCK: tl.constexpr, RANKED: tl.constexpr,
+                  REQ_KEY, STEP, N_EXPLORE, N_HISTORY, KEEP_ALL, BUCKET, COUNTER, SHARE, BUDGET,
+                  LEFT, OUT, COUNTS, num_layers, n_blocks, n_buckets, width, sink, local, w,
+                  one_minus_w, NEXT_N: tl.constexpr, BLOCK: tl.constexpr, RANKED: tl.constexpr,
                   RANDOM: tl.constexpr, EXPLORES: tl.constexpr, STALEST: tl.constexpr,
                   USE_SLOT: tl.constexpr, USE_OFFSET: tl.constexpr, STEP_REUSE: tl.constexpr,
-                  COMBINE_MAX: tl.constexpr):
+                  COMBINE_MAX: tl.constexpr, TOPK_FIRST: tl.constexpr,
+                  EXPLORE_CHURN: tl.constexpr):
     g = tl.program_id(0)
     s = tl.load(SLOT + g)
     layer = tl.load(LAYER + g)
@@ -89,10 +90,12 @@ def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COU
             key = _mix64(key ^ 0x9E3779B97F4A7C15)
             counter = tl.load(COUNTER + b, mask=inside, other=0).to(tl.uint64, bitcast=True)
             explore_value = (_mix64(key + counter) >> 32).to(tl.uint32)
+    if EXPLORE_CHURN:  # this (slot, layer)'s share of the budget, float64 as the library's
+        share = tl.load(SHARE + s * num_layers + layer)
     if RANKED:
-        if STEP_REUSE:
+        if STEP_REUSE or TOPK_FIRST:
             hits = tl.load(PREV_HITS + state + b, mask=inside, other=0)
-        else:
+        if not STEP_REUSE:
             slot = tl.load(SLOT_EMA + state + b, mask=inside, other=0.0)
             known_slot = tl.load(LAST_SEEN + state + b, mask=inside, other=-1) != -1
 
@@ -103,8 +106,17 @@ def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COU
         forced = valid & ((b < sink) | (b >= n - local))
         candidate = valid & ~forced
         chosen = forced
+        if EXPLORE_CHURN:  # min(llround(share · budget), left), as select_row
+            x = share * tl.load(BUDGET + n).to(tl.float64)
+            whole = tl.floor(x)
+            left = tl.load(LEFT + n)
+            n_explore = tl.minimum((whole + (x - whole >= 0.5).to(tl.float64)).to(tl.int64), left)
+            n_history = left - n_explore
+        else:
+            n_explore = tl.load(N_EXPLORE + n)
+            n_history = tl.load(N_HISTORY + n)
         if RANDOM or EXPLORES:
-            picked = _smallest(explore_value, candidate, tl.load(N_EXPLORE + n))
+            picked = _smallest(explore_value, candidate, n_explore)
             chosen = chosen | picked
             candidate = candidate & ~picked
         if RANKED:
@@ -126,7 +138,9 @@ def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COU
                     else:  # launched without fp fusion: two roundings, as the library
                         both = w * slot + one_minus_w * offset
                     p = tl.where(known_slot & known_offset, both, p)
-            chosen = chosen | _smallest(_rank_value(p), candidate, tl.load(N_HISTORY + n))
+                if TOPK_FIRST:  # above every p, most hits first (kTopkFirstBase = 2^20)
+                    p = tl.where(hits > 0, 1048576.0 + hits.to(tl.float32), p)
+            chosen = chosen | _smallest(_rank_value(p), candidate, n_history)
         keep_all = tl.load(KEEP_ALL + n) != 0
         chosen = tl.where(keep_all, valid, chosen)
         union = union | chosen
@@ -149,13 +163,14 @@ def launch(owner, S_g, L_g, n_rows, out, counts):
     select_kernel[(groups,)](
         S_g, L_g, n_rows.contiguous(), o.slot_ema, o.last_seen, o.offset_ema, o.offset_count,
         o.prev_hits, o._req_key, o._step, o._n_explore, o._n_history, o._keep_all_i32,
-        o._bucket, o._counter, out, counts,
+        o._bucket, o._counter, o.explore_share, o._budget, o._left, out, counts,
         o.num_layers, o.max_blocks, o._n_buckets, o.width, int(c["sink_blocks"]),
         int(c["local_blocks"]), o._w_host, o._one_minus_w_host,
         NEXT_N=next_n, BLOCK=block, RANKED=o._fill == "ranked", RANDOM=o._fill == "random",
         EXPLORES=o._explores, STALEST=c["explore_policy"] == "stalest",
         USE_SLOT=o._use_slot, USE_OFFSET=o._use_offset, STEP_REUSE=o._step_reuse,
-        COMBINE_MAX=c["combine"] == "max",
+        COMBINE_MAX=c["combine"] == "max", TOPK_FIRST=o._topk_first,
+        EXPLORE_CHURN=o._explore_churn,
         # ptxas on sm_90a (NEXT_N 2): 2048 blocks at 4 warps 162 registers, 4096 at 8 189, 8192
         # at 16 128 (a 52-byte spill); at 8 warps 8192 would take 255 and spill more.
         num_warps=16 if block >= 8192 else 8 if block >= 4096 else 4, enable_fp_fusion=False)

@@ -13,8 +13,10 @@ algorithm (src/predict/predictor_base.cpp):
 - "the k smallest keys" is the same strict total order the library uses — (value, block index)
   packed into one int64 — so the chosen set does not depend on how it is found (a sort here,
   quickselect there);
-- the budget, forced and exploration counts depend only on a row's block count: tables built at
-  construction from the library's own budget_blocks().
+- the budget and forced counts depend only on a row's block count: tables built at construction
+  from the library's own budget_blocks(); so does the exploration count, but for spin's
+  explore_churn, which scales it by a per-(slot, layer) share kept in float64 as the library
+  keeps it (updated at commit from the top-k's churn).
 
 No call reads a device value on the host: shapes come from the arguments' shapes and from Python
 ints (layer, next_n), and a decode step's select / observe_scored / commit can be captured in one
@@ -51,6 +53,8 @@ PREDICTORS = tuple(_PARTS)
 _FLT_MAX = float(np.finfo(np.float32).max)
 _INT64_MAX = (1 << 63) - 1
 _OFFSET_SCALE = 2.0 ** 30  # src/predict/block_state.h kOffsetMeanScale
+_TOPK_FIRST_BASE = 1048576.0  # src/predict/predictor_ema.cpp kTopkFirstBase (2^20)
+_CHURN_KEEP, _CHURN_WEIGHT = 0.8, 0.2  # src/predict/budget_moves.h kChurnEma{Keep,Weight}
 
 
 def budget_blocks(config, n):
@@ -156,7 +160,12 @@ class Serving:
         (self._fill, self._use_slot, self._use_offset, self._explores, alpha_from_config,
          self._step_reuse) = _PARTS[predictor]
         alpha = self.config["alpha"] if alpha_from_config else 1.0
-        self._needs_hits = self._step_reuse or self.config["pooling"] == "topk-hits"
+        # spin reads the last top-k twice: topk_first ranks its blocks first, explore_churn scales
+        # exploration by how much it moves (src/predict/predictor_ema.cpp, predictor_base.cpp).
+        self._topk_first = self._explores and self.config["topk_first"] == 1
+        self._explore_churn = self._explores and self.config["explore_churn"] > 0
+        self._keeps_topk = self._step_reuse or self._topk_first or self._explore_churn
+        self._needs_hits = self._keeps_topk or self.config["pooling"] == "topk-hits"
         self.pad_slot = self.max_requests
         self._build_tables()
         self._allocate(alpha)
@@ -193,6 +202,8 @@ class Serving:
         else:
             explore = np.zeros_like(left)
         history = left - explore
+        self._budget = torch.from_numpy(budget).to(self.device)  # explore_churn's counts, per step
+        self._left = torch.from_numpy(left).to(self.device)
         widest = n_max if self._fill == "all" else max(int(budget[n_max]), self.dense_blocks)
         self.width = min(n_max, self.max_next_n * widest)
         dev = self.device
@@ -237,9 +248,16 @@ class Serving:
         self.last_seen = torch.full((R, L, N), -1, dtype=torch.int32, device=dev)
         self.offset_ema = torch.zeros(R, L, K, dtype=f32, device=dev)
         self.offset_count = torch.zeros(R, L, K, dtype=torch.int32, device=dev)
-        # Top-k hits per block: read by step-reuse and by topk-hits pooling only.
+        # Top-k hits per block: read by step-reuse, spin's topk_first and explore_churn, and
+        # topk-hits pooling.
         hits_blocks = N if self._needs_hits else 0
         self.prev_hits = torch.zeros(R, L, hits_blocks, dtype=torch.int32, device=dev)
+        # explore_churn: each layer's top-k churn EMA (-1: not measured; budget_moves.h) and the
+        # exploration share it gives (explore_share in predictor_base.cpp), float64 as there.
+        self.churn_ema = torch.full((R, L), -1.0, dtype=torch.float64, device=dev)
+        self.explore_share = torch.full((R, L), float(self.config["explore_ratio"]),
+                                        dtype=torch.float64, device=dev)
+        self._prefill_open = torch.zeros(R, dtype=torch.bool, device=dev)
         # The open step: each row's pooled observation (NaN = block not observed; a last column
         # takes the padding's scatter), its newest block, which layers were selected, the rows.
         self._pending_x = torch.full((R, L, J, N + 1), float("nan"), dtype=f32, device=dev)
@@ -255,7 +273,7 @@ class Serving:
     @property
     def memory_bytes(self):
         tensors = (self.slot_ema, self.last_seen, self.offset_ema, self.offset_count,
-                   self.prev_hits, self._pending_x, self._pending_hits, self._pending_newest,
+                   self.prev_hits, self.churn_ema, self.explore_share, self._pending_x, self._pending_hits, self._pending_newest,
                    self._selected, self._visible, self._sel_blocks)
         return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -281,7 +299,9 @@ class Serving:
                 f"serving: add: slot {slot} holds a request; drop(slot) first")
         for t, v in ((self.slot_ema, 0.0), (self.last_seen, -1), (self.offset_ema, 0.0),
                      (self.offset_count, 0), (self.prev_hits, 0), (self._selected, False),
-                     (self._step, 0)):
+                     (self._step, 0), (self.churn_ema, -1.0),
+                     (self.explore_share, float(self.config["explore_ratio"])),
+                     (self._prefill_open, False)):
             t[slot].fill_(v)
         self._req_key[slot] = _hash.request_key(int(self.config["seed"]), int(request_id))
         self._active[slot] = True
@@ -384,7 +404,7 @@ class Serving:
                           | (b >= n3 - int(self.config["local_blocks"])))
         candidate = valid & ~forced
         chosen = forced
-        n_explore, n_history = self._n_explore[n], self._n_history[n]
+        n_explore, n_history = self._explore_counts(S, layer, n)
         if self._fill == "random" or self._explores:
             key = self._explore_keys(S, layer)
             picked = _smallest(key.unsqueeze(1), candidate, n_explore)
@@ -393,6 +413,17 @@ class Serving:
             key = _rank_keys(self._rank(S, layer, n), b)
             chosen = chosen | _smallest(key, candidate, n_history)
         return torch.where(self._keep_all[n].unsqueeze(-1), valid, chosen)
+
+    def _explore_counts(self, S, layer, n):
+        """[batch, next_n] exploration and history counts: the tables', or with explore_churn
+        min(llround(share · budget), left) from each (slot, layer)'s share, as select_row."""
+        if not self._explore_churn:
+            return self._n_explore[n], self._n_history[n]
+        x = self.explore_share[S, layer].unsqueeze(1) * self._budget[n].double()
+        whole = torch.floor(x)
+        left = self._left[n]
+        explore = torch.minimum((whole + (x - whole >= 0.5).double()).long(), left)
+        return explore, left - explore
 
     def _explore_keys(self, S, layer):
         """[batch, N] the exploration order: the library's hash (top 32 bits) or last_seen age,
@@ -409,8 +440,9 @@ class Serving:
         """[batch, next_n, N] float32 p[b] as the library's ema_rank / step-reuse rank them."""
         d = (n.unsqueeze(-1) - 1 - self._block_ids).clamp(min=0)
         unknown = -2.0 - d.to(torch.float32)
-        if self._step_reuse:
+        if self._keeps_topk:
             hits = self.prev_hits[S, layer].unsqueeze(1)
+        if self._step_reuse:
             return torch.where(hits > 0, hits.to(torch.float32), unknown)
         p = unknown
         bucket = self._bucket[d.clamp(max=self._bucket.shape[0] - 1)]
@@ -430,6 +462,8 @@ class Serving:
             else:  # w·s + (1-w)·o, each operation rounded to float32 as the library does
                 both = self._w * slot + self._one_minus_w * offset
             p = torch.where(known_slot & known_offset, both, p)
+        if self._topk_first:  # above every p, most hits first (kTopkFirstBase, predictor_ema.cpp)
+            p = torch.where(hits > 0, _TOPK_FIRST_BASE + hits.to(torch.float32), p)
         return p
 
     def _compact_ids(self, union):
@@ -496,6 +530,7 @@ class Serving:
         x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None,
                         int(self.config["topk"]), E, self.config["pooling"])
         self._mark_selected(S, torch.full_like(S, layer))
+        self._prefill_open.index_fill_(0, S, True)  # its commit measures no churn (the library's)
         self._open_next_n.index_fill_(0, S, 1)
         self._visible[S, layer, 0] = visible
         self._store_pending(S, layer, 1, blocks, x, hits, visible)
@@ -550,17 +585,38 @@ class Serving:
         self._close(S, last)
 
     def _close(self, S, last):
-        """After the replay: step-reuse's top-k blocks from the newest replayed row, the step
-        closed and counted."""
-        if self._step_reuse:  # the newest replayed row's top-k blocks, per selected layer
+        """After the replay: the churn of the top-k and its blocks from the newest replayed row,
+        the step closed and counted."""
+        if self._keeps_topk:  # the newest replayed row's top-k blocks, per selected layer
             batch, N = S.shape[0], self.max_blocks
             newest = torch.gather(self._pending_hits[S, :, :, :N], 2,
                                   last.view(batch, 1, 1, 1).expand(-1, self.num_layers, 1, N))
-            selected = self._selected[S].unsqueeze(-1)
-            self.prev_hits[S] = torch.where(selected, newest.squeeze(2), self.prev_hits[S])
+            newest = newest.squeeze(2)
+            selected = self._selected[S]
+            if self._explore_churn:
+                self._measure_churn(S, newest, selected & ~self._prefill_open[S].unsqueeze(1))
+            self.prev_hits[S] = torch.where(selected.unsqueeze(-1), newest, self.prev_hits[S])
         opened = self._selected[S].any(dim=1)
         self._selected.index_fill_(0, S, False)
+        self._prefill_open.index_fill_(0, S, False)
         self._step.index_add_(0, S, opened.long())
+
+    def _measure_churn(self, S, newest, use):
+        """BudgetMoveState::update's churn EMA for the (slot, layer)s in `use` [batch, L], from
+        the newest row's hits [batch, L, N] and the top-k before it (prev_hits), then the
+        exploration share it gives — float64 operations in the library's order."""
+        now_blocks = newest > 0
+        now = now_blocks.sum(dim=2)
+        kept = (now_blocks & (self.prev_hits[S] > 0)).sum(dim=2)
+        use = use & (now > 0) & (self.prev_hits[S] > 0).any(dim=2)
+        measured = 1.0 - kept.double() / now.clamp(min=1).double()
+        old = self.churn_ema[S]
+        ema = torch.where(old < 0, measured, _CHURN_KEEP * old + _CHURN_WEIGHT * measured)
+        ema = torch.where(use, ema, old)
+        self.churn_ema[S] = ema
+        ratio, c0 = float(self.config["explore_ratio"]), float(self.config["explore_churn"])
+        scale = torch.minimum(ema / c0, torch.ones_like(ema))
+        self.explore_share[S] = torch.where(ema < 0, torch.full_like(ema, ratio), ratio * scale)
 
 
 class _SlotState:

@@ -273,7 +273,8 @@ class Serving:
     @property
     def memory_bytes(self):
         tensors = (self.slot_ema, self.last_seen, self.offset_ema, self.offset_count,
-                   self.prev_hits, self.churn_ema, self.explore_share, self._pending_x, self._pending_hits, self._pending_newest,
+                   self.prev_hits, self.churn_ema, self.explore_share, self._pending_x,
+                   self._pending_hits, self._pending_newest,
                    self._selected, self._visible, self._sel_blocks)
         return sum(t.numel() * t.element_size() for t in tensors)
 

@@ -24,12 +24,13 @@ NEEDLE_AT = (4096, 5120, 6144, 7040, 7680)
 COLOURS = ("red", "blue", "green", "yellow", "white", "black", "orange", "brown", "pink", "grey")
 
 
-def make_configs(topk, quick, extra=(), request_id=0):
+def make_configs(topk, quick, extra=(), request_id=0, base=PREDICTORS):
+    """full, dense-topk, then every predictor of `base` + `extra` at every sparsity (one
+    sequence each); names are Python baselines or C++ specs (selectors.make_selector)."""
     cfg = [dsa.Config("full"), dsa.Config("dense-topk", selectors.Dense(0.0, topk), 0.0)]
     for s in ((0.5,) if quick else SPARSITIES):
-        for p in PREDICTORS + tuple(extra):
-            sel = (selectors.make_selector(p, s, topk, seed=1) if p in selectors.PYTHON_SELECTORS
-                   else selectors.SpinDsaSelector(p, s, topk, seed=1, request_id=request_id))
+        for p in tuple(base) + tuple(extra):
+            sel = selectors.make_selector(p, s, topk, seed=1, request_id=request_id)
             cfg.append(dsa.Config(f"{p}@{s:.1f}", sel, s))
     return cfg
 
@@ -40,6 +41,8 @@ def available_extra(names, log):
         return ()
     try:
         import spin_dsa  # noqa: F401
+        for n in names:  # a misspelt name or field fails here, before a long decode
+            selectors.make_selector(n, 0.5, 256)
     except ImportError as e:
         log(f"  spin_dsa not installed ({e}): {', '.join(names)} skipped (recorder/README.md)")
         return ()

@@ -36,6 +36,18 @@ class Prefix:
         self.kt = np.ascontiguousarray(k.transpose(0, 2, 3, 1))   # [L, KV, D, P]
         self.v = np.ascontiguousarray(v.transpose(0, 2, 1, 3))    # [L, KV, P, D]
 
+    def logits(self, l, q, group):
+        """q [B, H, D] pre-scaled -> [B, H, P]: every sequence's logits over the shared prefix,
+        one matrix product per KV head for all B (B one-row products would each stream the
+        whole prefix's keys from memory)."""
+        B, H, D = q.shape
+        out = np.empty((B, H, self.P), F32)
+        for kv in range(H // group):
+            hs = slice(kv * group, (kv + 1) * group)
+            qg = np.ascontiguousarray(q[:, hs]).reshape(B * group, D)
+            out[:, hs] = (qg @ self.kt[l, kv]).reshape(B, group, self.P)
+        return out
+
 
 class Seq:
     """One decoded sequence: the shared prefix plus its own appended keys and values."""
@@ -52,14 +64,18 @@ class Seq:
         self.k[l, :, n], self.v[l, :, n] = k, v
         self.n[l] = n + 1
 
-    def logits(self, l, q, group):                 # q [H, D] pre-scaled -> [H, P + n]
+    def logits(self, l, q, group, pre=None):
+        """q [H, D] pre-scaled -> [H, P + n]; pre: this sequence's [H, P] from Prefix.logits."""
         P, n = self.pre.P, self.n[l]
         H = q.shape[0]
         out = np.empty((H, P + n), F32)
         for kv in range(H // group):
             qg = q[kv * group:(kv + 1) * group]
-            out[kv * group:(kv + 1) * group, :P] = qg @ self.pre.kt[l, kv]
+            if pre is None:
+                out[kv * group:(kv + 1) * group, :P] = qg @ self.pre.kt[l, kv]
             out[kv * group:(kv + 1) * group, P:] = qg @ self.k[l, kv, :n].T
+        if pre is not None:
+            out[:, :P] = pre
         return out
 
     def mix(self, l, p, group, idx=None):
@@ -149,11 +165,12 @@ def decode(model, prefix, inputs, configs, topk, block=64, warm=None, log=None, 
             q, k, v = model.qkv(l, h, np.full(B, pos))
             q = q * model.scale
             ind = None if signal is None else signal.step(l, h, pos)  # [B, N] indexer rows
+            spre = prefix.logits(l, q, g)                            # [B, H, P]
             o = np.empty((B, H, D), F32)
             for b, c in enumerate(configs):
                 sq = seqs[b]
                 sq.append(l, k[b], v[b])
-                S = sq.logits(l, q[b], g)                   # [H, N]
+                S = sq.logits(l, q[b], g, spre[b])          # [H, N]
                 N = S.shape[1]
                 if c.selector is None:
                     o[b] = sq.mix(l, softmax_rows(S), g)

@@ -73,20 +73,25 @@ class IndexerPrefix:
         self.kv = fp8.e4m3_decode(self.kc)                    # decoded once: the scoring reads these
 
     @classmethod
-    def from_inputs(cls, layers, X, P):
-        """From each layer's normed inputs X [L, >= P, d] of positions 0..P-1."""
-        if X.shape[0] != len(layers) or X.shape[1] < P or P < 1:
+    def from_inputs(cls, layers, X, P, head=None):
+        """From each layer's normed inputs X [L, >= P - S, d] of positions S..P-1, after the
+        keys head = (codes [L, S, 128], scales [L, S]) of positions [0, S) (S = 0 without): a
+        haystack that shares its first S tokens with a text whose keys are known."""
+        S = 0 if head is None else head[0].shape[1]
+        if X.shape[0] != len(layers) or X.shape[1] < P - S or P <= S:
             raise ValueError(f"IndexerPrefix: X {X.shape} does not cover {len(layers)} layers x "
-                             f"{P} positions")
+                             f"positions {S}..{P - 1}")
         L_, H = len(layers), layers[0].p["Ww"].shape[1]
         kc = np.empty((L_, P, ix.D), np.uint8)
         ks = np.empty((L_, P), F32)
         wq = np.empty((L_, H, ix.D), np.uint8)
         ww = np.empty((L_, H), F32)
-        pos = np.arange(P)
+        if S:
+            kc[:, :S], ks[:, :S] = head
+        pos = np.arange(S, P)
         for l, L in enumerate(layers):
-            kc[l], ks[l] = quantise_keys(project_keys(L, X[l, :P], pos))
-            q, w = project_query(L, X[l, P - 1:P], pos[-1:])
+            kc[l, S:], ks[l, S:] = quantise_keys(project_keys(L, X[l, :P - S], pos))
+            q, w = project_query(L, X[l, P - S - 1:P - S], pos[-1:])
             qc, wf = quantise_query(q, w)
             wq[l], ww[l] = qc[0], wf[0]
         return cls(kc, ks, wq, ww)

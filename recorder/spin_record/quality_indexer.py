@@ -25,7 +25,9 @@ import numpy as np
 
 from . import assets, dsa, indexer as ix
 from .indexer_signal import IndexerPrefix, IndexerSignal
-from .quality import SPARSITIES, make_configs
+from .model import F32, rms_norm
+from .quality import (NEEDLE_AT, PASSKEY_AT, exact_answers, make_configs, needles,
+                      passkey_haystack)
 from .record import scaled_topk
 
 PREDICTORS = ("spin", "spin-noexplore", "spin-hybrid", "hisa", "prev-iter", "step-reuse",
@@ -55,6 +57,83 @@ def prefix_keys(model, layers, weights_key, tokens, P, log):
     return pre
 
 
+def prefill_inputs(model, tokens, past):
+    """model.prefill's causal forward after a cached past (k, v [L, S, KV, D]), keeping what the
+    indexer needs: each layer's normed inputs X [L, T, d] of the new tokens, and K/V [L, S + T,
+    KV, D] for the decode (model.py is the indexer weights' cache key: not changed for this)."""
+    W = model.w
+    tokens = np.asarray(tokens, np.int64)
+    S, T = past[0].shape[1], len(tokens)
+    pos = np.arange(S, S + T)
+    X = np.empty((W.n_layers, T, W.d_model), F32)
+    K, V = [], []
+    x = W.embed[tokens]
+    for l in range(W.n_layers):
+        L = W.layers[l]
+        X[l] = rms_norm(x, L["attn_norm"], W.eps)
+        q, k, v = model.qkv(l, X[l], pos)
+        K.append(np.concatenate([past[0][l], k]))
+        V.append(np.concatenate([past[1][l], v]))
+        x = x + model._causal_attention(q, K[-1], V[-1], 512, None, None, l) @ L["wo"]
+        x = model.mlp(l, x)
+    return X, np.stack(K), np.stack(V)
+
+
+def haystack(model, layers, hay, start, book, k, v):
+    """(dsa.Prefix, IndexerPrefix) of a haystack equal to the book on [0, start): the book's K/V
+    and indexer keys there, one forward for the rest."""
+    X, K, V = prefill_inputs(model, hay[start:], (k[:, :start], v[:, :start]))
+    ipre = IndexerPrefix.from_inputs(layers, X, len(hay), head=(book.kc[:, :start], book.ks[:, :start]))
+    return dsa.Prefix(K, V), ipre
+
+
+def retrieval(model, tok, tokens, k, v, layers, book, context, topk, predictors, quick, log):
+    """quality.py's C (five needles, each asked once) and D (one pass key at each of three
+    depths) with the indexer in the loop; question and answer decoded teacher-forced, exact =
+    every answer token is the greedy choice."""
+    enc = lambda s: tok.encode(s).ids  # noqa: E731
+    out = {}
+    nd = needles(enc, tokens, context, NEEDLE_AT[:3] if quick else NEEDLE_AT)
+    t0 = time.time()
+    hp, ip = haystack(model, layers, nd["hay"], nd["at"][0], book, k, v)
+    inputs, answers, names, cfgs = [], [], [], []
+    for qi, (seq, a) in enumerate(zip(nd["queries"], nd["answers"])):
+        for cf in make_configs(topk, quick, base=predictors, request_id=qi):
+            inputs.append(seq[:-1])
+            answers.append(a)
+            names.append(cf.name)
+            cfgs.append(cf)
+    hfs, st = dsa.decode(model, hp, np.array(inputs, np.int64), cfgs, topk, log=log,
+                         signal=IndexerSignal(layers, ip))
+    out["retrieval"], pq = exact_answers(model, hfs, names, answers, nd["q_len"], st)
+    out["retrieval_per_query"] = pq
+    out["needles"] = dict(at=nd["at"], colours=nd["colours"], codes=nd["codes"],
+                          context=len(nd["hay"]) + nd["q_len"] + nd["a_len"])
+    out["retrieval_s"] = round(time.time() - t0, 1)
+    log(f"  multi-key: {len(cfgs)} sequences in {out['retrieval_s']} s")
+    if quick:
+        return out
+    rng = np.random.default_rng(7)  # quality.passkey's draws: the same codes
+    t0 = time.time()
+    pk = {}
+    for i, at in enumerate(PASSKEY_AT):
+        hay, q, a = passkey_haystack(enc, tokens, context, at, rng)
+        hp, ip = haystack(model, layers, hay, at, book, k, v)
+        cfgs = make_configs(topk, False, base=predictors, request_id=100 + i)
+        hfs, _ = dsa.decode(model, hp, q + a[:-1], cfgs, topk, signal=IndexerSignal(layers, ip))
+        r, _ = exact_answers(model, hfs, [c.name for c in cfgs], [a] * len(cfgs), len(q))
+        for name, x in r.items():
+            d = pk.setdefault(name, dict(exact=0, queries=0, per_depth=[]))
+            d["exact"] += x["exact"]
+            d["queries"] += 1
+            d["per_depth"].append(bool(x["exact"]))
+        log(f"  passkey at {at}: full {'ok' if pk['full']['per_depth'][-1] else 'wrong'} "
+            f"({time.time() - t0:.0f} s)")
+    out["passkey"] = pk
+    out["passkey_s"] = round(time.time() - t0, 1)
+    return out
+
+
 def machine():
     """One line: CPU model, cores, load average (the numbers below are wall-clock times)."""
     try:
@@ -67,8 +146,9 @@ def machine():
 
 
 def run(model, tok, text, cdir, layers, weights_key, context, n_dec, log, predictors=PREDICTORS,
-        quick=False):
-    """Measurement A of quality.py with the indexer as the signal. Returns the result dict."""
+        quick=False, with_retrieval=True):
+    """quality.py's A (loss), and C and D (retrieval) unless with_retrieval is False, with the
+    indexer as the signal. Returns the result dict."""
     t_start = time.time()
     res = dict(signal="indexer (distilled, fp8 keys and queries)", context=context, block=64,
                decode_steps=n_dec, quick=quick, predictors=list(predictors),
@@ -88,9 +168,12 @@ def run(model, tok, text, cdir, layers, weights_key, context, n_dec, log, predic
     res["loss"] = {c.name: dict(loss=float(model.nll(hfs[:, b], targets).mean()), **stats[b])
                    for b, c in enumerate(cfgs)}
     res["loss_full_from_prefill"] = float(nll[P:P + n_dec].mean())
+    log(f"  loss: {len(cfgs)} configs x {n_dec} steps in {res['loss_decode_s']} s")
+    if with_retrieval:
+        res.update(retrieval(model, tok, tokens, k, v, layers, pre, context, topk, predictors,
+                             quick, log))
     res["total_s"] = round(time.time() - t_start, 1)
     res["machine_end"] = machine()
-    log(f"  {len(cfgs)} configs x {n_dec} steps in {res['loss_decode_s']} s")
     return res
 
 
@@ -110,14 +193,31 @@ def format_report(res):
          f"disjoint from the indexer's training [16384, 24576) and held-out [24576, 28672) "
          f"tokens). Recall: |top-k ∩ dense indexer top-k| / k of the same row; block sparsity: "
          f"the share of blocks not scored, as reached.", "",
-         "| config | loss (nats) | Δ vs full | Δ vs dense indexer top-k | top-k recall vs dense | block sparsity |",
-         "|---|---:|---:|---:|---:|---:|"]
+         "| config | loss (nats) | Δ vs full | Δ vs dense indexer top-k | top-k recall vs dense | block sparsity | multi-key exact | passkey exact |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    retr, pk = res.get("retrieval", {}), res.get("passkey", {})
     for name, r in loss.items():
+        mk = f"{retr[name]['exact']}/{retr[name]['queries']}" if name in retr else "—"
+        pks = f"{pk[name]['exact']}/{pk[name]['queries']}" if name in pk else "—"
         L.append(f"| {name} | {r['loss']:.4f} | {r['loss'] - full:+.4f} | {r['loss'] - dense:+.4f} | "
-                 f"{_f(r['recall'], '.3f')} | {_f(r['block_sparsity'], '.3f')} |")
+                 f"{_f(r['recall'], '.3f')} | {_f(r['block_sparsity'], '.3f')} | {mk} | {pks} |")
     L += ["", f"Full attention decoded step by step: {full:.4f}; the same tokens from the causal "
-          f"prefill: {res['loss_full_from_prefill']:.4f} (a check of the decode path).", "",
-          f"Indexer weights: indexer-{res['indexer_weights']}. Times: decode {res['loss_decode_s']} s, "
-          f"total {res['total_s']} s. Machine: {res['machine_start']} at the start, load average "
+          f"prefill: {res['loss_full_from_prefill']:.4f} (a check of the decode path)."]
+    if "needles" in res:
+        nd = res["needles"]
+        L += ["", f"Multi-key: {len(nd['at'])} needles at token offsets {nd['at']} of a "
+              f"{nd['context']}-token haystack (the book with needles; its first {nd['at'][0]} "
+              f"tokens are the evaluation text's), each asked once; full attention per needle: "
+              + ", ".join("ok" if x else "wrong" for x in res["retrieval_per_query"]["full"]) + "."]
+    if pk:
+        L.append(f"Passkey: one needle per haystack at {list(PASSKEY_AT)}; full attention: "
+                 + ", ".join("ok" if x else "wrong" for x in pk["full"]["per_depth"]) + ".")
+    times = f"loss decode {res['loss_decode_s']} s"
+    if "retrieval_s" in res:
+        times += f", multi-key {res['retrieval_s']} s"
+    if "passkey_s" in res:
+        times += f", passkey {res['passkey_s']} s"
+    L += ["", f"Indexer weights: indexer-{res['indexer_weights']}. Times: {times}, total "
+          f"{res['total_s']} s. Machine: {res['machine_start']} at the start, load average "
           f"{res['machine_end'].rsplit('load average ', 1)[-1]} at the end."]
     return "\n".join(L) + "\n"

@@ -19,7 +19,6 @@
 # Other arguments go to `python -m spin_record record` (e.g. --context 4096 --steps 16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py="$(./scripts/python-env.sh | tail -n1)"
 cmd=record
 keys=1
 while [[ $# -gt 0 ]]; do
@@ -35,7 +34,7 @@ if [[ "$cmd" == quality-indexer ]]; then
   # The C++ predictors (spin, hisa, ...) run through the spin_dsa bindings, which the recorder's
   # .venv does not build: a separate venv with the pinned requirements plus this tree's spin_dsa.
   qvenv=build/quality-venv
-  want="$(sha256sum recorder/requirements.txt | cut -d' ' -f1)"
+  want="$( (sha256sum recorder/requirements.txt; "${PYTHON:-python3}" -c 'import sys; print(sys.version)') | sha256sum | cut -d' ' -f1)"
   if [[ ! -x "$qvenv/bin/python" || "$(cat "$qvenv/.spin-stamp" 2>/dev/null)" != "$want" ]]; then
     rm -rf "$qvenv"
     "${PYTHON:-python3}" -m venv "$qvenv"
@@ -49,6 +48,7 @@ if [[ "$cmd" == quality-indexer ]]; then
   OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" \
     exec "$qvenv/bin/python" -m spin_record quality --signal indexer "$@"
 fi
+py="$(./scripts/python-env.sh | tail -n1)"
 "$py" -m spin_record "$cmd" "$@"
 if (( keys )); then
   "$py" -m spin_record distill

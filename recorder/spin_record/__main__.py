@@ -135,14 +135,16 @@ def write_atomic(path, text):
 def cmd_quality(a):
     from . import quality, quality_indexer
 
-    rec_args = argparse.Namespace(**vars(a))
-    rec_args.force = False
-    cdir = cmd_record(rec_args)
     indexer = a.signal == "indexer"
+    if not indexer:  # the attention path decodes from the score recording's forward
+        rec_args = argparse.Namespace(**vars(a))
+        rec_args.force = False
+        cdir = cmd_record(rec_args)
     preds = a.predictors if a.predictors is not None else (
         list(quality_indexer.PREDICTORS) if indexer else [])
     args = dict(context=a.context, steps=a.steps, next_n=sorted(a.next_n), decode=a.decode,
-                quick=a.quick, predictors=preds, bindings=bindings_hash())
+                quick=a.quick, predictors=preds, bindings=bindings_hash(),
+                retrieval=not a.no_retrieval)
     if indexer:
         from . import distill
         args.update(signal="indexer", weights=distill.weights_key(distill.HP))
@@ -157,8 +159,9 @@ def cmd_quality(a):
             for p in preds:  # a missing binding or a misspelt spec fails now, not after the forward
                 quality.selectors.make_selector(p, 0.5, 256)
             layers, _, _ = distill.trained(m, tok, text, distill.HP, log)
-            res = quality_indexer.run(m, tok, text, cdir, layers, args["weights"], a.context,
-                                      a.decode, log, predictors=preds, quick=a.quick)
+            res = quality_indexer.run(m, tok, text, layers, args["weights"], a.context, a.decode,
+                                      log, predictors=preds, quick=a.quick,
+                                      with_retrieval=not a.no_retrieval)
         else:
             res = quality.run(m, tok, text, cdir, a.context, a.decode, a.quick, log, predictors=preds)
         qdir.mkdir(parents=True, exist_ok=True)
@@ -207,6 +210,8 @@ def main(argv=None):
                            help="step 1's score: the model's attention (quality.md) or the "
                                 "distilled indexer (quality-indexer.md)")
             s.add_argument("--force", action="store_true", help="recompute, ignoring the cache")
+            s.add_argument("--no-retrieval", action="store_true",
+                           help="indexer signal: the loss table only (no needles, no pass keys)")
     s = sub.add_parser("distill")
     s.add_argument("--out", default=str(assets.repo_root() / "build" / "real-traces"))
     s.add_argument("--force", action="store_true", help="re-record the key traces (not the weights)")

@@ -34,27 +34,33 @@ PREDICTORS = ("spin", "spin-noexplore", "spin-hybrid", "hisa", "prev-iter", "ste
               "oracle", "random")
 
 
-def prefix_keys(model, layers, weights_key, tokens, P, log):
-    """The indexer's keys of the prefix tokens[:P] (and its last row's query), cached by content:
-    one causal forward gives every layer's normed inputs (ix.capture), minutes on this machine."""
+def prefix_cache(model, layers, weights_key, tokens, P, n_dec, log):
+    """What every decode here starts from, cached by content: one causal forward over
+    tokens[:P + n_dec] (ix.capture, minutes on this machine) gives the indexer's keys of [0, P)
+    and its last row's query (IndexerPrefix), the model's K/V of [0, P), and the full-attention
+    loss of the scored tokens from the prefill (the decode path's check). Self-contained: the
+    score recording's cache is not needed."""
     h = hashlib.sha256()
-    h.update(weights_key.encode() + np.asarray(tokens[:P], np.int64).tobytes())
+    h.update(f"{weights_key} {P} {n_dec}".encode() + np.asarray(tokens[:P + n_dec + 1], np.int64).tobytes())
     for f in ("indexer_signal.py", "model.py", "indexer.py", "fp8.py"):
         h.update(open(os.path.join(os.path.dirname(__file__), f), "rb").read())
     path = assets.cache_dir() / f"indexer-prefix-{h.hexdigest()[:16]}.npz"
     if path.exists():
+        log(f"  prefix (indexer keys, K/V) cached: {path.name}")
         z = np.load(path)
-        log(f"  indexer prefix keys cached: {path.name}")
-        return IndexerPrefix(z["kc"], z["ks"], z["warm_qc"], z["warm_w"])
+        return IndexerPrefix(z["kc"], z["ks"], z["warm_qc"], z["warm_w"]), z["k"], z["v"], float(z["nll"])
     t0 = time.time()
-    X, _, _ = ix.capture(model, tokens[:P], [P - 1])
+    rows = np.arange(P, P + n_dec)
+    X, _, hf, K, V = ix.capture(model, tokens[:P + n_dec], rows, keep_kv=True)
     pre = IndexerPrefix.from_inputs(layers, X, P)
     del X
+    k, v = K[:, :P], V[:, :P]
+    nll = float(model.nll(hf, tokens[P + 1:P + n_dec + 1]).mean())
     tmp = f"{path}.tmp-{os.getpid()}.npz"
-    np.savez(tmp, **pre.arrays())
+    np.savez(tmp, k=k, v=v, nll=np.array(nll), **pre.arrays())
     os.replace(tmp, path)
-    log(f"  indexer prefix keys of {P} tokens computed in {time.time() - t0:.0f} s ({path.name})")
-    return pre
+    log(f"  prefix of {P} tokens (indexer keys, K/V) computed in {time.time() - t0:.0f} s ({path.name})")
+    return pre, k, v, nll
 
 
 def prefill_inputs(model, tokens, past):
@@ -123,8 +129,9 @@ def retrieval(model, tok, tokens, k, v, layers, book, context, topk, predictors,
         hfs, _ = dsa.decode(model, hp, q + a[:-1], cfgs, topk, signal=IndexerSignal(layers, ip))
         r, _ = exact_answers(model, hfs, [c.name for c in cfgs], [a] * len(cfgs), len(q))
         for name, x in r.items():
-            d = pk.setdefault(name, dict(exact=0, queries=0, per_depth=[]))
-            d["exact"] += x["exact"]
+            d = pk.setdefault(name, dict(exact=0, tokens_ok=0, tokens=0, queries=0, per_depth=[]))
+            for f in ("exact", "tokens_ok", "tokens"):
+                d[f] += x[f]
             d["queries"] += 1
             d["per_depth"].append(bool(x["exact"]))
         log(f"  passkey at {at}: full {'ok' if pk['full']['per_depth'][-1] else 'wrong'} "
@@ -132,6 +139,13 @@ def retrieval(model, tok, tokens, k, v, layers, book, context, topk, predictors,
     out["passkey"] = pk
     out["passkey_s"] = round(time.time() - t0, 1)
     return out
+
+
+def paired_se(a, b):
+    """Standard error of mean(a - b) over the scored tokens (paired: the same tokens), the
+    yardstick for a loss difference between two configs."""
+    d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+    return float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else None
 
 
 def machine():
@@ -145,7 +159,7 @@ def machine():
     return f"{name}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
 
 
-def run(model, tok, text, cdir, layers, weights_key, context, n_dec, log, predictors=PREDICTORS,
+def run(model, tok, text, layers, weights_key, context, n_dec, log, predictors=PREDICTORS,
         quick=False, with_retrieval=True):
     """quality.py's A (loss), and C and D (retrieval) unless with_retrieval is False, with the
     indexer as the signal. Returns the result dict."""
@@ -153,21 +167,24 @@ def run(model, tok, text, cdir, layers, weights_key, context, n_dec, log, predic
     res = dict(signal="indexer (distilled, fp8 keys and queries)", context=context, block=64,
                decode_steps=n_dec, quick=quick, predictors=list(predictors),
                indexer_weights=weights_key, machine_start=machine())
-    k, v, nll = np.load(cdir / "k.npy"), np.load(cdir / "v.npy"), np.load(cdir / "nll.npy")
     tokens = np.array(tok.encode(text).ids, np.int64)[:context]
+    if len(tokens) < context or n_dec < 1 or n_dec >= context // 2:
+        raise ValueError(f"quality: context {context} and decode {n_dec} do not fit the book")
     topk = scaled_topk(context)
     P = context - n_dec - 1
     res.update(topk=topk, prefix=P, scored_positions=[P + 1, P + n_dec])
-    pre = prefix_keys(model, layers, weights_key, tokens, P, log)
+    pre, k, v, nll_prefill = prefix_cache(model, layers, weights_key, tokens, P, n_dec, log)
     cfgs = make_configs(topk, quick, base=predictors)
     t0 = time.time()
     hfs, stats = dsa.decode(model, dsa.Prefix(k[:, :P], v[:, :P]), tokens[P:P + n_dec], cfgs, topk,
                             log=log, signal=IndexerSignal(layers, pre))
     res["loss_decode_s"] = round(time.time() - t0, 1)
     targets = tokens[P + 1:P + n_dec + 1]
-    res["loss"] = {c.name: dict(loss=float(model.nll(hfs[:, b], targets).mean()), **stats[b])
+    nll = {c.name: model.nll(hfs[:, b], targets) for b, c in enumerate(cfgs)}
+    res["loss"] = {c.name: dict(loss=float(nll[c.name].mean()), nll=nll[c.name].tolist(),
+                                se_vs_dense=paired_se(nll[c.name], nll["dense-topk"]), **stats[b])
                    for b, c in enumerate(cfgs)}
-    res["loss_full_from_prefill"] = float(nll[P:P + n_dec].mean())
+    res["loss_full_from_prefill"] = nll_prefill
     log(f"  loss: {len(cfgs)} configs x {n_dec} steps in {res['loss_decode_s']} s")
     if with_retrieval:
         res.update(retrieval(model, tok, tokens, k, v, layers, pre, context, topk, predictors,
@@ -193,14 +210,21 @@ def format_report(res):
          f"disjoint from the indexer's training [16384, 24576) and held-out [24576, 28672) "
          f"tokens). Recall: |top-k ∩ dense indexer top-k| / k of the same row; block sparsity: "
          f"the share of blocks not scored, as reached.", "",
-         "| config | loss (nats) | Δ vs full | Δ vs dense indexer top-k | top-k recall vs dense | block sparsity | multi-key exact | passkey exact |",
+         "| config | loss (nats) | Δ vs full | Δ vs dense indexer top-k (± paired SE) | top-k recall vs dense | block sparsity | multi-key exact (answer tokens) | passkey exact (answer tokens) |",
          "|---|---:|---:|---:|---:|---:|---:|---:|"]
     retr, pk = res.get("retrieval", {}), res.get("passkey", {})
+
+    def exact(d, name):
+        if name not in d:
+            return "—"
+        x = d[name]
+        return f"{x['exact']}/{x['queries']} ({x['tokens_ok']}/{x['tokens']})"
+
     for name, r in loss.items():
-        mk = f"{retr[name]['exact']}/{retr[name]['queries']}" if name in retr else "—"
-        pks = f"{pk[name]['exact']}/{pk[name]['queries']}" if name in pk else "—"
-        L.append(f"| {name} | {r['loss']:.4f} | {r['loss'] - full:+.4f} | {r['loss'] - dense:+.4f} | "
-                 f"{_f(r['recall'], '.3f')} | {_f(r['block_sparsity'], '.3f')} | {mk} | {pks} |")
+        se = "" if name == "dense-topk" or r.get("se_vs_dense") is None else f" ± {r['se_vs_dense']:.4f}"
+        L.append(f"| {name} | {r['loss']:.4f} | {r['loss'] - full:+.4f} | {r['loss'] - dense:+.4f}{se} | "
+                 f"{_f(r['recall'], '.3f')} | {_f(r['block_sparsity'], '.3f')} | {exact(retr, name)} | "
+                 f"{exact(pk, name)} |")
     L += ["", f"Full attention decoded step by step: {full:.4f}; the same tokens from the causal "
           f"prefill: {res['loss_full_from_prefill']:.4f} (a check of the decode path)."]
     if "needles" in res:

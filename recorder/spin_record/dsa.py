@@ -120,6 +120,14 @@ class Config:
         self.name, self.selector, self.sparsity = name, selector, sparsity
 
 
+def _key_source(signal):
+    """The indexer signal, which alone holds keys for the selectors that read them."""
+    if signal is None:
+        raise ValueError("a selector that reads the indexer's keys (hisa, spin-hybrid) needs the "
+                         "indexer signal (quality --signal indexer)")
+    return signal
+
+
 def decode(model, prefix, inputs, configs, topk, block=64, warm=None, log=None, signal=None):
     """Teacher-forced closed-loop decode of len(configs) sequences over the same `inputs`.
 
@@ -151,7 +159,7 @@ def decode(model, prefix, inputs, configs, topk, block=64, warm=None, log=None, 
                 for l in range(W.n_layers):
                     top = topk_positions(warm[l], topk)
                     if getattr(c.selector, "needs_keys", False):
-                        c.selector.keys(l, *signal.pre.warm_view(l))
+                        c.selector.keys(l, *_key_source(signal).pre.warm_view(l))
                     c.selector.observe(l, warm[l], top)
                 c.selector.commit()
     stats = [dict(recall=[], block_sparsity=[], attended=[]) for _ in configs]
@@ -184,10 +192,7 @@ def decode(model, prefix, inputs, configs, topk, block=64, warm=None, log=None, 
                 if sel.needs_truth:
                     sel.peek(l, score)
                 if getattr(sel, "needs_keys", False):
-                    if signal is None:
-                        raise ValueError("a selector that reads the indexer's keys (hisa, "
-                                         "spin-hybrid) needs the indexer signal")
-                    sel.keys(l, *signal.view(b, l))
+                    sel.keys(l, *_key_source(signal).view(b, l))
                 blocks = sel.select(l, N)
                 nb = -(-N // block)
                 ent = (blocks[:, None] * block + np.arange(block)[None, :]).ravel()

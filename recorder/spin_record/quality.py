@@ -42,7 +42,8 @@ def available_extra(names, log):
     try:
         import spin_dsa  # noqa: F401
         for n in names:  # a misspelt name or field fails here, before a long decode
-            selectors.make_selector(n, 0.5, 256)
+            if getattr(selectors.make_selector(n, 0.5, 256), "needs_keys", False):
+                raise ValueError(f"predictor {n!r} reads the indexer's keys: use --signal indexer")
     except ImportError as e:
         log(f"  spin_dsa not installed ({e}): {', '.join(names)} skipped (recorder/README.md)")
         return ()

@@ -174,3 +174,30 @@ def test_haystack_reuses_the_book_keys_and_equals_one_forward(model, small):
     np.testing.assert_allclose(ipre.ks, s["pre"].ks, rtol=0.51)  # UE8M0: equal or one binade
     assert np.mean(ipre.ks == s["pre"].ks) > 0.999
     np.testing.assert_allclose(kvp.kt, dsa.Prefix(s["K"][:, :P], s["V"][:, :P]).kt, atol=2e-3)
+
+
+def test_quality_run_end_to_end_small(model, tok, text, tmp_path, monkeypatch):
+    """quality_indexer.run on a 256-token context (random indexers, no retrieval): every config
+    is reported, the decoded full attention equals the prefill, dense top-k is its own truth, the
+    result is JSON and the prefix is cached (a second run reads it)."""
+    import json
+
+    from spin_record import quality_indexer as qi
+
+    monkeypatch.setenv("SPIN_RECORD_CACHE", str(tmp_path))
+    layers = _layers(model.w.n_layers, model.w.d_model, np.random.default_rng(9))
+    msgs = []
+    kw = dict(predictors=("prev-iter", "random"), quick=True, with_retrieval=False)
+    res = qi.run(model, tok, text, layers, "test-weights", 256, 6, msgs.append, **kw)
+    assert set(res["loss"]) == {"full", "dense-topk", "prev-iter@0.5", "random@0.5"}
+    assert res["scored_positions"] == [250, 255] and res["topk"] == 64
+    assert abs(res["loss"]["full"]["loss"] - res["loss_full_from_prefill"]) < 1e-3
+    assert res["loss"]["dense-topk"]["recall"] == 1.0
+    assert 0.0 < res["loss"]["random@0.5"]["block_sparsity"] < 1.0
+    report = qi.format_report(json.loads(json.dumps(res)))
+    assert report.count("\n| ") == 1 + 4 and "positions 250..255" in report
+    assert len(list(tmp_path.glob("indexer-prefix-*.npz"))) == 1
+    again = qi.run(model, tok, text, layers, "test-weights", 256, 6, msgs.append, **kw)
+    assert any("cached" in m for m in msgs) and again["loss"] == res["loss"]
+    with pytest.raises(ValueError, match="do not fit"):
+        qi.run(model, tok, text, layers, "test-weights", 256, 200, msgs.append, **kw)

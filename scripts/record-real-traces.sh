@@ -11,20 +11,44 @@
 #   ./scripts/record-real-traces.sh              the default traces (score and key traces)
 #   ./scripts/record-real-traces.sh --quality    also the DSA-emulated task-quality table
 #   ./scripts/record-real-traces.sh --no-keys    only the score traces (no indexer distillation)
+#   ./scripts/record-real-traces.sh --quality-indexer
+#       task quality with the distilled indexer in the loop (quality-indexer.md/.json): builds or
+#       refreshes spin_dsa from this tree into build/quality-venv (`pip install .`, incremental:
+#       a changed predictor is rebuilt, and the result cache keys on the built extension), trains
+#       or reuses the indexer weights, then decodes; no key traces. Long: see recorder/README.md.
 # Other arguments go to `python -m spin_record record` (e.g. --context 4096 --steps 16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py="$(./scripts/python-env.sh | tail -n1)"
 cmd=record
 keys=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quality) cmd=quality; shift ;;
     --no-keys) keys=0; shift ;;
+    --quality-indexer) cmd=quality-indexer; keys=0; shift ;;
     *) break ;;
   esac
 done
 export PYTHONPATH="$PWD/recorder${PYTHONPATH:+:$PYTHONPATH}"
+if [[ "$cmd" == quality-indexer ]]; then
+  # The C++ predictors (spin, hisa, ...) run through the spin_dsa bindings, which the recorder's
+  # .venv does not build: a separate venv with the pinned requirements plus this tree's spin_dsa.
+  qvenv=build/quality-venv
+  want="$( (sha256sum recorder/requirements.txt; "${PYTHON:-python3}" -c 'import sys; print(sys.version)') | sha256sum | cut -d' ' -f1)"
+  if [[ ! -x "$qvenv/bin/python" || "$(cat "$qvenv/.spin-stamp" 2>/dev/null)" != "$want" ]]; then
+    rm -rf "$qvenv"
+    "${PYTHON:-python3}" -m venv "$qvenv"
+    "$qvenv/bin/python" -m pip install --quiet --disable-pip-version-check -r recorder/requirements.txt
+    echo "$want" > "$qvenv/.spin-stamp"
+  fi
+  CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+    "$qvenv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps .
+  # One BLAS thread: the decode is thousands of small products, which a contended 2-core machine
+  # runs faster on one thread than on two.
+  OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" \
+    exec "$qvenv/bin/python" -m spin_record quality --signal indexer "$@"
+fi
+py="$(./scripts/python-env.sh | tail -n1)"
 "$py" -m spin_record "$cmd" "$@"
 if (( keys )); then
   "$py" -m spin_record distill

@@ -53,9 +53,9 @@ class Predictor:
     @property
     def memory_bytes(self) -> int: ...
 
-    def select(self, layer: int, step: int, num_entries: int, next_n: int = 1, visible_entries: numpy.typing.ArrayLike | None = None, true_topk: numpy.typing.ArrayLike | None = None) -> NDArray[numpy.int32]:
+    def select(self, layer: int, step: int, num_entries: int, next_n: int = 1, visible_entries: numpy.typing.ArrayLike | None = None, true_topk: numpy.typing.ArrayLike | None = None, k: Annotated[NDArray, dict(writable=False)] | None = None, k_scale: Annotated[NDArray, dict(writable=False)] | None = None, q: Annotated[NDArray, dict(writable=False)] | None = None, w: Annotated[NDArray, dict(writable=False)] | None = None) -> NDArray[numpy.int32]:
         """
-        Blocks to score for `layer` at decode `step` (int32, ascending: the union of the next_n rows' sets). num_entries: entries in the cache including the step's rows. visible_entries: optional int64 [next_n] override (V4); true_topk: int32 [next_n, topk] (oracle only).
+        Blocks to score for `layer` at decode `step` (int32, ascending: the union of the next_n rows' sets). num_entries: entries in the cache including the step's rows. visible_entries: optional int64 [next_n] override (V4); true_topk: int32 [next_n, topk] (oracle only). k, k_scale, q, w (all four or none; hisa, spin-hybrid): the layer's indexer keys as a key trace holds them (uint8 [>= num_entries, 128] e4m3, float32 [same] scales) and the step's query (uint8 [next_n, heads, 128], float32 [next_n, heads] weights with every scale folded in).
         """
 
     def row_blocks(self, layer: int, row: int) -> NDArray[numpy.int32]:

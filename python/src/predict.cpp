@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "common.h"
+#include "spin/cache.h"
 #include "spin/geometry.h"
+#include "spin/indexer.h"
 #include "spin/predict.h"
 #include "spin/predictor_inputs.h"
 
@@ -82,7 +84,8 @@ class Predictor {
       : p_(std::move(p)), layers_(static_cast<size_t>(p_->num_layers())) {}
 
   nb::ndarray<nb::numpy, int32_t> select(int64_t layer_arg, int64_t step, int64_t num_entries,
-                                         int64_t next_n_arg, IndexArg visible_entries, IndexArg true_topk) {
+                                         int64_t next_n_arg, IndexArg visible_entries, IndexArg true_topk,
+                                         ArrayArg k, ArrayArg k_scale, ArrayArg q, ArrayArg w) {
     CallGuard guard(*busy_, "Predictor.select");
     const int32_t layer = layer_index(layer_arg);
     const int32_t next_n = int_arg(next_n_arg, "next_n", 1, spin::kMaxNextN);
@@ -107,6 +110,8 @@ class Predictor {
                                  "[next_n, topk]"});
       inputs.true_topk = tk.data;
     }
+    spin::HisaView hisa;
+    if (key_view(num_entries, next_n, k, k_scale, q, w, &hisa)) inputs.hisa = &hisa;
     check(p_->select(layer, in, &l.sel));
     l.next_n = next_n;
     for (int32_t j = 0; j < next_n && j < spin::kMaxNextN; ++j) {
@@ -181,6 +186,62 @@ class Predictor {
   spin::BlockPredictor& get() { return *p_; }
 
  private:
+  // hisa's and spin-hybrid's input (PredictorInputs::hisa) from one layer's keys in the key
+  // trace's layout (include/spin/trace.h: k U8 [entries, 128] e4m3, k_scale F32 [entries]) and the
+  // step's query (q U8 [next_n, heads, 128], w F32 [next_n, heads], every scale folded into w).
+  // The keys are written into a scratch paged cache (identity page table) that lives only for the
+  // select: the predictors copy what they keep (hisa's pooled sums), so one scratch serves every
+  // layer. All four or none; returns whether they were given.
+  bool key_view(int64_t num_entries, int32_t next_n, nb::handle k_obj, nb::handle ks_obj, nb::handle q_obj,
+                nb::handle w_obj, spin::HisaView* view) {
+    const int given = !k_obj.is_none() + !ks_obj.is_none() + !q_obj.is_none() + !w_obj.is_none();
+    if (given == 0) return false;
+    if (given != 4) raise_value("select: k, k_scale, q and w go together (the keys and the query); got " +
+                                std::to_string(given) + " of the 4");
+    InArray k = in_array(k_obj, "k"), ks = in_array(ks_obj, "k_scale"), q = in_array(q_obj, "q"),
+            w = in_array(w_obj, "w");
+    const uint8_t* kd = array_data<const uint8_t>(k, "k", 2);
+    const float* ksd = array_data<const float>(ks, "k_scale", 1);
+    const uint8_t* qd = array_data<const uint8_t>(q, "q", 3);
+    const float* wd = array_data<const float>(w, "w", 2);
+    const int64_t rows = static_cast<int64_t>(k.shape(0));
+    if (k.shape(1) != spin::kIndexerHeadDim)
+      raise_value("k: expected [entries, 128] e4m3 codes, got " + shape_text(k));
+    if (rows < num_entries)
+      raise_value("k: " + std::to_string(rows) + " entries, fewer than num_entries " + std::to_string(num_entries));
+    if (static_cast<int64_t>(ks.shape(0)) != rows)
+      raise_value("k_scale: expected [" + std::to_string(rows) + "] (like k), got " + shape_text(ks));
+    const int64_t heads = static_cast<int64_t>(q.shape(1));
+    if (static_cast<int64_t>(q.shape(0)) != next_n || heads < 1 || heads > spin::kMaxIndexerHeads ||
+        q.shape(2) != spin::kIndexerHeadDim)
+      raise_value("q: expected [next_n=" + std::to_string(next_n) + ", heads (1.." +
+                  std::to_string(spin::kMaxIndexerHeads) + "), 128], got " + shape_text(q));
+    if (static_cast<int64_t>(w.shape(0)) != next_n || static_cast<int64_t>(w.shape(1)) != heads)
+      raise_value("w: expected [" + std::to_string(next_n) + ", " + std::to_string(heads) + "] (like q), got " +
+                  shape_text(w));
+    const int32_t ps = p_->config().page_size;
+    const int64_t pages = std::max<int64_t>(1, (rows + ps - 1) / ps);
+    if (pages > (int64_t{1} << 30)) raise_value("k: too many entries (" + std::to_string(rows) + ")");
+    if (!scratch_ || scratch_->num_pages() < pages) {
+      check_fits(static_cast<double>(pages) * ps * spin::kEntryBytes, "the key scratch cache");
+      auto c = spin::IndexerKeyCache::create(ps, static_cast<int32_t>(pages));
+      if (!c.ok()) raise_status(c.status());
+      scratch_ = std::make_unique<spin::IndexerKeyCache>(std::move(c).value());
+      identity_.resize(static_cast<size_t>(pages));
+      for (size_t i = 0; i < identity_.size(); ++i) identity_[i] = static_cast<int32_t>(i);
+    }
+    check(scratch_->write_quantized(identity_.data(), pages, 0, kd, ksd, rows));
+    view->key_cache = scratch_->data();
+    view->page_size = ps;
+    view->block_table = identity_.data();
+    view->num_entries = num_entries;
+    view->q = qd;
+    view->w = wd;
+    view->num_heads = static_cast<int32_t>(heads);
+    view->num_cache_pages = scratch_->num_pages();
+    return true;
+  }
+
   struct LayerSel {
     spin::Selection sel;
     int32_t next_n = 0;
@@ -201,6 +262,8 @@ class Predictor {
   // One call at a time (not thread-safe); on the heap so that the object stays movable.
   std::unique_ptr<std::atomic<bool>> busy_ = std::make_unique<std::atomic<bool>>(false);
   std::vector<LayerSel> layers_;
+  std::unique_ptr<spin::IndexerKeyCache> scratch_;  // key_view's cache, reused across selects
+  std::vector<int32_t> identity_;                   // its page table: logical page i = physical i
 };
 
 }  // namespace
@@ -250,11 +313,15 @@ void bind_predict(nb::module_& m) {
       .def_prop_ro("memory_bytes", [](Predictor& p) { return p.get().memory_bytes(); })
       .def("select", &Predictor::select, nb::arg("layer"), nb::arg("step"), nb::arg("num_entries"),
            nb::arg("next_n") = 1, nb::arg("visible_entries") = nb::none(),
-           nb::arg("true_topk") = nb::none(),
+           nb::arg("true_topk") = nb::none(), nb::arg("k") = nb::none(), nb::arg("k_scale") = nb::none(),
+           nb::arg("q") = nb::none(), nb::arg("w") = nb::none(),
            "Blocks to score for `layer` at decode `step` (int32, ascending: the union of the next_n "
            "rows' sets). num_entries: entries in the cache including the step's rows. "
            "visible_entries: optional int64 [next_n] override (V4); true_topk: int32 [next_n, topk] "
-           "(oracle only).")
+           "(oracle only). k, k_scale, q, w (all four or none; hisa, spin-hybrid): the layer's "
+           "indexer keys as a key trace holds them (uint8 [>= num_entries, 128] e4m3, float32 "
+           "[same] scales) and the step's query (uint8 [next_n, heads, 128], float32 [next_n, "
+           "heads] weights with every scale folded in).")
       .def("row_blocks", &Predictor::row_blocks, nb::arg("layer"), nb::arg("row"),
            "Row `row`'s own set from the last select of `layer` (int32, ascending).")
       .def("observe", &Predictor::observe, nb::arg("layer"), nb::arg("row"), nb::arg("scores"),

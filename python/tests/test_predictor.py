@@ -33,14 +33,17 @@ def recall(a, b):
     return len(b & set(int(x) for x in a if x >= 0)) / len(b)
 
 
-def run_spin(path, config):
+def run_spin(path, config, name="spin"):
     """The README's loop: every (step, layer, row) in decode order, the indexer's full scores as the
     truth, the scores of the selected blocks only (what the block-masked kernel writes) for spin.
-    Step 0 stands for prefill, observed in full and not counted (replay's warm start)."""
+    Step 0 stands for prefill, observed in full and not counted (replay's warm start). A predictor
+    that reads keys (hisa) gets the layer's keys and the step's query with every select, as
+    replay gives them from a key trace."""
     r = spin_dsa.open_trace(path)
     m = r.meta
     ps, k, next_n = m["page_size"], m["topk"], m["next_n"]
-    p = spin_dsa.make_predictor("spin", config, num_layers=r.num_layers, request_id=0)
+    p = spin_dsa.make_predictor(name, config, num_layers=r.num_layers, request_id=0)
+    reads_keys = {i["name"]: i["reads"] for i in spin_dsa.predictor_info()}[name] == "keys"
     caches = [paged_cache(r.k(l), r.k_scale(l), ps) for l in range(r.num_layers)]
     recalls = []
     for s in range(r.steps):
@@ -51,7 +54,8 @@ def run_spin(path, config):
                                            r.q(l)[s][None], r.w(l)[s][None], page_size=ps)
             vis = np.array([r.visible_entries(s, j) for j in range(next_n)], np.int64)
             truth = spin_dsa.topk(full, k, visible_entries=vis)
-            blocks = p.select(l, s, ctx, next_n)
+            keys = dict(k=r.k(l), k_scale=r.k_scale(l), q=r.q(l)[s], w=r.w(l)[s]) if reads_keys else {}
+            blocks = p.select(l, s, ctx, next_n, **keys)
             for j in range(next_n):
                 row = full[j, : vis[j]]
                 if s == 0:
@@ -90,6 +94,39 @@ def test_loop_matches_replay_and_cli_bitwise(small_trace_path, tmp_path):
                           "--json", str(out_json)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert json.loads(out_json.read_text())["recall_mean"] == mine
+
+
+@pytest.mark.parametrize("name", ["hisa", "spin-hybrid"])
+def test_key_readers_through_select_match_replay(small_trace_path, name):
+    """select(k=, k_scale=, q=, w=) feeds hisa and spin-hybrid the key trace's keys and query
+    as `spin replay` does: the same selections, so the same mean recall to the bit."""
+    config = {"target_sparsity": 0.5}
+    mine = run_spin(small_trace_path, config, name)
+    metrics = spin_dsa.replay(spin_dsa.score_trace(small_trace_path), name, config)
+    assert mine == metrics["recall_mean"]
+    assert 0.3 < mine < 1.0
+
+
+def test_select_keys_argument_errors(small_trace_path):
+    r = spin_dsa.open_trace(small_trace_path)
+    ctx = int(r.ctx_len[0])
+    k, ks, q, w = r.k(0), r.k_scale(0), r.q(0)[0], r.w(0)[0]
+    p = spin_dsa.make_predictor("hisa", {"page_size": r.meta["page_size"], "topk": r.meta["topk"]},
+                                num_layers=r.num_layers)
+    with pytest.raises(spin_dsa.InvalidArgument, match="neither hisa"):
+        p.select(0, 0, ctx)  # hisa without keys or a probe
+    with pytest.raises(ValueError, match="go together"):
+        p.select(0, 0, ctx, k=k, k_scale=ks)
+    with pytest.raises(ValueError, match="fewer than num_entries"):
+        p.select(0, 0, ctx, k=k[:ctx - 1], k_scale=ks[:ctx - 1], q=q, w=w)
+    with pytest.raises(ValueError, match="k_scale"):
+        p.select(0, 0, ctx, k=k, k_scale=ks[:-1], q=q, w=w)
+    with pytest.raises(ValueError, match="like q"):
+        p.select(0, 0, ctx, k=k, k_scale=ks, q=q, w=w[:, :1])
+    with pytest.raises(TypeError, match="uint8"):
+        p.select(0, 0, ctx, k=k.astype(np.int32), k_scale=ks, q=q, w=w)
+    b = p.select(0, 0, ctx, k=k, k_scale=ks, q=q, w=w)
+    assert b.size == spin_dsa.budget_blocks(p.config, -(-ctx // r.meta["page_size"]))
 
 
 def test_replay_dict_and_topk(small_trace_path):

@@ -2,7 +2,8 @@
 and a distilled DSA lightning indexer with its kind=keys traces.
 
   record   [--out build/real-traces] [--context 8192] [--steps 32] [--next-n 1 2] [--force]
-  quality  [--out build/real-traces] [--decode 128] [--quick]
+  quality  [--out build/real-traces] [--decode 128] [--quick] [--signal attention|indexer]
+           [--predictors ...] [--force]
   distill  [--out build/real-traces] [--force]   (indexer per layer, distill.md, key traces)
 
 Results are cached by content: the key hashes the recorder's own sources, the model and text
@@ -114,30 +115,62 @@ def print_record_summary(s):
                   f"{m['prev_iter_topk_block_recall']:.3f})")
 
 
-def cmd_quality(a):
-    from . import quality
+def bindings_hash():
+    """The installed spin_dsa extension's hash, or "none": a rebuilt predictor (same recorder
+    sources) must not be answered from the cache."""
+    try:
+        import spin_dsa
+    except ImportError:
+        return "none"
+    core = getattr(getattr(spin_dsa, "_core", None), "__file__", None)
+    return assets.sha256(core)[:16] if core else "unknown"
 
-    rec_args = argparse.Namespace(**vars(a))
-    rec_args.force = False
-    cdir = cmd_record(rec_args)
+
+def write_atomic(path, text):
+    tmp = Path(f"{path}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def cmd_quality(a):
+    from . import quality, quality_indexer
+
+    indexer = a.signal == "indexer"
+    if not indexer:  # the attention path decodes from the score recording's forward
+        rec_args = argparse.Namespace(**vars(a))
+        rec_args.force = False
+        cdir = cmd_record(rec_args)
+    preds = a.predictors if a.predictors is not None else (
+        list(quality_indexer.PREDICTORS) if indexer else [])
     args = dict(context=a.context, steps=a.steps, next_n=sorted(a.next_n), decode=a.decode,
-                quick=a.quick, predictors=a.predictors)
+                quick=a.quick, predictors=preds, bindings=bindings_hash(),
+                retrieval=not a.no_retrieval)
+    if indexer:
+        from . import distill
+        args.update(signal="indexer", weights=distill.weights_key(distill.HP))
+    name = "quality-indexer" if indexer else "quality"
     key = content_key("quality", args)
-    qdir = assets.cache_dir() / f"quality-{key}"
-    done = qdir / "quality.json"
-    if not done.exists():
+    qdir = assets.cache_dir() / f"{name}-{key}"
+    done = qdir / f"{name}.json"
+    if not done.exists() or a.force:
         m, tok = load_model()
-        res = quality.run(m, tok, assets.read_text(), cdir, a.context, a.decode, a.quick, log,
-                          predictors=a.predictors)
+        text = assets.read_text()
+        if indexer:
+            for p in preds:  # a missing binding or a misspelt spec fails now, not after the forward
+                quality.selectors.make_selector(p, 0.5, 256)
+            layers, _, _ = distill.trained(m, tok, text, distill.HP, log)
+            res = quality_indexer.run(m, tok, text, layers, args["weights"], a.context, a.decode,
+                                      log, predictors=preds, quick=a.quick,
+                                      with_retrieval=not a.no_retrieval)
+        else:
+            res = quality.run(m, tok, text, cdir, a.context, a.decode, a.quick, log, predictors=preds)
         qdir.mkdir(parents=True, exist_ok=True)
-        tmp = done.with_name(f"quality.json.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(res, indent=1))
-        os.replace(tmp, done)
+        write_atomic(done, json.dumps(res, indent=1))
     res = json.loads(done.read_text())
-    shutil.copyfile(done, Path(a.out) / "quality.json")
-    from .quality import format_report
-    report = format_report(res)
-    (Path(a.out) / "quality.md").write_text(report)
+    os.makedirs(a.out, exist_ok=True)
+    write_atomic(Path(a.out) / f"{name}.json", json.dumps(res, indent=1))
+    report = (quality_indexer if indexer else quality).format_report(res)
+    write_atomic(Path(a.out) / f"{name}.md", report)
     print(report)
 
 
@@ -167,8 +200,18 @@ def main(argv=None):
         else:
             s.add_argument("--decode", type=int, default=128, help="teacher-forced loss steps")
             s.add_argument("--quick", action="store_true", help="one sparsity, three needles")
-            s.add_argument("--predictors", nargs="*", default=[],
-                           help="C++ predictors through spin_dsa (e.g. spin step-reuse)")
+            s.add_argument("--predictors", nargs="*", default=None,
+                           help="attention signal: C++ predictors through spin_dsa added to the "
+                                "Python baselines (e.g. spin step-reuse); indexer signal: the whole "
+                                "list (default: spin spin-noexplore spin-hybrid hisa prev-iter "
+                                "step-reuse oracle random); C++ specs may carry config overrides, "
+                                "name:field=value,...")
+            s.add_argument("--signal", choices=("attention", "indexer"), default="attention",
+                           help="step 1's score: the model's attention (quality.md) or the "
+                                "distilled indexer (quality-indexer.md)")
+            s.add_argument("--force", action="store_true", help="recompute, ignoring the cache")
+            s.add_argument("--no-retrieval", action="store_true",
+                           help="indexer signal: the loss table only (no needles, no pass keys)")
     s = sub.add_parser("distill")
     s.add_argument("--out", default=str(assets.repo_root() / "build" / "real-traces"))
     s.add_argument("--force", action="store_true", help="re-record the key traces (not the weights)")
@@ -177,7 +220,7 @@ def main(argv=None):
         a.decode_for_quality = a.decode
     try:
         {"record": cmd_record, "quality": cmd_quality, "distill": cmd_distill}[a.cmd](a)
-    except (RuntimeError, ValueError) as e:
+    except (RuntimeError, ValueError, ImportError) as e:
         print(f"spin_record: error: {e}", file=sys.stderr)
         return 1
     return 0

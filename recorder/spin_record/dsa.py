@@ -15,6 +15,10 @@ At every decode step and layer, for every sequence of the batch:
 Mode `full` is plain dense attention (the model as trained). Sparsity 0 with any selector is
 dense top-k (every block scored, attention over top-k + sink + newest only).
 
+With `signal` (indexer_signal.IndexerSignal) step 1's score is the distilled DSA lightning
+indexer's instead of the attention's; steps 2-5 are unchanged, and selectors that read keys
+(hisa, spin-hybrid: `needs_keys`) get the layer's indexer keys and query before each select.
+
 What this is not: a DSA indexer. SmolLM2 was never trained for sparse attention; these numbers
 say how a 135M model's own attention tolerates top-k truncation and block skipping.
 """
@@ -32,6 +36,18 @@ class Prefix:
         self.kt = np.ascontiguousarray(k.transpose(0, 2, 3, 1))   # [L, KV, D, P]
         self.v = np.ascontiguousarray(v.transpose(0, 2, 1, 3))    # [L, KV, P, D]
 
+    def logits(self, l, q, group):
+        """q [B, H, D] pre-scaled -> [B, H, P]: every sequence's logits over the shared prefix,
+        one matrix product per KV head for all B (B one-row products would each stream the
+        whole prefix's keys from memory)."""
+        B, H, D = q.shape
+        out = np.empty((B, H, self.P), F32)
+        for kv in range(H // group):
+            hs = slice(kv * group, (kv + 1) * group)
+            qg = np.ascontiguousarray(q[:, hs]).reshape(B * group, D)
+            out[:, hs] = (qg @ self.kt[l, kv]).reshape(B, group, self.P)
+        return out
+
 
 class Seq:
     """One decoded sequence: the shared prefix plus its own appended keys and values."""
@@ -48,14 +64,18 @@ class Seq:
         self.k[l, :, n], self.v[l, :, n] = k, v
         self.n[l] = n + 1
 
-    def logits(self, l, q, group):                 # q [H, D] pre-scaled -> [H, P + n]
+    def logits(self, l, q, group, pre=None):
+        """q [H, D] pre-scaled -> [H, P + n]; pre: this sequence's [H, P] from Prefix.logits."""
         P, n = self.pre.P, self.n[l]
         H = q.shape[0]
         out = np.empty((H, P + n), F32)
         for kv in range(H // group):
             qg = q[kv * group:(kv + 1) * group]
-            out[kv * group:(kv + 1) * group, :P] = qg @ self.pre.kt[l, kv]
+            if pre is None:
+                out[kv * group:(kv + 1) * group, :P] = qg @ self.pre.kt[l, kv]
             out[kv * group:(kv + 1) * group, P:] = qg @ self.k[l, kv, :n].T
+        if pre is not None:
+            out[:, :P] = pre
         return out
 
     def mix(self, l, p, group, idx=None):
@@ -100,13 +120,23 @@ class Config:
         self.name, self.selector, self.sparsity = name, selector, sparsity
 
 
-def decode(model, prefix, inputs, configs, topk, block=64, warm=None, log=None):
+def _key_source(signal):
+    """The indexer signal, which alone holds keys for the selectors that read them."""
+    if signal is None:
+        raise ValueError("a selector that reads the indexer's keys (hisa, spin-hybrid) needs the "
+                         "indexer signal (quality --signal indexer)")
+    return signal
+
+
+def decode(model, prefix, inputs, configs, topk, block=64, warm=None, log=None, signal=None):
     """Teacher-forced closed-loop decode of len(configs) sequences over the same `inputs`.
 
     inputs: token ids fed at positions prefix.P, prefix.P+1, ... ([T], or [B, T] one row per
     sequence); configs: list of Config (one
     sequence each); warm: per-layer all-keep score rows of the prefill's last row (observed by
-    every selector before the first step, uncounted), float32 [layers, P].
+    every selector before the first step, uncounted), float32 [layers, P]; with `signal` the
+    indexer's own warm row (signal.pre.warm()) when None. signal: the indexer as step 1's score
+    (module docstring), or None for the attention's.
     Returns hf [steps, B, d] (final-normed states) and stats per config: mean top-k recall,
     block sparsity, mean attended entries.
     """
@@ -118,11 +148,18 @@ def decode(model, prefix, inputs, configs, topk, block=64, warm=None, log=None):
         inputs = np.repeat(inputs[None, :], B, axis=0)
     T = inputs.shape[1]
     seqs = [Seq(prefix, T) for _ in range(B)]
+    if signal is not None:
+        if signal.pre.P != prefix.P:
+            raise ValueError(f"decode: the indexer prefix has {signal.pre.P} entries, the KV prefix {prefix.P}")
+        signal.start(B, T)
+        warm = signal.pre.warm() if warm is None else warm
     if warm is not None:
         for c in configs:
             if c.selector is not None:
                 for l in range(W.n_layers):
                     top = topk_positions(warm[l], topk)
+                    if getattr(c.selector, "needs_keys", False):
+                        c.selector.keys(l, *_key_source(signal).pre.warm_view(l))
                     c.selector.observe(l, warm[l], top)
                 c.selector.commit()
     stats = [dict(recall=[], block_sparsity=[], attended=[]) for _ in configs]
@@ -132,23 +169,30 @@ def decode(model, prefix, inputs, configs, topk, block=64, warm=None, log=None):
         x = W.embed[inputs[:, t]]
         for l in range(W.n_layers):
             L = W.layers[l]
-            q, k, v = model.qkv(l, rms_norm(x, L["attn_norm"], W.eps), np.full(B, pos))
+            h = rms_norm(x, L["attn_norm"], W.eps)
+            q, k, v = model.qkv(l, h, np.full(B, pos))
             q = q * model.scale
+            ind = None if signal is None else signal.step(l, h, pos)  # [B, N] indexer rows
+            spre = prefix.logits(l, q, g)                            # [B, H, P]
             o = np.empty((B, H, D), F32)
             for b, c in enumerate(configs):
                 sq = seqs[b]
                 sq.append(l, k[b], v[b])
-                S = sq.logits(l, q[b], g)                   # [H, N]
+                S = sq.logits(l, q[b], g, spre[b])          # [H, N]
                 N = S.shape[1]
                 if c.selector is None:
                     o[b] = sq.mix(l, softmax_rows(S), g)
                     continue
-                p = softmax_rows(S)
-                with np.errstate(divide="ignore"):
-                    score = np.log(p.mean(axis=0))          # all-keep indexer row
+                if ind is None:
+                    with np.errstate(divide="ignore"):
+                        score = np.log(softmax_rows(S).mean(axis=0))  # all-keep indexer row
+                else:
+                    score = ind[b]
                 sel = c.selector
                 if sel.needs_truth:
                     sel.peek(l, score)
+                if getattr(sel, "needs_keys", False):
+                    sel.keys(l, *_key_source(signal).view(b, l))
                 blocks = sel.select(l, N)
                 nb = -(-N // block)
                 ent = (blocks[:, None] * block + np.arange(block)[None, :]).ravel()

@@ -24,12 +24,13 @@ NEEDLE_AT = (4096, 5120, 6144, 7040, 7680)
 COLOURS = ("red", "blue", "green", "yellow", "white", "black", "orange", "brown", "pink", "grey")
 
 
-def make_configs(topk, quick, extra=(), request_id=0):
+def make_configs(topk, quick, extra=(), request_id=0, base=PREDICTORS):
+    """full, dense-topk, then every predictor of `base` + `extra` at every sparsity (one
+    sequence each); names are Python baselines or C++ specs (selectors.make_selector)."""
     cfg = [dsa.Config("full"), dsa.Config("dense-topk", selectors.Dense(0.0, topk), 0.0)]
     for s in ((0.5,) if quick else SPARSITIES):
-        for p in PREDICTORS + tuple(extra):
-            sel = (selectors.make_selector(p, s, topk, seed=1) if p in selectors.PYTHON_SELECTORS
-                   else selectors.SpinDsaSelector(p, s, topk, seed=1, request_id=request_id))
+        for p in tuple(base) + tuple(extra):
+            sel = selectors.make_selector(p, s, topk, seed=1, request_id=request_id)
             cfg.append(dsa.Config(f"{p}@{s:.1f}", sel, s))
     return cfg
 
@@ -40,6 +41,9 @@ def available_extra(names, log):
         return ()
     try:
         import spin_dsa  # noqa: F401
+        for n in names:  # a misspelt name or field fails here, before a long decode
+            if getattr(selectors.make_selector(n, 0.5, 256), "needs_keys", False):
+                raise ValueError(f"predictor {n!r} reads the indexer's keys: use --signal indexer")
     except ImportError as e:
         log(f"  spin_dsa not installed ({e}): {', '.join(names)} skipped (recorder/README.md)")
         return ()
@@ -97,26 +101,9 @@ def run(model, tok, text, cdir, context, n_dec, quick, log, predictors=()):
         res["loss_vs_context"] = loss_vs_context(model, tokens, nll, context, log)
 
     # C. multi-key retrieval in real text
-    rng = np.random.default_rng(12)
     enc = lambda s: tok.encode(s).ids  # noqa: E731
-    cols = [c for c in COLOURS if len(enc(f" the {c} door is")) == len(enc(" the red door is"))]
-    at = NEEDLE_AT[:3] if quick else NEEDLE_AT
-    cols = cols[:len(at)]
-    codes = ["".join(str(d) for d in rng.integers(0, 10, 5)) for _ in at]
-    q_tail = lambda c: enc(f"\n\nQuestion: What is the secret code of the {c} door?\n"  # noqa: E731
-                           f"Answer: The secret code of the {c} door is")
-    q_len = len(q_tail(cols[0]))
-    ans = [enc(" " + code) for code in codes]
-    a_len = len(ans[0])
-    needles = [enc(f" The secret code of the {c} door is {code}.") for c, code in zip(cols, codes)]
-    budget = context - q_len - a_len - sum(len(n) for n in needles)
-    hay, last = [], 0
-    for off, nd in zip(at, needles):
-        hay += tokens[last:off].tolist() + nd
-        last = off
-    hay += tokens[last:budget].tolist()
-    hay = np.array(hay, np.int64)
-    d1 = at[0]
+    nd = needles(enc, tokens, context, NEEDLE_AT[:3] if quick else NEEDLE_AT)
+    hay, d1 = nd["hay"], nd["at"][0]
     t0 = time.time()
     out = model.prefill(hay[d1:], past=(k[:, :d1], v[:, :d1]), keep_cache=True,
                         record_rows=[len(hay) - d1 - 1], final_rows=[len(hay) - d1 - 1])
@@ -124,10 +111,9 @@ def run(model, tok, text, cdir, context, n_dec, quick, log, predictors=()):
     hk, hv = out["k"], out["v"]
     warm = np.log(np.maximum(out["probs"][:, 0, :len(hay)], 0)).astype(np.float32)
     hprefix = dsa.Prefix(hk, hv)
-    log(f"  C: haystack of {len(hay)} tokens, needles at {list(at)}, prefill {res['haystack_prefill_s']} s")
+    log(f"  C: haystack of {len(hay)} tokens, needles at {nd['at']}, prefill {res['haystack_prefill_s']} s")
     inputs, answers, names, qcfg = [], [], [], []
-    for qi, (c, a_) in enumerate(zip(cols, ans)):
-        seq = q_tail(c) + a_
+    for qi, (seq, a_) in enumerate(zip(nd["queries"], nd["answers"])):
         for cf in make_configs(topk, quick, extra, request_id=qi):
             inputs.append(seq[:-1])
             answers.append(a_)
@@ -137,24 +123,11 @@ def run(model, tok, text, cdir, context, n_dec, quick, log, predictors=()):
     t0 = time.time()
     hfs, qstats = dsa.decode(model, hprefix, inputs, qcfg, topk, warm=warm, log=log)
     res["retrieval_decode_s"] = round(time.time() - t0, 1)
-    retr, per_query = {}, {}
-    for b, name in enumerate(names):
-        lg = model.logits(hfs[q_len - 1:, b])
-        pred = lg.argmax(axis=1)
-        ok = pred == np.array(answers[b])
-        r = retr.setdefault(name, dict(exact=0, tokens_ok=0, tokens=0, queries=0, recall=[]))
-        per_query.setdefault(name, []).append(bool(ok.all()))
-        r["exact"] += int(ok.all())
-        r["tokens_ok"] += int(ok.sum())
-        r["tokens"] += len(ok)
-        r["queries"] += 1
-        if qstats[b]["recall"] is not None:
-            r["recall"].append(qstats[b]["recall"])
-    for r in retr.values():
-        r["recall"] = float(np.mean(r["recall"])) if r["recall"] else None
+    retr, per_query = exact_answers(model, hfs, names, answers, nd["q_len"], qstats)
     res["retrieval"] = retr
     res["retrieval_per_query"] = {n: [bool(x) for x in v] for n, v in per_query.items()}
-    res["needles"] = dict(at=list(at), colours=cols, codes=codes, context=len(hay) + q_len + a_len)
+    res["needles"] = dict(at=list(nd["at"]), colours=nd["colours"], codes=nd["codes"],
+                          context=len(hay) + nd["q_len"] + nd["a_len"])
     if not quick:
         res["passkey"] = passkey(model, enc, tokens, k, v, context, topk, extra, log)
     res["total_s"] = round(time.time() - t_start, 1)
@@ -162,7 +135,62 @@ def run(model, tok, text, cdir, context, n_dec, quick, log, predictors=()):
     return res
 
 
+def needles(enc, tokens, context, at):
+    """C's haystack: five needles "The secret code of the <colour> door is <5 digits>." inserted
+    into the book at token offsets `at`, trimmed so that haystack + question + answer = context.
+    Returns dict(hay, at, colours, codes, queries (question + answer tokens per needle), answers,
+    q_len, a_len)."""
+    rng = np.random.default_rng(12)
+    cols = [c for c in COLOURS if len(enc(f" the {c} door is")) == len(enc(" the red door is"))]
+    cols = cols[:len(at)]
+    codes = ["".join(str(d) for d in rng.integers(0, 10, 5)) for _ in at]
+    q_tail = lambda c: enc(f"\n\nQuestion: What is the secret code of the {c} door?\n"  # noqa: E731
+                           f"Answer: The secret code of the {c} door is")
+    ans = [enc(" " + code) for code in codes]
+    q_len, a_len = len(q_tail(cols[0])), len(ans[0])
+    nds = [enc(f" The secret code of the {c} door is {code}.") for c, code in zip(cols, codes)]
+    budget = context - q_len - a_len - sum(len(n) for n in nds)
+    hay, last = [], 0
+    for off, nd in zip(at, nds):
+        hay += tokens[last:off].tolist() + nd
+        last = off
+    hay += tokens[last:budget].tolist()
+    return dict(hay=np.array(hay, np.int64), at=list(at), colours=cols, codes=codes,
+                queries=[q_tail(c) + a for c, a in zip(cols, ans)], answers=ans, q_len=q_len,
+                a_len=a_len)
+
+
+def exact_answers(model, hfs, names, answers, q_len, qstats=None):
+    """Per config name: exact (every answer token is the greedy choice), answer tokens right,
+    queries, mean top-k recall; and the per-query exact list."""
+    retr, per_query = {}, {}
+    for b, name in enumerate(names):
+        pred = model.logits(hfs[q_len - 1:, b]).argmax(axis=1)
+        ok = pred == np.array(answers[b])
+        r = retr.setdefault(name, dict(exact=0, tokens_ok=0, tokens=0, queries=0, recall=[]))
+        per_query.setdefault(name, []).append(bool(ok.all()))
+        r["exact"] += int(ok.all())
+        r["tokens_ok"] += int(ok.sum())
+        r["tokens"] += len(ok)
+        r["queries"] += 1
+        if qstats is not None and qstats[b]["recall"] is not None:
+            r["recall"].append(qstats[b]["recall"])
+    for r in retr.values():
+        r["recall"] = float(np.mean(r["recall"])) if r["recall"] else None
+    return retr, per_query
+
+
 PASSKEY_AT = (4096, 5632, 7168)
+
+
+def passkey_haystack(enc, tokens, context, at, rng):
+    """D's haystack: one pass-key needle at token offset `at`; returns (hay, question, answer)."""
+    code = "".join(str(d) for d in rng.integers(0, 10, 5))
+    needle = enc(f" The pass key is {code}. Remember it. {code} is the pass key.")
+    q = enc("\n\nWhat is the pass key? The pass key is")
+    a = enc(" " + code)
+    n_text = context - len(needle) - len(q) - len(a)
+    return np.array(tokens[:at].tolist() + needle + tokens[at:n_text].tolist(), np.int64), q, a
 
 
 def passkey(model, enc, tokens, k, v, context, topk, extra, log):
@@ -171,12 +199,7 @@ def passkey(model, enc, tokens, k, v, context, topk, extra, log):
     out = {}
     t0 = time.time()
     for i, at in enumerate(PASSKEY_AT):
-        code = "".join(str(d) for d in rng.integers(0, 10, 5))
-        needle = enc(f" The pass key is {code}. Remember it. {code} is the pass key.")
-        q = enc("\n\nWhat is the pass key? The pass key is")
-        a = enc(" " + code)
-        n_text = context - len(needle) - len(q) - len(a)
-        hay = np.array(tokens[:at].tolist() + needle + tokens[at:n_text].tolist(), np.int64)
+        hay, q, a = passkey_haystack(enc, tokens, context, at, rng)
         o = model.prefill(hay[at:], past=(k[:, :at], v[:, :at]), keep_cache=True,
                           record_rows=[len(hay) - at - 1], final_rows=[len(hay) - at - 1])
         warm = np.log(np.maximum(o["probs"][:, 0, :len(hay)], 0)).astype(np.float32)

@@ -124,14 +124,20 @@ class Random(_Base):
 
 
 class SpinDsaSelector(_Base):
-    """The C++ predictors (spin, step-reuse, ema-slot, ...) through the `spin_dsa` bindings
+    """The C++ predictors (spin, step-reuse, hisa, ...) through the `spin_dsa` bindings
     (python/: `make_predictor(name, config, num_layers, request_id)`,
-    `select(layer, step, num_entries)`, `observe(layer, row, scores, topk, scored_blocks)`,
-    `commit(accepted)`). SPIN is not reimplemented in Python: without the bindings this raises
-    ImportError with one line. Forced blocks are aligned with the Python baselines (1 sink,
-    1 newest); every other field keeps the library's default."""
+    `select(layer, step, num_entries, k=, k_scale=, q=, w=)`, `observe(layer, row, scores, topk,
+    scored_blocks)`, `commit(accepted)`). SPIN is not reimplemented in Python: without the
+    bindings this raises ImportError with one line. Forced blocks are aligned with the Python
+    baselines (1 sink, 1 newest); every other field keeps the library's default unless
+    `overrides` (PredictorConfig fields, e.g. {"explore_ratio": 0}) says otherwise.
 
-    def __init__(self, name, sparsity, topk, block=64, num_layers=30, seed=0, request_id=0):
+    Predictors that read keys (predictor_info()['reads'] == 'keys': hisa, spin-hybrid) set
+    `needs_keys`: the decode hands them the layer's indexer keys and the step's query through
+    `keys(layer, k, k_scale, q, w)` before each select (only the indexer signal has them)."""
+
+    def __init__(self, name, sparsity, topk, block=64, num_layers=30, seed=0, request_id=0,
+                 overrides=None):
         super().__init__(sparsity, topk, block, seed=seed)
         try:
             import spin_dsa
@@ -140,12 +146,30 @@ class SpinDsaSelector(_Base):
                               f"(pip install . from a checkout with python/), not installed: {e}") from None
         cfg = dict(target_sparsity=float(sparsity), topk=int(topk), page_size=int(block),
                    sink_blocks=1, local_blocks=1, seed=int(seed))
+        cfg.update(overrides or {})
         self.p = spin_dsa.make_predictor(name, cfg, num_layers=num_layers, request_id=request_id)
+        reads = {i["name"]: i["reads"] for i in spin_dsa.predictor_info()}
+        self.needs_keys = reads.get(name) == "keys"
         self.selected = set()
+        self._keys = None
+
+    def keys(self, layer, k, k_scale, q, w):
+        self._keys = (layer, dict(k=k, k_scale=k_scale, q=q, w=w))
+
+    def _take_keys(self, layer):
+        """The select's keyword arguments: the keys handed over for this layer (once)."""
+        if not self.needs_keys:
+            return {}
+        if self._keys is None or self._keys[0] != layer:
+            raise ValueError(f"{self.p.name} reads the indexer's keys: decode with the indexer "
+                             "signal (quality --signal indexer)")
+        kw, self._keys = self._keys[1], None
+        return kw
 
     def select(self, layer, ctx_len):
         self.selected.add(layer)
-        return np.asarray(self.p.select(layer, self.step, int(ctx_len)), np.int64)
+        kw = self._take_keys(layer)
+        return np.asarray(self.p.select(layer, self.step, int(ctx_len), **kw), np.int64)
 
     def observe(self, layer, scores, topk):
         sc = np.ascontiguousarray(scores, np.float32)
@@ -155,7 +179,8 @@ class SpinDsaSelector(_Base):
         if layer in self.selected:
             self.p.observe(layer, 0, sc, topk=tk)
         else:  # warm start (the prefill's last row): everything was scored
-            self.p.select(layer, self.step, len(sc))  # the bindings observe after a select
+            # the bindings observe after a select; hisa's select also pools the prefix's keys
+            self.p.select(layer, self.step, len(sc), **self._take_keys(layer))
             nb = -(-len(sc) // self.block)
             self.p.observe(layer, 0, sc, topk=tk, scored_blocks=np.arange(nb, dtype=np.int32))
 
@@ -165,10 +190,31 @@ class SpinDsaSelector(_Base):
         self.step += 1
 
 
+# Named variants of the C++ predictors: spec -> (predictor, PredictorConfig overrides).
+VARIANTS = {"spin-noexplore": ("spin", {"explore_ratio": 0})}
+
+
+def parse_spec(spec):
+    """'spin', 'spin-noexplore' (VARIANTS) or 'name:field=value,field=value' -> (name, overrides)."""
+    if spec in VARIANTS:
+        return VARIANTS[spec]
+    name, _, rest = spec.partition(":")
+    over = {}
+    for kv in filter(None, rest.split(",")):
+        k, eq, v = kv.partition("=")
+        if not eq or not k or not v:
+            raise ValueError(f"predictor spec {spec!r}: expected name:field=value,... ")
+        over[k] = v
+    return name, over
+
+
 PYTHON_SELECTORS = {"dense": Dense, "oracle": Oracle, "prev-iter": PrevIter, "random": Random}
 
 
-def make_selector(name, sparsity, topk, block=64, seed=0, num_layers=30):
-    if name in PYTHON_SELECTORS:
-        return PYTHON_SELECTORS[name](sparsity, topk, block, seed=seed)
-    return SpinDsaSelector(name, sparsity, topk, block, num_layers=num_layers, seed=seed)
+def make_selector(spec, sparsity, topk, block=64, seed=0, num_layers=30, request_id=0):
+    """A Python baseline by name, else a C++ predictor (spec: see parse_spec)."""
+    if spec in PYTHON_SELECTORS:
+        return PYTHON_SELECTORS[spec](sparsity, topk, block, seed=seed)
+    name, over = parse_spec(spec)
+    return SpinDsaSelector(name, sparsity, topk, block, num_layers=num_layers, seed=seed,
+                           request_id=request_id, overrides=over)

@@ -33,20 +33,11 @@ export PYTHONPATH="$PWD/recorder${PYTHONPATH:+:$PYTHONPATH}"
 if [[ "$cmd" == quality-indexer ]]; then
   # The C++ predictors (spin, hisa, ...) run through the spin_dsa bindings, which the recorder's
   # .venv does not build: a separate venv with the pinned requirements plus this tree's spin_dsa.
-  qvenv=build/quality-venv
-  want="$( (sha256sum recorder/requirements.txt; "${PYTHON:-python3}" -c 'import sys; print(sys.version)') | sha256sum | cut -d' ' -f1)"
-  if [[ ! -x "$qvenv/bin/python" || "$(cat "$qvenv/.spin-stamp" 2>/dev/null)" != "$want" ]]; then
-    rm -rf "$qvenv"
-    "${PYTHON:-python3}" -m venv "$qvenv"
-    "$qvenv/bin/python" -m pip install --quiet --disable-pip-version-check -r recorder/requirements.txt
-    echo "$want" > "$qvenv/.spin-stamp"
-  fi
-  CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-    "$qvenv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps .
+  qpy="$(./scripts/quality-env.sh | tail -n1)"
   # One BLAS thread: the decode is thousands of small products, which a contended 2-core machine
   # runs faster on one thread than on two.
   OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" \
-    exec "$qvenv/bin/python" -m spin_record quality --signal indexer "$@"
+    exec "$qpy" -m spin_record quality --signal indexer "$@"
 fi
 py="$(./scripts/python-env.sh | tail -n1)"
 "$py" -m spin_record "$cmd" "$@"

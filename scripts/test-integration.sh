@@ -13,6 +13,18 @@ python_package() {
   ./scripts/test-python.sh
 }
 
+# recorder_bindings: the recorder's tests that drive the C++ predictors through spin_dsa (hisa and
+# spin-hybrid fed the distilled indexer's keys; predictor specs), in build/quality-venv (the
+# recorder's pins plus this tree's spin_dsa: scripts/quality-env.sh). test.sh runs the rest.
+recorder_bindings() {
+  echo "=== spin tests: recorder with the spin_dsa bindings ==="
+  local qpy bindings=recorder/tests/test_indexer_signal.py
+  qpy="$(./scripts/quality-env.sh | tail -n1)"
+  PYTHONPATH="$PWD/recorder:$PWD/scripts" "$qpy" -m pytest -q -rs -p pytest_must_run \
+    --must-run "$bindings" "$bindings::test_key_readers_get_the_indexer_keys" \
+    "$bindings::test_predictor_specs"
+}
+
 # device: spin_dsa.device (the on-device predictor, compacted paging, the Triton paged-logits
 # kernel, the GPU benchmark's CPU smoke run: tests/device/) in the vLLM section's virtualenv, which
 # has torch 2.13 and its Triton. Without a GPU the Triton kernels run under TRITON_INTERPRET=1 on
@@ -105,11 +117,11 @@ use_vllm_venv() {
 
 # Sections to run: all by default (CI), or the ones named: ./scripts/test-integration.sh vllm_plugin
 sections=("$@")
-[[ ${#sections[@]} -gt 0 ]] || sections=(python_package device vllm_plugin x86_caps aarch64)
+[[ ${#sections[@]} -gt 0 ]] || sections=(python_package recorder_bindings device vllm_plugin x86_caps aarch64)
 for s in "${sections[@]}"; do
   case "$s" in
-    python_package|device|vllm_plugin|x86_caps|aarch64) ;;
-    *) echo "test-integration: unknown section '$s' (python_package, device, vllm_plugin, x86_caps, aarch64)" >&2; exit 2 ;;
+    python_package|recorder_bindings|device|vllm_plugin|x86_caps|aarch64) ;;
+    *) echo "test-integration: unknown section '$s' (python_package, recorder_bindings, device, vllm_plugin, x86_caps, aarch64)" >&2; exit 2 ;;
   esac
 done
 # What the named sections need: the native build's packages, plus the cross toolchain (aarch64)

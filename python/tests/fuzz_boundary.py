@@ -311,7 +311,7 @@ def _mutate_dict(rng, args, arrays, scalars):
 
 
 def predictor_case(rng, verbose):
-    name = rng.choice(["spin", "prev-iter", "ema-slot", "random", "oracle", "hisa"])
+    name = rng.choice(["spin", "prev-iter", "ema-slot", "random", "oracle", "hisa", "spin-hybrid"])
     p = spin_dsa.make_predictor(name, dict(CFG), num_layers=2, request_id=rng.randrange(100))
     described = Notes([name])
     num_entries = rng.choice([0, 10, 100, 500])
@@ -322,8 +322,14 @@ def predictor_case(rng, verbose):
             args["true_topk"] = np.full((next_n, 32), -1, np.int32)
         if rng.random() < 0.3:
             args["visible_entries"] = np.full(next_n, num_entries, np.int64)
+        if name in ("hisa", "spin-hybrid") or rng.random() < 0.2:  # the keys and the query
+            heads = rng.choice([1, 4])
+            args.update(k=np.full((num_entries, 128), 0x38, np.uint8),
+                        k_scale=np.ones(num_entries, np.float32),
+                        q=np.full((next_n, heads, 128), 0x38, np.uint8),
+                        w=np.ones((next_n, heads), np.float32))
         if rng.random() < 0.4:
-            described.append(_mutate_dict(rng, args, ["visible_entries", "true_topk"],
+            described.append(_mutate_dict(rng, args, ["visible_entries", "true_topk", "k", "k_scale", "q", "w"],
                                           ["layer", "step", "num_entries", "next_n"]))
         blocks = p.select(**args)
         if (np.diff(blocks) <= 0).any():

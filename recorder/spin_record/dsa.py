@@ -141,7 +141,7 @@ def decode(model, prefix, inputs, configs, topk, block=64, warm=None, log=None, 
     block sparsity, mean attended entries.
     """
     W = model.w
-    H, KV, D, g = model.H, model.KV, model.D, model.group
+    H, D, g = model.H, model.D, model.group
     inputs = np.asarray(inputs, np.int64)
     B = len(configs)
     if inputs.ndim == 1:

@@ -168,7 +168,7 @@ class Model:
         Returns dict(hf [n, d], probs, k, v) with k/v [layers, P + T, KV, D] if keep_cache, and
         q [layers, rows, H, D] (the record_rows' queries, RoPE applied, unscaled) if record_rows.
         """
-        W, H, KV, D, g = self.w, self.H, self.KV, self.D, self.group
+        W, H, D = self.w, self.H, self.D
         tokens = np.asarray(tokens, np.int64)
         T = len(tokens)
         P = 0 if past is None else past[0].shape[1]

@@ -2,9 +2,7 @@
 the real model, and the kind=keys traces through the C++ reader."""
 
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest

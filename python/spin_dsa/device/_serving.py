@@ -26,7 +26,6 @@ and the host-side lifecycle (add / drop) is. Use spin_dsa.Serving to validate an
 """
 
 import importlib
-import math
 
 import numpy as np
 import torch

@@ -77,8 +77,9 @@ struct PredictorConfig {
   // until a layer has measured one; explore_churn 0 = always the full share (the paper's).
   // Default 0.25, by a measured ablation (closed loop, spin replay / spin eval --quick): on the
   // real SmolLM2 traces (top-k churn ≈ 0.11) a fixed share cost 0.012–0.025 mean recall at 70 %
-  // sparsity (docs/results.md "spin's defaults on real data"); where the top-k jumps (mrcr-256k, churn ≈ 0.24) it is what keeps p99 miss at 50 %
-  // at 0.66 instead of 0.76 without exploration. Scaled by churn it keeps both.
+  // sparsity (docs/results.md "spin's defaults on real data"); where the top-k jumps (mrcr-256k,
+  // churn ≈ 0.24) it is what keeps p99 miss at 50 % at 0.66 instead of 0.76 without exploration.
+  // Scaled by churn it keeps both.
   double explore_ratio = 0.1;
   double explore_churn = 0.25;
   ExplorePolicy explore_policy = ExplorePolicy::kUniform;

@@ -89,6 +89,12 @@ void PredictorBase::rank_by_layer_topk(const RowContext& row, int32_t full, floa
     if (obs->topk_hits[i] > 0) p[obs->blocks[i]] = static_cast<float>(obs->topk_hits[i]);
 }
 
+void PredictorBase::raise_previous_topk(const RowContext& row, float base, float* p) const {
+  const Layer& l = layers_[static_cast<size_t>(row.layer)];
+  for (size_t i = 0; i < l.prev_topk_blocks.size() && l.prev_topk_blocks[i] < row.n_blocks; ++i)
+    p[l.prev_topk_blocks[i]] = base + static_cast<float>(l.prev_topk_hits[i]);
+}
+
 const BlockState& PredictorBase::state(int32_t layer) const {
   static const BlockState kEmpty;
   if (layer < 0 || layer >= num_layers_) return kEmpty;

@@ -115,14 +115,11 @@ class PredictorBase : public BlockPredictor {
   // p = the recency default, raised to the hit count of every block holding `full`'s top-k of
   // this step (same row): most hits first.
   void rank_by_layer_topk(const RowContext& row, int32_t full, float* p) const;
-  // Blocks holding the last committed step's top-k of `layer` (from the last replayed row), with
-  // their hit counts; ascending.
-  const std::vector<int32_t>& previous_topk_blocks(int32_t layer) const {
-    return layers_[layer].prev_topk_blocks;
-  }
-  const std::vector<int32_t>& previous_topk_hits(int32_t layer) const {
-    return layers_[layer].prev_topk_hits;
-  }
+  // p[b] = base + hits for every block b < row.n_blocks that held the last committed step's top-k
+  // of the row's layer (from the last replayed row): those blocks rank by their hit count, most
+  // first, above every p below `base` (step-reuse: base 0 over the recency default; spin's
+  // topk_first: above its EMA ranking).
+  void raise_previous_topk(const RowContext& row, float base, float* p) const;
   // The step's inputs beyond own state; all null when the caller passed none.
   static const PredictorInputs& inputs_of(const StepInput& in) {
     static const PredictorInputs kNone;

@@ -103,16 +103,8 @@ class EmaPredictor final : public PredictorBase {
     }
     ema_rank(layer_state(row.layer), config(), row.n_blocks, parts_.slot, parts_.offset, p);
     if (probes(row) && config().probe_blend > 0) SPIN_RETURN_IF_ERROR(blend_with_probe(row, p));
-    if (parts_.explore && config().topk_first) raise_previous_topk(row, p);
+    if (parts_.explore && config().topk_first) raise_previous_topk(row, kTopkFirstBase, p);
     return ok_status();
-  }
-  // PredictorConfig::topk_first: the blocks holding the last committed step's top-k above every
-  // p[b] (which lie below kTopkFirstBase, blended ones included), most hits first.
-  void raise_previous_topk(const RowContext& row, float* p) const {
-    const std::vector<int32_t>& blocks = previous_topk_blocks(row.layer);
-    const std::vector<int32_t>& hits = previous_topk_hits(row.layer);
-    for (size_t i = 0; i < blocks.size() && blocks[i] < row.n_blocks; ++i)
-      p[blocks[i]] = kTopkFirstBase + static_cast<float>(hits[i]);
   }
   bool probes(const RowContext& row) const {
     return parts_.probe && !shared(row.layer) && row.step % config().probe_interval == 0;

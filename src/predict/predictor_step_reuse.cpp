@@ -1,6 +1,5 @@
 // step-reuse: the previous step's top-k blocks reused (vllm-ascend's temporal reuse).
 #include <memory>
-#include <vector>
 
 #include "core/errors.h"
 #include "predict/predictor_base.h"
@@ -18,10 +17,7 @@ class StepReusePredictor final : public PredictorBase {
  protected:
   Status rank(const RowContext& row, float* p) override {
     fill_unknown(p, row.n_blocks);
-    const std::vector<int32_t>& blocks = previous_topk_blocks(row.layer);
-    const std::vector<int32_t>& hits = previous_topk_hits(row.layer);
-    for (size_t i = 0; i < blocks.size() && blocks[i] < row.n_blocks; ++i)
-      p[blocks[i]] = static_cast<float>(hits[i]);
+    raise_previous_topk(row, 0.0f, p);
     return ok_status();
   }
   std::unique_ptr<PredictorBase> clone() const override {

@@ -30,6 +30,7 @@ PredictorConfig hybrid_config() {
   c.topk = 8;
   c.target_sparsity = 0.5;
   c.probe_share = 0.3;
+  c.explore_churn = 0;  // the fixed exploration share between probe steps, from the first step
   return c;
 }
 

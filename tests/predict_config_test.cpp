@@ -17,8 +17,9 @@ TEST(PredictConfig, DefaultsAreValidAndDocumented) {
   EXPECT_EQ(c.sink_blocks, 1);
   EXPECT_EQ(c.local_blocks, 2);
   EXPECT_DOUBLE_EQ(c.explore_ratio, 0.1);
-  EXPECT_DOUBLE_EQ(c.explore_churn, 0.25);  // by ablation; see predict.h
-  EXPECT_EQ(c.topk_first, 1);               // likewise
+  EXPECT_DOUBLE_EQ(c.explore_churn, 0.1);  // by ablation; see predict.h
+  EXPECT_EQ(c.topk_first, 1);              // likewise
+  EXPECT_EQ(c.recent_blocks, 16);          // likewise
   EXPECT_EQ(c.explore_policy, ExplorePolicy::kUniform);
   EXPECT_DOUBLE_EQ(c.alpha, 0.5);
   EXPECT_DOUBLE_EQ(c.beta, 0.1);
@@ -113,6 +114,8 @@ TEST(PredictConfig, ValidateRejectsEachBadField) {
       {"explore_churn", [](PredictorConfig& c) { c.explore_churn = -0.1; }},
       {"explore_churn", [](PredictorConfig& c) { c.explore_churn = 1.5; }},
       {"topk_first", [](PredictorConfig& c) { c.topk_first = 2; }},
+      {"recent_blocks", [](PredictorConfig& c) { c.recent_blocks = -1; }},
+      {"recent_blocks", [](PredictorConfig& c) { c.recent_blocks = kMaxRecentBlocks + 1; }},
       {"alpha", [](PredictorConfig& c) { c.alpha = 0.0; }},
       {"alpha", [](PredictorConfig& c) { c.alpha = 1.01; }},
       {"beta", [](PredictorConfig& c) { c.beta = 0.0; }},

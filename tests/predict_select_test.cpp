@@ -145,6 +145,7 @@ TEST(PredictSelect, ExplorationCount) {
        {Case{0.0, 0}, Case{0.1, 1}, Case{0.2, 2}, Case{0.25, 3}, Case{0.44, 4}, Case{1.0, 5}}) {
     PredictorConfig c = base_config();
     c.explore_ratio = k.ratio;
+    c.explore_churn = 0;  // the fixed share (explore_churn explores nothing before it measures)
     auto p = make("spin", c);
     Selection sel;
     ASSERT_TRUE(p->select(0, {0, 80, 1}, &sel).ok());
@@ -189,13 +190,45 @@ TEST(PredictSelect, TopkFirstRanksTheLastTopkBlocks) {
   EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 1, 5, 17, 18, 19}));
 }
 
-// explore_churn: the share is explore_ratio until the layer has measured its top-k churn, then
-// explore_ratio · min(1, churn EMA / explore_churn).
+// recent_blocks: the newest blocks rank after the last top-k's blocks, newest first, above a block
+// whose EMA is higher; 0 leaves the EMA's order.
+TEST(PredictSelect, RecentBlocksRankAfterTheLastTopk) {
+  std::vector<float> v(20, 0.0f);
+  v[5] = 10;  // the top-k (one block)
+  v[2] = 9;   // the best EMA after it
+  for (int32_t recent : {0, 5}) {
+    PredictorConfig c = base_config();
+    c.explore_ratio = 0;
+    c.explicit_budget_blocks = 7;  // the 5 forced blocks (0, 1, 17, 18, 19) and two ranked
+    c.recent_blocks = recent;      // 5: blocks 15..19, of which 15 and 16 are not forced
+    auto p = make("spin", c);
+    observe_all(*p, 0, block_scores(v, 4), 80);
+    Selection sel;
+    ASSERT_TRUE(p->select(0, {1, 80, 1}, &sel).ok());
+    const std::vector<int32_t> want = recent ? std::vector<int32_t>{0, 1, 5, 16, 17, 18, 19}
+                                             : std::vector<int32_t>{0, 1, 2, 5, 17, 18, 19};
+    EXPECT_EQ(sel.row_blocks[0], want) << recent;
+  }
+  // The paper's ablations keep their own ranking.
+  PredictorConfig c = base_config();
+  c.explicit_budget_blocks = 7;
+  c.recent_blocks = 5;
+  auto q = make("ema-slot", c);
+  observe_all(*q, 0, block_scores(v, 4), 80);
+  Selection sel;
+  ASSERT_TRUE(q->select(0, {1, 80, 1}, &sel).ok());
+  EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 1, 2, 5, 17, 18, 19}));
+}
+
+// explore_churn: no exploration until the layer has measured its top-k churn, then explore_ratio ·
+// min(1, churn EMA / explore_churn), the churn counted in entries; explore_churn 0: always
+// explore_ratio (the paper's).
 TEST(PredictSelect, ExplorationFollowsTheTopkChurn) {
-  std::vector<float> at5(20, 0.0f), at9(20, 0.0f);
-  at5[5] = 10;
-  at9[9] = 10;
-  for (double churn_scale : {0.0, 0.25}) {
+  std::vector<float> at5(80, 0.0f), mostly5(80, 0.0f);
+  for (int32_t i = 20; i < 24; ++i) at5[i] = 10;  // the top-k (4) is block 5
+  for (int32_t i = 20; i < 23; ++i) mostly5[i] = 10;
+  mostly5[36] = 10;  // three of its entries stay in block 5, one moves to block 9
+  for (double churn_scale : {0.0, 0.1}) {
     PredictorConfig c = base_config();
     c.explore_ratio = 0.2;  // budget 10: E = 2 at the full share
     c.explore_churn = churn_scale;
@@ -207,17 +240,16 @@ TEST(PredictSelect, ExplorationFollowsTheTopkChurn) {
       explored.push_back(sel.row_explored[0]);
       Selection everything;
       for (int32_t b = 0; b < 20; ++b) everything.blocks.push_back(b);
-      // Steps 0 and 1: the top-k in block 5 (step 1 measures churn 0); step 2: in block 9
-      // (churn 1, EMA 0.8·0 + 0.2·1 = 0.2).
-      ASSERT_TRUE(observe_union(*p, 0, everything, {block_scores(step < 2 ? at5 : at9, 4)}, 80, 1).ok());
+      ASSERT_TRUE(observe_union(*p, 0, everything, {step < 2 ? at5 : mostly5}, 80, 1).ok());
       ASSERT_TRUE(p->commit(0).ok());
     }
     if (churn_scale == 0) {
       EXPECT_EQ(explored, (std::vector<int32_t>{2, 2, 2, 2}));
     } else {
-      // Unmeasured, unmeasured (step 0 had no top-k before it), churn 0, then 0.2 · (0.2 / 0.25)
-      // · 10 = 1.6 → 2.
-      EXPECT_EQ(explored, (std::vector<int32_t>{2, 2, 0, 2}));
+      // Unmeasured twice (step 0 had no top-k before it), churn 0, then step 2's churn: 1 of 4
+      // entries left the old blocks (in blocks it would be 1 of 2), EMA 0.8·0 + 0.2·0.25 = 0.05,
+      // share 0.2 · 0.05 / 0.1 = 0.1 of budget 10 → 1 (the block churn would give 2).
+      EXPECT_EQ(explored, (std::vector<int32_t>{0, 0, 0, 1}));
     }
   }
 }
@@ -265,6 +297,7 @@ TEST(PredictSelect, StalestPicksTheOldest) {
 TEST(PredictSelect, UniformExplorationIsKeyedAndDeterministic) {
   PredictorConfig c = base_config();
   c.explore_ratio = 0.5;  // 100 blocks, budget 50: E = 25
+  c.explore_churn = 0;    // from the first step
   Selection a, b;
   auto p = make("spin", c, 2, 7);
   auto q = make("spin", c, 2, 7);

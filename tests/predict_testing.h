@@ -46,7 +46,8 @@ inline std::vector<float> block_scores(const std::vector<float>& v, int32_t e) {
 }
 
 // The predictor tests' small geometry: blocks of 4 entries, top-k 4 (one block), 50 % sparsity,
-// with `sink_blocks` sinks and `local_blocks` locals.
+// with `sink_blocks` sinks and `local_blocks` locals, and no recent window (16 blocks would rank
+// nearly every block of these 20-block contexts by recency; the window has its own test).
 inline PredictorConfig small_blocks_config(int32_t sink_blocks, int32_t local_blocks) {
   PredictorConfig c;
   c.page_size = 4;
@@ -54,6 +55,7 @@ inline PredictorConfig small_blocks_config(int32_t sink_blocks, int32_t local_bl
   c.sink_blocks = sink_blocks;
   c.local_blocks = local_blocks;
   c.target_sparsity = 0.5;
+  c.recent_blocks = 0;
   return c;
 }
 

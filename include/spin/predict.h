@@ -64,6 +64,10 @@ Result<BudgetMoves> budget_moves_from_name(std::string_view name);
 // ---------------------------------------------------------------------------------------------
 // Config: one typed struct, printed with every result.
 
+// recent_blocks' bound: the window ranks at 2^19 - distance, above every EMA value and exact in
+// float32 (src/predict/predictor_ema.cpp).
+inline constexpr int32_t kMaxRecentBlocks = 1 << 18;
+
 struct PredictorConfig {
   // Budget. 0.3 = the low end of the 30–40 % block sparsity the SPIN paper reports with quality
   // preserved, so the default errs toward quality.
@@ -72,16 +76,17 @@ struct PredictorConfig {
   int32_t sink_blocks = 1;              // forced: the first blocks (attention sinks)
   int32_t local_blocks = 2;             // forced: the newest blocks (hold never-scored entries)
   // Exploration (spin only): E = round(explore_ratio · min(1, churn / explore_churn) · budget)
-  // blocks per row, churn = the EMA of the layer's top-k churn (the share of the blocks holding its
-  // newest top-k that did not hold the one before; src/predict/budget_moves.h), the full share
-  // until a layer has measured one; explore_churn 0 = always the full share (the paper's).
-  // Default 0.25, by a measured ablation (closed loop, spin replay / spin eval --quick): on the
-  // real SmolLM2 traces (top-k churn ≈ 0.11) a fixed share cost 0.012–0.025 mean recall at 70 %
-  // sparsity (docs/results.md "spin's defaults on real data"); where the top-k jumps (mrcr-256k,
-  // churn ≈ 0.24) it is what keeps p99 miss at 50 % at 0.66 instead of 0.76 without exploration.
-  // Scaled by churn it keeps both.
+  // blocks per row, churn = the EMA of the layer's top-k churn (the share of its newest top-k's
+  // entries that lie in blocks which did not hold the top-k before; src/predict/budget_moves.h);
+  // no exploration until a layer has measured one (right after a prefill nothing is stale);
+  // explore_churn 0 = always the full share (the paper's).
+  // Default 0.1, by a measured ablation (closed loop, spin replay / spin eval --quick;
+  // docs/results.md "spin's defaults on real data"): the real SmolLM2 traces churn ≈ 0.03 of their
+  // entries (new top-k blocks are marginal ones), the long-context tasks 0.14–0.21 (the top-k
+  // jumps). A fixed share cost the real traces 0.012–0.025 mean recall at 70 % sparsity; where
+  // the top-k jumps (mrcr-256k) exploration is what keeps p99 miss down. Scaled by churn, both.
   double explore_ratio = 0.1;
-  double explore_churn = 0.25;
+  double explore_churn = 0.1;
   ExplorePolicy explore_policy = ExplorePolicy::kUniform;
   // State updates: slot[b] ← (1-alpha)·slot[b] + alpha·x, offset[bucket] likewise with beta.
   double alpha = 0.5;
@@ -100,6 +105,13 @@ struct PredictorConfig {
   // mean recall 0.9175 → 0.9260 (smollm2-ctx8192-n1); p[b], the EMA of a block's best score,
   // ranks a block with one strong entry beside one with many, and recall counts entries.
   int32_t topk_first = 1;
+  // spin's family: the newest recent_blocks blocks (the forced local ones among them) rank right
+  // after the last top-k's blocks, newest first, above the EMA ranking; 0: none (the paper's).
+  // Default 16, by a measured ablation: on the real traces at 70 % sparsity the EMA of a block's
+  // best score left the blocks 3–16 back unscored (attention's recency: many moderately strong
+  // entries in each), where spin lost to step-reuse's newest-first fill (p99 miss 0.316 vs 0.297 on
+  // smollm2-ctx8192-n1); a fixed window in blocks, because that recency is in tokens.
+  int32_t recent_blocks = 16;
   Pooling pooling = Pooling::kMax;
   MtpUpdate mtp_update = MtpUpdate::kPrefix;
   // spin-hybrid's probe (the current query against pooled block keys, as hisa keeps them): it
@@ -134,8 +146,9 @@ struct PredictorConfig {
   int32_t block_entries() const { return page_size * block_pages; }
 
   // Ranges: target_sparsity in [0,1), explore_ratio, explore_churn and combine_weight in [0,1],
-  // alpha and beta in (0,1], topk_first 0 or 1, page_size, block_pages, topk > 0,
-  // page_size·block_pages ≤ 2^20, sink/local ≥ 0, explicit_budget_blocks ≥ -1, enums known.
+  // alpha and beta in (0,1], topk_first 0 or 1, recent_blocks in [0, kMaxRecentBlocks],
+  // page_size, block_pages, topk > 0, page_size·block_pages ≤ 2^20, sink/local ≥ 0,
+  // explicit_budget_blocks ≥ -1, enums known.
   Status validate() const;
   // One line "key=value key=value ..." in field order; parse() of it gives the same config.
   std::string to_string() const;

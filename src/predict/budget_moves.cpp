@@ -7,13 +7,16 @@
 namespace spin {
 
 void BudgetMoveState::update(const std::vector<int32_t>& before, const PooledRow& newest, double move_max) {
+  // Entries, not blocks: recall counts entries, and a top-k that gains a few marginal blocks of
+  // one entry each has barely moved.
   int64_t now = 0, kept = 0;
   size_t k = 0;
   for (size_t i = 0; i < newest.blocks.size(); ++i) {
-    if (newest.topk_hits[i] == 0) continue;
-    ++now;
+    const int32_t hits = newest.topk_hits[i];
+    if (hits == 0) continue;
+    now += hits;
     while (k < before.size() && before[k] < newest.blocks[i]) ++k;
-    kept += k < before.size() && before[k] == newest.blocks[i];
+    if (k < before.size() && before[k] == newest.blocks[i]) kept += hits;
   }
   if (now == 0 || before.empty()) return;  // nothing to compare yet
   const double measured = 1.0 - static_cast<double>(kept) / static_cast<double>(now);

@@ -213,6 +213,12 @@ const Field kFields[] = {
        return c.topk_first == 0 || c.topk_first == 1 ? ok_status()
                                                      : invalid_argument("topk_first {} must be 0 or 1", c.topk_first);
      }},
+    {"recent_blocks", print_value<&Config::recent_blocks>, set_int<&Config::recent_blocks>,
+     [](const Config& c, const char*) {
+       return c.recent_blocks >= 0 && c.recent_blocks <= kMaxRecentBlocks
+                  ? ok_status()
+                  : invalid_argument("recent_blocks {} is outside [0, {}]", c.recent_blocks, kMaxRecentBlocks);
+     }},
     {"pooling", print_enum<&Config::pooling, kPoolingNames>, set_enum<&Config::pooling, kPoolingNames>,
      check_enum<&Config::pooling, kPoolingNames>},
     {"mtp_update", print_enum<&Config::mtp_update, kMtpNames>, set_enum<&Config::mtp_update, kMtpNames>,

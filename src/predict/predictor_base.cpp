@@ -391,7 +391,8 @@ int64_t PredictorBase::row_budget(const RowContext& row) const {
 
 double PredictorBase::explore_share(int32_t layer) const {
   const double churn = layers_[static_cast<size_t>(layer)].moves.churn_ema;
-  if (config_.explore_churn <= 0 || churn < 0) return config_.explore_ratio;
+  if (config_.explore_churn <= 0) return config_.explore_ratio;
+  if (churn < 0) return 0.0;  // not measured yet: the state is fresh from a prefill (or empty)
   return config_.explore_ratio * std::min(1.0, churn / config_.explore_churn);
 }
 

@@ -69,8 +69,9 @@ class PredictorBase : public BlockPredictor {
   virtual bool explores() const { return false; }
   // Whether config().budget_moves applies (spin, spin-hybrid); the others keep the fixed budget.
   virtual bool moves_budget() const { return false; }
-  // The exploration share of `layer`'s budget: explore_ratio, scaled by min(1, churn EMA /
-  // explore_churn) once the layer has measured its churn (PredictorConfig::explore_churn).
+  // The exploration share of `layer`'s budget: explore_ratio · min(1, churn EMA / explore_churn),
+  // 0 until the layer has measured its churn; explore_ratio with explore_churn 0
+  // (PredictorConfig::explore_churn).
   double explore_share(int32_t layer) const;
   // The probe's share of `layer`'s budget: config().probe_share, or with probe_adapt where the last
   // steps' top-k fell (see update_probe_share).

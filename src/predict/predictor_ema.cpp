@@ -47,12 +47,22 @@ void ema_rank(const BlockState& st, const PredictorConfig& c, int64_t n_blocks, 
 // every EMA value (|x| ≤ 1 + ln 2^20) and blended rank (8 ± a few standard scores), exact in
 // float32 for any h ≤ 2^20 (the largest block), so the device path computes the same bits.
 constexpr float kTopkFirstBase = 1048576.0f;  // 2^20
+// PredictorConfig::recent_blocks ranks a block d blocks behind the newest at kRecentBase - d: below
+// the last top-k's blocks, above every EMA value, exact in float32 (d < kMaxRecentBlocks = 2^18).
+constexpr float kRecentBase = 524288.0f;  // 2^19
+static_assert(kRecentBase - kMaxRecentBlocks > 1024.0f && kRecentBase < kTopkFirstBase);
+
+// The newest `window` blocks at kRecentBase - distance, newest first.
+void raise_recent(int64_t n_blocks, int32_t window, float* p) {
+  for (int64_t b = std::max<int64_t>(0, n_blocks - window); b < n_blocks; ++b)
+    p[b] = kRecentBase - static_cast<float>(n_blocks - 1 - b);
+}
 
 // Which parts an EmaPredictor uses.
 struct EmaParts {
   double alpha;
   bool slot = true, offset = true;
-  bool explore = false;    // spin's uniform exploration (and PredictorConfig::topk_first)
+  bool explore = false;    // spin's uniform exploration (and PredictorConfig::topk_first, recent_blocks)
   bool probe = false;      // spin-hybrid: the pooled-key probe chooses the exploration share
   bool moves = false;      // budget_moves applies
   int32_t share_freq = 0;  // stacked on IndexCache: layers l % freq != 0 reuse layer l - l % freq
@@ -103,6 +113,7 @@ class EmaPredictor final : public PredictorBase {
     }
     ema_rank(layer_state(row.layer), config(), row.n_blocks, parts_.slot, parts_.offset, p);
     if (probes(row) && config().probe_blend > 0) SPIN_RETURN_IF_ERROR(blend_with_probe(row, p));
+    if (parts_.explore) raise_recent(row.n_blocks, config().recent_blocks, p);
     if (parts_.explore && config().topk_first) raise_previous_topk(row, kTopkFirstBase, p);
     return ok_status();
   }

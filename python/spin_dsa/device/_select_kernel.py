@@ -65,8 +65,8 @@ def _rank_value(p):
 @triton.jit
 def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COUNT, PREV_HITS,
                   REQ_KEY, STEP, N_EXPLORE, N_HISTORY, KEEP_ALL, BUCKET, COUNTER, SHARE, BUDGET,
-                  LEFT, OUT, COUNTS, num_layers, n_blocks, n_buckets, width, sink, local, w,
-                  one_minus_w, NEXT_N: tl.constexpr, BLOCK: tl.constexpr, RANKED: tl.constexpr,
+                  LEFT, OUT, COUNTS, num_layers, n_blocks, n_buckets, width, sink, local, recent,
+                  w, one_minus_w, NEXT_N: tl.constexpr, BLOCK: tl.constexpr, RANKED: tl.constexpr,
                   RANDOM: tl.constexpr, EXPLORES: tl.constexpr, STALEST: tl.constexpr,
                   USE_SLOT: tl.constexpr, USE_OFFSET: tl.constexpr, STEP_REUSE: tl.constexpr,
                   COMBINE_MAX: tl.constexpr, TOPK_FIRST: tl.constexpr,
@@ -138,6 +138,9 @@ def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COU
                     else:  # launched without fp fusion: two roundings, as the library
                         both = w * slot + one_minus_w * offset
                     p = tl.where(known_slot & known_offset, both, p)
+                # recent_blocks (0 but for spin's family): newest first below the last top-k
+                # (kRecentBase = 2^19)
+                p = tl.where(d < recent, 524288.0 - d.to(tl.float32), p)
                 if TOPK_FIRST:  # above every p, most hits first (kTopkFirstBase = 2^20)
                     p = tl.where(hits > 0, 1048576.0 + hits.to(tl.float32), p)
             chosen = chosen | _smallest(_rank_value(p), candidate, n_history)
@@ -165,7 +168,7 @@ def launch(owner, S_g, L_g, n_rows, out, counts):
         o.prev_hits, o._req_key, o._step, o._n_explore, o._n_history, o._keep_all_i32,
         o._bucket, o._counter, o.explore_share, o._budget, o._left, out, counts,
         o.num_layers, o.max_blocks, o._n_buckets, o.width, int(c["sink_blocks"]),
-        int(c["local_blocks"]), o._w_host, o._one_minus_w_host,
+        int(c["local_blocks"]), o._recent, o._w_host, o._one_minus_w_host,
         NEXT_N=next_n, BLOCK=block, RANKED=o._fill == "ranked", RANDOM=o._fill == "random",
         EXPLORES=o._explores, STALEST=c["explore_policy"] == "stalest",
         USE_SLOT=o._use_slot, USE_OFFSET=o._use_offset, STEP_REUSE=o._step_reuse,

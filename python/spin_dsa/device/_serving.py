@@ -16,7 +16,7 @@ algorithm (src/predict/predictor_base.cpp):
 - the budget and forced counts depend only on a row's block count: tables built at construction
   from the library's own budget_blocks(); so does the exploration count, but for spin's
   explore_churn, which scales it by a per-(slot, layer) share kept in float64 as the library
-  keeps it (updated at commit from the top-k's churn).
+  keeps it (updated at commit from the top-k's entry churn; 0 until measured).
 
 No call reads a device value on the host: shapes come from the arguments' shapes and from Python
 ints (layer, next_n), and a decode step's select / observe_scored / commit can be captured in one
@@ -53,6 +53,7 @@ _FLT_MAX = float(np.finfo(np.float32).max)
 _INT64_MAX = (1 << 63) - 1
 _OFFSET_SCALE = 2.0 ** 30  # src/predict/block_state.h kOffsetMeanScale
 _TOPK_FIRST_BASE = 1048576.0  # src/predict/predictor_ema.cpp kTopkFirstBase (2^20)
+_RECENT_BASE = 524288.0  # src/predict/predictor_ema.cpp kRecentBase (2^19)
 _CHURN_KEEP, _CHURN_WEIGHT = 0.8, 0.2  # src/predict/budget_moves.h kChurnEma{Keep,Weight}
 
 
@@ -163,6 +164,11 @@ class Serving:
         # exploration by how much it moves (src/predict/predictor_ema.cpp, predictor_base.cpp).
         self._topk_first = self._explores and self.config["topk_first"] == 1
         self._explore_churn = self._explores and self.config["explore_churn"] > 0
+        # recent_blocks: the newest blocks rank right after the last top-k's (predictor_ema.cpp).
+        self._recent = int(self.config["recent_blocks"]) if self._explores else 0
+        # The share until a layer has measured its churn: none under explore_churn (a fresh
+        # state), the fixed explore_ratio without it.
+        self._share0 = 0.0 if self._explore_churn else float(self.config["explore_ratio"])
         self._keeps_topk = self._step_reuse or self._topk_first or self._explore_churn
         self._needs_hits = self._keeps_topk or self.config["pooling"] == "topk-hits"
         self.pad_slot = self.max_requests
@@ -254,8 +260,7 @@ class Serving:
         # explore_churn: each layer's top-k churn EMA (-1: not measured; budget_moves.h) and the
         # exploration share it gives (explore_share in predictor_base.cpp), float64 as there.
         self.churn_ema = torch.full((R, L), -1.0, dtype=torch.float64, device=dev)
-        self.explore_share = torch.full((R, L), float(self.config["explore_ratio"]),
-                                        dtype=torch.float64, device=dev)
+        self.explore_share = torch.full((R, L), self._share0, dtype=torch.float64, device=dev)
         self._prefill_open = torch.zeros(R, dtype=torch.bool, device=dev)
         # The open step: each row's pooled observation (NaN = block not observed; a last column
         # takes the padding's scatter), its newest block, which layers were selected, the rows.
@@ -300,7 +305,7 @@ class Serving:
         for t, v in ((self.slot_ema, 0.0), (self.last_seen, -1), (self.offset_ema, 0.0),
                      (self.offset_count, 0), (self.prev_hits, 0), (self._selected, False),
                      (self._step, 0), (self.churn_ema, -1.0),
-                     (self.explore_share, float(self.config["explore_ratio"])),
+                     (self.explore_share, self._share0),
                      (self._prefill_open, False)):
             t[slot].fill_(v)
         self._req_key[slot] = _hash.request_key(int(self.config["seed"]), int(request_id))
@@ -462,6 +467,8 @@ class Serving:
             else:  # w·s + (1-w)·o, each operation rounded to float32 as the library does
                 both = self._w * slot + self._one_minus_w * offset
             p = torch.where(known_slot & known_offset, both, p)
+        if self._recent > 0:  # kRecentBase - distance, newest first (predictor_ema.cpp)
+            p = torch.where(d < self._recent, _RECENT_BASE - d.to(torch.float32), p)
         if self._topk_first:  # above every p, most hits first (kTopkFirstBase, predictor_ema.cpp)
             p = torch.where(hits > 0, _TOPK_FIRST_BASE + hits.to(torch.float32), p)
         return p
@@ -603,11 +610,11 @@ class Serving:
 
     def _measure_churn(self, S, newest, use):
         """BudgetMoveState::update's churn EMA for the (slot, layer)s in `use` [batch, L], from
-        the newest row's hits [batch, L, N] and the top-k before it (prev_hits), then the
-        exploration share it gives — float64 operations in the library's order."""
-        now_blocks = newest > 0
-        now = now_blocks.sum(dim=2)
-        kept = (now_blocks & (self.prev_hits[S] > 0)).sum(dim=2)
+        the newest row's hits [batch, L, N] and the top-k before it (prev_hits): the share of the
+        top-k's entries in blocks that did not hold it before; then the exploration share it
+        gives — float64 operations in the library's order."""
+        now = newest.sum(dim=2)
+        kept = torch.where(self.prev_hits[S] > 0, newest, 0).sum(dim=2)
         use = use & (now > 0) & (self.prev_hits[S] > 0).any(dim=2)
         measured = 1.0 - kept.double() / now.clamp(min=1).double()
         old = self.churn_ema[S]
@@ -616,7 +623,7 @@ class Serving:
         self.churn_ema[S] = ema
         ratio, c0 = float(self.config["explore_ratio"]), float(self.config["explore_churn"])
         scale = torch.minimum(ema / c0, torch.ones_like(ema))
-        self.explore_share[S] = torch.where(ema < 0, torch.full_like(ema, ratio), ratio * scale)
+        self.explore_share[S] = torch.where(ema < 0, torch.zeros_like(ema), ratio * scale)
 
 
 class _SlotState:

@@ -1,8 +1,9 @@
 // Budget moves (PredictorConfig::budget_moves, off by default: it measured worse): budgets that
 // move between the layers of a step and between steps at the same mean. A layer's churn — the
-// share of its newest top-k's entries that lie in blocks which did not hold the one before (until
-// 2026-12-04: the share of those blocks; entries, because recall counts entries) — is what a fixed
-// budget gets wrong: a stable layer's blocks are found with few, a churning layer needs more.
+// share of its newest top-k's entries that lie in blocks which did not hold the one before
+// (counted in blocks before the second real-data ablation, docs/results.md; entries, because
+// recall counts entries) — is what a fixed budget gets wrong: a stable layer's blocks are found
+// with few, a churning layer needs more.
 // (The churn EMA also scales spin's exploration share, with or without budget moves:
 // PredictorConfig::explore_churn.)
 //   layers: factor = churn_ema(l) / mean over the measured layers, clamped to 1 ± budget_move_max,

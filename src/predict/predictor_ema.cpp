@@ -113,8 +113,10 @@ class EmaPredictor final : public PredictorBase {
     }
     ema_rank(layer_state(row.layer), config(), row.n_blocks, parts_.slot, parts_.offset, p);
     if (probes(row) && config().probe_blend > 0) SPIN_RETURN_IF_ERROR(blend_with_probe(row, p));
-    if (parts_.explore) raise_recent(row.n_blocks, config().recent_blocks, p);
-    if (parts_.explore && config().topk_first) raise_previous_topk(row, kTopkFirstBase, p);
+    if (parts_.explore) {  // spin's family: the last top-k's blocks, then the newest, then p
+      raise_recent(row.n_blocks, config().recent_blocks, p);
+      if (config().topk_first) raise_previous_topk(row, kTopkFirstBase, p);
+    }
     return ok_status();
   }
   bool probes(const RowContext& row) const {

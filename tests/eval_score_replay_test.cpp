@@ -268,9 +268,11 @@ ReplayResult run_mode(const ScoredTrace& scored, MtpUpdate mode, double sparsity
   o.predictor = "spin";
   o.config.target_sparsity = sparsity;
   o.config.mtp_update = mode;
-  // The paper's ranking: under topk_first the last top-k's blocks fill this small budget and the
-  // replayed EMAs, what the modes differ in, rarely decide a block.
+  // The paper's ranking and pooling: under topk_first the last top-k's blocks fill this small
+  // budget and the replayed EMAs, what the modes differ in, rarely decide a block; pool_depth's
+  // m-th best entry (m = 11 here) moves less between the modes' rows than the best does.
   o.config.topk_first = 0;
+  o.config.pool_depth = 0;
   o.keep_topk = true;
   o.after_step = std::move(after_step);
   return replay(scored, o).value();

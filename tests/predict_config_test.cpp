@@ -26,6 +26,7 @@ TEST(PredictConfig, DefaultsAreValidAndDocumented) {
   EXPECT_EQ(c.combine, Combine::kWeighted);  // by ablation; see predict.h
   EXPECT_EQ(c.combine_weight, 0.8);
   EXPECT_EQ(c.pooling, Pooling::kMax);
+  EXPECT_DOUBLE_EQ(c.pool_depth, 0.2);  // by ablation; see predict.h
   EXPECT_EQ(c.mtp_update, MtpUpdate::kPrefix);
   EXPECT_EQ(c.page_size, 64);
   EXPECT_EQ(c.block_pages, 1);
@@ -116,6 +117,8 @@ TEST(PredictConfig, ValidateRejectsEachBadField) {
       {"topk_first", [](PredictorConfig& c) { c.topk_first = 2; }},
       {"recent_blocks", [](PredictorConfig& c) { c.recent_blocks = -1; }},
       {"recent_blocks", [](PredictorConfig& c) { c.recent_blocks = kMaxRecentBlocks + 1; }},
+      {"pool_depth", [](PredictorConfig& c) { c.pool_depth = -0.1; }},
+      {"pool_depth", [](PredictorConfig& c) { c.pool_depth = 1.5; }},
       {"alpha", [](PredictorConfig& c) { c.alpha = 0.0; }},
       {"alpha", [](PredictorConfig& c) { c.alpha = 1.01; }},
       {"beta", [](PredictorConfig& c) { c.beta = 0.0; }},

@@ -82,6 +82,58 @@ TEST(PredictPooling, HandComputedModes) {
   EXPECT_NEAR(out.x[1], std::log(1.0 + std::exp(0.5)), 1e-6);
 }
 
+// Max pooling at rank m: each block's m-th best scored entry (-inf skipped), its smallest when it
+// holds fewer; the k-th, the spread and the hits do not move.
+TEST(PredictPooling, RankedMaxTakesTheMthBestEntry) {
+  HandRow h;
+  PooledRow out;
+  const PredictorConfig c = small_config(Pooling::kMax, 4, 3);  // kth = 3, spread = 2
+  ASSERT_TRUE(pool_row(c, h.row(), &out, nullptr, 2).ok());
+  EXPECT_DOUBLE_EQ(out.kth_score, 3.0);
+  EXPECT_NEAR(out.x[0], -1.0 / 3.0, 1e-6);  // block 0's 2nd best is 2: r = -1/2 → -1/3
+  EXPECT_NEAR(out.x[1], 0.0, 1e-6);         // block 2's is 3, the k-th itself
+  EXPECT_EQ(out.topk_hits, (std::vector<int32_t>{1, 2}));
+  ASSERT_TRUE(pool_row(c, h.row(), &out, nullptr, 3).ok());
+  EXPECT_NEAR(out.x[0], -0.5, 1e-6);  // block 0's 3rd best is 1: r = -1 → -1/2
+  EXPECT_NEAR(out.x[1], 0.0, 1e-6);   // block 2 holds two: its smallest
+  // Rank 1 is plain max pooling; other poolings ignore the rank.
+  PooledRow plain, ranked;
+  ASSERT_TRUE(pool_row(c, h.row(), &plain).ok());
+  ASSERT_TRUE(pool_row(c, h.row(), &ranked, nullptr, 1).ok());
+  EXPECT_EQ(plain.x, ranked.x);
+  ASSERT_TRUE(pool_row(small_config(Pooling::kMean, 4, 3), h.row(), &plain).ok());
+  ASSERT_TRUE(pool_row(small_config(Pooling::kMean, 4, 3), h.row(), &ranked, nullptr, 3).ok());
+  EXPECT_EQ(plain.x, ranked.x);
+  // Ties count once each: [4, 4, 4, 1] at rank 3 is 4.
+  std::vector<float> tied = {4, 4, 4, 1};
+  std::vector<int32_t> one = {0};
+  ASSERT_TRUE(pool_row(small_config(Pooling::kMax, 4, 1), {tied.data(), 4, 4, one.data(), 1, nullptr}, &out,
+                       nullptr, 3)
+                  .ok());
+  EXPECT_NEAR(out.x[0], 0.0, 1e-6);
+}
+
+// pool_rank = ⌈pool_depth · topk / budget⌉ within [1, block entries]: 128 blocks of 64.
+TEST(PredictPooling, RankFollowsTheBudget) {
+  PredictorConfig c = small_config(Pooling::kMax, 64, 256);
+  c.pool_depth = 0.2;
+  c.target_sparsity = 0.5;  // budget 64: 51.2 / 64 → 1
+  EXPECT_EQ(pool_rank(c, 128), 1);
+  c.target_sparsity = 0.7;  // budget 39: 51.2 / 39 → 2
+  EXPECT_EQ(pool_rank(c, 128), 2);
+  c.topk = 2048;
+  c.target_sparsity = 0.5;  // 409.6 / 64 → 7
+  EXPECT_EQ(pool_rank(c, 128), 7);
+  c.pool_depth = 1.0;  // 2048 / 32 = 64 (the budget is clamped up to the top-k's 32 blocks)
+  c.target_sparsity = 0.9;
+  EXPECT_EQ(pool_rank(c, 128), 64);
+  c.page_size = 16;  // 2048 / 128 = 16, at most E = 16
+  EXPECT_EQ(pool_rank(c, 128), 16);
+  c.pool_depth = 0.0;
+  EXPECT_EQ(pool_rank(c, 128), 1);
+  EXPECT_EQ(pool_rank(c, 0), 1);  // nothing visible: no budget
+}
+
 TEST(PredictPooling, NegativeScoresAndScaleInvariance) {
   std::vector<float> s = {-5, -1, -3, -2};
   std::vector<int32_t> blocks = {0, 1};

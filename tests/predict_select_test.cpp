@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "predict/block_state.h"
@@ -218,6 +219,28 @@ TEST(PredictSelect, RecentBlocksRankAfterTheLastTopk) {
   Selection sel;
   ASSERT_TRUE(q->select(0, {1, 80, 1}, &sel).ok());
   EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 1, 2, 5, 17, 18, 19}));
+}
+
+// pool_depth: spin's family observes a block by its m-th best entry, m = ⌈pool_depth · topk /
+// budget⌉ (here 8 / 2 = 4, every entry of the block); the other predictors by its best.
+TEST(PredictSelect, SpinPoolsABlockByItsMthBestEntry) {
+  std::vector<float> v(80, 0.0f);
+  v[12] = 10;                                  // block 3: one strong entry
+  for (int32_t i = 28; i < 32; ++i) v[i] = 6;  // block 7: four fairly strong ones
+  PredictorConfig c = testing::small_blocks_config(0, 0);
+  c.topk = 8;
+  c.explicit_budget_blocks = 2;
+  c.pool_depth = 1.0;
+  for (const char* name : {"spin", "prev-iter"}) {
+    auto p = make(name, c);
+    observe_all(*p, 0, v, 80);
+    const BlockState& st = state_of(*p, 0);
+    if (std::string(name) == "spin") {
+      EXPECT_LT(st.slot(3), st.slot(7)) << "block 3's 4th best is 0, block 7's is 6";
+    } else {
+      EXPECT_GT(st.slot(3), st.slot(7)) << "block 3's best is 10, block 7's is 6";
+    }
+  }
 }
 
 // explore_churn: no exploration until the layer has measured its top-k churn, then explore_ratio ·

@@ -221,6 +221,12 @@ const Field kFields[] = {
      }},
     {"pooling", print_enum<&Config::pooling, kPoolingNames>, set_enum<&Config::pooling, kPoolingNames>,
      check_enum<&Config::pooling, kPoolingNames>},
+    {"pool_depth", print_value<&Config::pool_depth>, set_double<&Config::pool_depth>,
+     [](const Config& c, const char*) {
+       return c.pool_depth >= 0.0 && c.pool_depth <= 1.0
+                  ? ok_status()
+                  : invalid_argument("pool_depth {} is outside [0, 1]", c.pool_depth);
+     }},
     {"mtp_update", print_enum<&Config::mtp_update, kMtpNames>, set_enum<&Config::mtp_update, kMtpNames>,
      check_enum<&Config::mtp_update, kMtpNames>},
     {"probe_share", print_value<&Config::probe_share>, set_double<&Config::probe_share>,

@@ -268,11 +268,25 @@ Status given_kth(const PredictorConfig& config, const RowView& v, PoolScratch* s
   return ok_status();
 }
 
+// The rank-th largest scored (not -inf) value of scores[begin, end), or the smallest when fewer are
+// scored; the block's max when rank is 1. Values, not positions: ties need no rule.
+float ranked_max(const float* scores, int64_t begin, int64_t end, const BlockScan& scan, int64_t rank,
+                 std::vector<float>* values) {
+  if (rank <= 1) return scan.max;
+  values->clear();
+  for (int64_t pos = begin; pos < end; ++pos)
+    if (scores[pos] != -kInf) values->push_back(scores[pos]);
+  const auto nth = values->begin() + (std::min<int64_t>(rank, scan.n) - 1);
+  std::nth_element(values->begin(), nth, values->end(), std::greater<float>());
+  return *nth;
+}
+
 // The relative value r of one block (before squash), by the configured pooling.
 double pooled_value(const PredictorConfig& config, const float* scores, int64_t begin, int64_t end,
-                    const BlockScan& scan, double kth, double spread) {
+                    const BlockScan& scan, double kth, double spread, int64_t rank,
+                    std::vector<float>* values) {
   switch (config.pooling) {
-    case Pooling::kMax: return (scan.max - kth) / spread;
+    case Pooling::kMax: return (ranked_max(scores, begin, end, scan, rank, values) - kth) / spread;
     case Pooling::kMean: return (scan.sum / static_cast<double>(scan.n) - kth) / spread;
     case Pooling::kLse: {
       // log Σ exp(z) with z = (s - kth)/spread, shifted by the block's largest z for stability.
@@ -296,8 +310,8 @@ struct PoolTotals {
 
 // The pool pass: every visible entry of every scored block once — reject NaN/+inf, skip -inf —
 // then x[b] and the block's top-k hits for each block with a scored entry.
-Status pool_blocks(const PredictorConfig& config, const RowView& v, KthPass k, bool own_topk, PooledRow* out,
-                   PoolTotals* totals) {
+Status pool_blocks(const PredictorConfig& config, const RowView& v, KthPass k, bool own_topk, int64_t rank,
+                   PoolScratch* scratch, PooledRow* out, PoolTotals* totals) {
   const RowScores& row = v.row;
   std::vector<int32_t>& hits = out->topk_hits;
   double spread = static_cast<double>(k.row_max) - k.kth;
@@ -324,7 +338,8 @@ Status pool_blocks(const PredictorConfig& config, const RowView& v, KthPass k, b
     } else {
       block_hits = hits[static_cast<size_t>(i)];
     }
-    const double r = pooled_value(config, row.scores, begin, end, scan, k.kth, spread);
+    const double r =
+        pooled_value(config, row.scores, begin, end, scan, k.kth, spread, rank, &scratch->block_values);
     out->blocks.push_back(v.sb[i]);
     out->x.push_back(config.pooling == Pooling::kTopkHits
                          ? static_cast<float>(static_cast<double>(block_hits) / static_cast<double>(v.e))
@@ -356,7 +371,7 @@ Status check_given_topk(const PredictorConfig& config, const KthPass& k, const P
   return ok_status();
 }
 
-Status pool_row_impl(const PredictorConfig& config, const RowScores& row, PooledRow* out,
+Status pool_row_impl(const PredictorConfig& config, const RowScores& row, int64_t rank, PooledRow* out,
                      PoolScratch* scratch) {
   SPIN_RETURN_IF_ERROR(check_row(row));
   const int64_t e = config.block_entries();
@@ -384,7 +399,7 @@ Status pool_row_impl(const PredictorConfig& config, const RowScores& row, Pooled
   out->kth_score = k.kth;
   out->max_score = k.k_eff > 0 ? k.row_max : 0.0;
   PoolTotals totals;
-  SPIN_RETURN_IF_ERROR(pool_blocks(config, v, k, own_topk, out, &totals));
+  SPIN_RETURN_IF_ERROR(pool_blocks(config, v, k, own_topk, rank, scratch, out, &totals));
   out->scored_entries = totals.count;
   if (!own_topk) SPIN_RETURN_IF_ERROR(check_given_topk(config, k, totals));
   return ok_status();
@@ -401,12 +416,19 @@ Status pool_row(const PredictorConfig& config, const RowScores& row, PooledRow* 
   return s;
 }
 
+int64_t pool_rank(const PredictorConfig& config, int64_t n_blocks) {
+  const int64_t budget = budget_blocks(config, n_blocks);
+  if (budget <= 0 || config.pool_depth <= 0.0) return 1;
+  const double m = std::ceil(config.pool_depth * static_cast<double>(config.topk) / static_cast<double>(budget));
+  return std::clamp<int64_t>(static_cast<int64_t>(m), 1, config.block_entries());
+}
+
 Status pool_row(const PredictorConfig& config, const RowScores& row, PooledRow* out,
-                PoolScratch* scratch) {
+                PoolScratch* scratch, int64_t rank) {
   if (out == nullptr) return invalid_argument("pool_row: out is null");
   out->clear();
   PoolScratch local;
-  Status s = pool_row_impl(config, row, out, scratch ? scratch : &local);
+  Status s = pool_row_impl(config, row, rank, out, scratch ? scratch : &local);
   if (!s.ok()) out->clear();  // never leave a half-pooled row behind
   return s;
 }

@@ -18,6 +18,7 @@ namespace spin {
 // ranking is kept, and bounded by -1 (reached only by float rounding) so that a very bad block
 // cannot swamp an EMA. Blocks nothing is known about rank below -1 (PredictorBase::unknown_score).
 //   max:       r of the block's max score           → x in [-1, 1]; 0 = the block holds the kth
+//              (with rank m > 1: of its m-th best score, or its smallest with fewer scored)
 //   mean:      r of the block's mean score          → x in [-1, 1]
 //   lse:       log Σ exp((s - kth)/spread)           → x in [-1, 1 + ln E]
 //   topk-hits: (block's entries in the row's top-k) / E → x in [0, 1]
@@ -37,16 +38,22 @@ struct PooledRow {
 struct PoolScratch {
   std::vector<float> values;         // copy of the scored values for the k-th selection
   std::vector<int32_t> block_index;  // block → index in scored_blocks (-1 elsewhere)
+  std::vector<float> block_values;   // one block's scored values (max pooling's m-th best)
 };
+
+// Max pooling's rank m for a row that sees n_blocks blocks under `config`'s fixed budget:
+// ⌈pool_depth · topk / budget_blocks⌉ within [1, block entries] (PredictorConfig::pool_depth).
+int64_t pool_rank(const PredictorConfig& config, int64_t n_blocks);
 
 // Validates and pools one row. Errors: a NaN or +inf score in a scored, visible entry (message
 // names the block and position); blocks not ascending or outside the row buffer; inconsistent
 // topk_positions. With topk_positions the scored entries are read once; without, twice plus an
 // nth_element over them (an engine has the top-k already: pass it).
 // Blocks listed beyond the row's visible entries are skipped (an MTP union holds later rows'
-// newest blocks).
+// newest blocks). rank: max pooling takes each block's rank-th best score (1: its best; spin's
+// family passes pool_rank()).
 Status pool_row(const PredictorConfig& config, const RowScores& row, PooledRow* out,
-                PoolScratch* scratch = nullptr);
+                PoolScratch* scratch = nullptr, int64_t rank = 1);
 // The same with only the values buffer kept between calls (the block map is rebuilt per call).
 Status pool_row(const PredictorConfig& config, const RowScores& row, PooledRow* out,
                 std::vector<float>* values_scratch);

@@ -396,6 +396,10 @@ double PredictorBase::explore_share(int32_t layer) const {
   return config_.explore_ratio * std::min(1.0, churn / config_.explore_churn);
 }
 
+int64_t PredictorBase::observation_rank(const RowScores& scores) const {
+  return explores() ? pool_rank(config_, blocks_for_entries(config_, scores.visible_entries)) : 1;
+}
+
 double PredictorBase::probe_share(int32_t layer) const {
   const ProbeShareState& s = layers_[static_cast<size_t>(layer)].share;
   return config_.probe_adapt ? s.current(config_.probe_share) : config_.probe_share;
@@ -422,7 +426,7 @@ Status PredictorBase::observe(int32_t layer, int32_t row, const RowScores& score
         "{}: layer {} row {}: visible {} differs from the {} entries the row "
         "saw at select",
         name_, layer, row, scores.visible_entries, l.visible_entries[ur]);
-  SPIN_RETURN_IF_ERROR(pool_row(config_, scores, &l.pending[ur], &pool_scratch_));
+  SPIN_RETURN_IF_ERROR(pool_row(config_, scores, &l.pending[ur], &pool_scratch_, observation_rank(scores)));
   l.observed |= 1u << row;
   return ok_status();
 }
@@ -494,7 +498,7 @@ Status PredictorBase::observe_prefill(int32_t layer, int64_t step, const RowScor
                                last_committed_);
   Layer& l = layers_[static_cast<size_t>(layer)];
   l.state.ensure_blocks(blocks_for_entries(config_, scores.visible_entries));
-  SPIN_RETURN_IF_ERROR(pool_row(config_, scores, &prefill_row_, &pool_scratch_));
+  SPIN_RETURN_IF_ERROR(pool_row(config_, scores, &prefill_row_, &pool_scratch_, observation_rank(scores)));
   l.state.apply(prefill_row_, static_cast<int32_t>(step));
   // step-reuse reads the newest observed top-k: the prefill's last row is the newest token.
   l.prev_topk_blocks.clear();
@@ -559,11 +563,13 @@ Status PredictorBase::reserve(int64_t max_entries, int32_t max_next_n) {
       mark_.resize(n);
       keys_.resize(n);
     }
-    // pool_row's scratch: the scored values (k-th selection without the kernel's top-k) and the
-    // block → list index map (with it); it grows with resize, so size it now.
+    // pool_row's scratch: the scored values (k-th selection without the kernel's top-k), the
+    // block → list index map (with it) and one block's values (pool_depth's m-th best); they
+    // grow with resize, so size them now.
     if (pool_scratch_.values.size() < static_cast<size_t>(max_entries))
       pool_scratch_.values.resize(static_cast<size_t>(max_entries));
     if (pool_scratch_.block_index.size() < n) pool_scratch_.block_index.resize(n, -1);
+    pool_scratch_.block_values.reserve(static_cast<size_t>(config_.block_entries()));
   } catch (const std::bad_alloc&) {
     return resource_exhausted("{}: reserve: no memory for {} blocks × {} layers", name_, n_blocks,
                               num_layers_);

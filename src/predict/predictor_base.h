@@ -73,6 +73,9 @@ class PredictorBase : public BlockPredictor {
   // 0 until the layer has measured its churn; explore_ratio with explore_churn 0
   // (PredictorConfig::explore_churn).
   double explore_share(int32_t layer) const;
+  // Max pooling's rank for an observed row: pool_rank() for spin's family (explores(): its
+  // PredictorConfig::pool_depth), 1 (the block's best) for every other predictor.
+  int64_t observation_rank(const RowScores& scores) const;
   // The probe's share of `layer`'s budget: config().probe_share, or with probe_adapt where the last
   // steps' top-k fell (see update_probe_share).
   double probe_share(int32_t layer) const;

@@ -4,7 +4,8 @@ scored block's max, the normalised value x in float64, the top-k hits per block 
 per layer, where the torch reference (_serving._pool + _store_pending) takes ~40.
 
 The arithmetic is the reference's (and the library's, src/predict/pooling.cpp): min and max are
-exact in any order, r = (block max - kth) / spread and r / (1 - r) are single float64 operations,
+exact in any order (so is a block's rank-th best, found by dropping its best entry rank - 1
+times), r = (block max - kth) / spread and r / (1 - r) are single float64 operations,
 hits are integer atomics. So the pending rows are bit for bit the reference's.
 """
 
@@ -13,11 +14,11 @@ import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["layer", "next_n"])  # one compile for every layer and row count
-def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SLOT,
+def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SLOT, RANK,
                    PENDING_X, PENDING_HITS, PENDING_NEWEST, layer, num_layers, max_next_n,
                    n_blocks, width, k, next_n, chunk,
                    E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-                   HITS: tl.constexpr, TOPK_HITS: tl.constexpr):
+                   HITS: tl.constexpr, TOPK_HITS: tl.constexpr, DEEP: tl.constexpr):
     # Program (r, p): row r's blocks [p·chunk, (p + 1)·chunk) of its selection; every program of
     # a row derives the row's k-th score and spread from the top-k itself (2048 loads, no
     # cross-program dependency), program 0 counts the hits. The pending rows were reset to NaN /
@@ -49,8 +50,12 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SL
     spread = tl.where(spread > 0.0, spread, fallback)
     tl.debug_barrier()
 
-    # 2. Every scored block the row sees: its max → x.
+    # 2. Every scored block the row sees: its max (its rank-th best with DEEP: RANK[blocks the row
+    # sees], PredictorConfig::pool_depth) → x.
     e = tl.arange(0, E)
+    rank = 1
+    if DEEP:
+        rank = tl.load(RANK + (visible + E - 1) // E)
     end = tl.minimum(part * chunk + chunk, width)
     for c0 in range(part * chunk, end, BLOCK_C):
         c = c0 + tl.arange(0, BLOCK_C)
@@ -61,11 +66,16 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SL
         v = tl.where(v == v, v, float("-inf"))  # NaN: not scored, as the torch reference says
         block_max = tl.max(v, axis=1)
         observed = block_max > float("-inf")
+        pooled = block_max
+        for _ in range(1, rank):  # drop one best entry, keep the next while one is left
+            v = tl.where(e[None, :] == tl.argmax(v, axis=1)[:, None], float("-inf"), v)
+            after = tl.max(v, axis=1)
+            pooled = tl.where(after > float("-inf"), after, pooled)
         if TOPK_HITS:
             hits = tl.load(PENDING_HITS + row + block, mask=observed, other=0)
             x = (hits.to(tl.float64) / E).to(tl.float32)
         else:
-            safe = tl.where(observed, block_max, 0.0)  # unobserved lanes are not stored
+            safe = tl.where(observed, pooled, 0.0)  # unobserved lanes are not stored
             ratio = (safe.to(tl.float64) - kth) / spread
             squash = tl.where(ratio >= 0.0, 1.0, 1.0 - ratio)  # r ≥ 0: r; else r / (1 - r)
             x = (ratio / squash).to(tl.float32)
@@ -95,8 +105,9 @@ def launch(owner, S, layer, next_n, scored, topk, visible):
     # over the GPU.
     chunk = o.width if topk_hits else max(1, o.observe_chunk_blocks)
     observe_kernel[(rows, triton.cdiv(o.width, chunk))](
-        scored, scored.stride(0), topk, topk.stride(0), blocks, visible.contiguous(), S,
+        scored, scored.stride(0), topk, topk.stride(0), blocks, visible.contiguous(), S, o._pool_rank,
         o._pending_x, o._pending_hits, o._pending_newest, layer, o.num_layers, o.max_next_n,
         o.max_blocks, o.width, k, next_n, chunk,
         E=o.block_entries, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
-        HITS=o._needs_hits, TOPK_HITS=topk_hits, num_warps=4, enable_fp_fusion=False)
+        HITS=o._needs_hits, TOPK_HITS=topk_hits, DEEP=o._deep_pool, num_warps=4,
+        enable_fp_fusion=False)

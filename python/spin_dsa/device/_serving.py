@@ -73,6 +73,21 @@ def budget_blocks(config, n):
     return np.where(n <= 0, 0, b)
 
 
+def pool_ranks(config, n, explores):
+    """Max pooling's rank per block count in the int64 array n (src/predict/pooling.cpp
+    pool_rank; 1 for a predictor outside spin's family): ceil(pool_depth · topk / budget) in
+    float64, within [1, block entries]."""
+    budget = budget_blocks(config, n)
+    entries = int(config["page_size"]) * int(config["block_pages"])
+    depth = float(config["pool_depth"])
+    if not explores or depth <= 0.0:
+        return np.ones_like(budget)
+    with np.errstate(divide="ignore"):
+        m = np.ceil(depth * float(int(config["topk"])) / budget.astype(np.float64))
+    m = np.where(budget > 0, m, 1.0)
+    return np.clip(m, 1, entries).astype(np.int64)
+
+
 def offset_buckets(d):
     """src/predict/block_state.cpp offset_bucket for every distance in the int64 array d ≥ 0:
     exact below 64, four log-spaced buckets per octave above."""
@@ -212,6 +227,10 @@ class Serving:
         widest = n_max if self._fill == "all" else max(int(budget[n_max]), self.dense_blocks)
         self.width = min(n_max, self.max_next_n * widest)
         dev = self.device
+        # Max pooling's rank per block count (PredictorConfig::pool_depth; 1 outside spin's family).
+        rank = pool_ranks(c, n, self._explores)
+        self._pool_rank = torch.from_numpy(rank.astype(np.int32)).to(dev)
+        self._deep_pool = self.config["pooling"] == "max" and int(rank.max()) > 1
         self._n_explore = torch.from_numpy(explore).to(dev)
         self._n_history = torch.from_numpy(history).to(dev)
         self._keep_all = torch.from_numpy(keep_all).to(dev)
@@ -516,7 +535,8 @@ class Serving:
             topk = topk[:, :k].long()
         blocks = self._sel_blocks[S, layer].long().repeat_interleave(next_n, dim=0)
         values = scored[:, :self.width * E].reshape(rows, self.width, E)
-        x, hits = _pool(values, blocks, visible, topk, k, E, self.config["pooling"])
+        x, hits = _pool(values, blocks, visible, topk, k, E, self.config["pooling"],
+                        self._row_rank(visible))
         self._store_pending(S, layer, next_n, blocks, x, hits, visible)
 
     def prefill(self, slots, layer, seq_lens, logits):
@@ -535,12 +555,18 @@ class Serving:
         values[:, :n_cols] = logits[:, :n_cols]
         blocks = self._block_ids[:n_blocks].expand(batch, -1)
         x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None,
-                        int(self.config["topk"]), E, self.config["pooling"])
+                        int(self.config["topk"]), E, self.config["pooling"], self._row_rank(visible))
         self._mark_selected(S, torch.full_like(S, layer))
         self._prefill_open.index_fill_(0, S, True)  # its commit measures no churn (the library's)
         self._open_next_n.index_fill_(0, S, 1)
         self._visible[S, layer, 0] = visible
         self._store_pending(S, layer, 1, blocks, x, hits, visible)
+
+    def _row_rank(self, visible):
+        """Max pooling's rank for rows seeing `visible` entries; None where every rank is 1."""
+        if not self._deep_pool:
+            return None
+        return self._pool_rank[-(-visible // self.block_entries)].long()
 
     def _store_pending(self, S, layer, next_n, blocks, x, hits, visible):
         """Pooled rows → the open step's pending rows of (slot, layer): x at the observed blocks,
@@ -706,11 +732,11 @@ def _rank_keys(p, block_ids):
     return (0xFFFFFFFF - order - (1 << 31)) * (1 << 32) + block_ids
 
 
-def _pool(values, blocks, visible, topk, k, E, pooling):
+def _pool(values, blocks, visible, topk, k, E, pooling, rank=None):
     """Pools rows of compact logits as src/predict/pooling.cpp does with max (or topk-hits)
     pooling: values [rows, C, E], blocks [rows, C] (-1 padded), visible [rows], topk [rows, k]
-    compact columns or None. Returns x float32 [rows, C] (NaN: block not observed) and the
-    block's top-k hits [rows, C]."""
+    compact columns or None, rank [rows] max pooling's rank or None (1: the block's best).
+    Returns x float32 [rows, C] (NaN: block not observed) and the block's top-k hits [rows, C]."""
     rows, C = blocks.shape
     col = torch.arange(E, device=values.device)
     position = blocks.unsqueeze(-1) * E + col
@@ -753,6 +779,16 @@ def _pool(values, blocks, visible, topk, k, E, pooling):
         x = (hits.double() / torch.full((), float(E), dtype=torch.float64,
                                         device=hits.device)).float()
     else:
-        r = (block_max.double() - kth.unsqueeze(1)) / spread.unsqueeze(1)
+        pooled = block_max if rank is None else _ranked_max(v, rank)
+        r = (pooled.double() - kth.unsqueeze(1)) / spread.unsqueeze(1)
         x = torch.where(r >= 0, r, r / (1.0 - r)).float()
     return torch.where(observed, x, float("nan")), torch.where(observed, hits, 0)
+
+
+def _ranked_max(v, rank):
+    """Each block's rank-th largest scored value (the smallest when it has fewer; -inf when it has
+    none): v [rows, C, E] with -inf for unscored entries, rank [rows] (pooling.cpp ranked_max)."""
+    ordered = v.sort(dim=-1, descending=True).values
+    scored = (v > float("-inf")).sum(dim=-1)
+    at = (torch.minimum(rank.view(-1, 1), scored) - 1).clamp(min=0)
+    return ordered.gather(-1, at.unsqueeze(-1)).squeeze(-1)

@@ -29,7 +29,8 @@ SELECT_POINTERS = dict(
     SHARE="*fp64", BUDGET="*i64", LEFT="*i64", OUT="*i32", COUNTS="*i32", w="fp32",
     one_minus_w="fp32")
 OBSERVE_POINTERS = dict(
-    SCORED="*fp32", TOPK="*i32", BLOCKS="*i32", VISIBLE="*i64", SLOT="*i64", PENDING_X="*fp32",
+    SCORED="*fp32", TOPK="*i32", BLOCKS="*i32", VISIBLE="*i64", SLOT="*i64", RANK="*i32",
+    PENDING_X="*fp32",
     PENDING_HITS="*i32", PENDING_NEWEST="*i64")
 COMMIT_POINTERS = dict(
     SLOT="*i64", LAST="*i64", SELECTED="*u8", STEP="*i64", PENDING_X="*fp32",
@@ -84,11 +85,13 @@ def main():
             assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, \
                 f"select ({name}): a fused multiply-add"
             compiled += 1
-    for hits, topk_hits, topk_type in ((False, False, "*i32"), (True, False, "*i64"),
-                                       (True, True, "*i32")):
+    for hits, topk_hits, topk_type, deep in ((False, False, "*i32", False),
+                                             (True, False, "*i64", False),
+                                             (True, False, "*i32", True),  # spin's pool_depth
+                                             (True, True, "*i32", False)):
         ptx = compile_ptx(_observe_kernel.observe_kernel, dict(OBSERVE_POINTERS, TOPK=topk_type),
                           dict(E=64, BLOCK_C=64, BLOCK_K=2048, HITS=hits,
-                               TOPK_HITS=topk_hits),
+                               TOPK_HITS=topk_hits, DEEP=deep),
                           num_warps=4, enable_fp_fusion=False)
         assert "div.rn.f64" in ptx and "div.approx" not in ptx, "observe: not IEEE division"
         assert "fma.rn.f64" not in ptx, "observe: a fused multiply-add"

@@ -199,8 +199,9 @@ def test_every_device_predictor_matches_the_library(predictor):
     {"mtp_update": "row0"}, {"mtp_update": "all-rows"},
     {"pooling": "topk-hits", "alpha": 0.25, "beta": 0.5, "seed": 12345},
     {"explicit_budget_blocks": 9, "block_pages": 2},
-    {"topk_first": 0, "explore_churn": 0.0, "recent_blocks": 0},  # the paper's spin
+    {"topk_first": 0, "explore_churn": 0.0, "recent_blocks": 0, "pool_depth": 0.0},  # the paper's
     {"recent_blocks": 40, "explore_churn": 0.5},
+    {"pool_depth": 1.0},  # m up to E: every block observed by a deep entry
 ])
 def test_spin_ablations_match_the_library(config):
     run_both("spin", dict({"target_sparsity": 0.7, "topk": 32}, **config), seed=7, next_n=3,
@@ -221,7 +222,8 @@ def test_compressed_rows_match_the_library():
     ("spin", {"combine": "max", "sink_blocks": 0, "local_blocks": 1}, 2),
     ("step-reuse", {}, 2), ("random", {}, 1), ("ema-offset", {}, 1), ("all-keep", {}, 2),
     ("spin", {"pooling": "topk-hits", "mtp_update": "all-rows"}, 2),
-    ("spin", {"topk_first": 0, "explore_churn": 0.0, "recent_blocks": 0}, 1),
+    ("spin", {"topk_first": 0, "explore_churn": 0.0, "recent_blocks": 0, "pool_depth": 0.0}, 1),
+    ("spin", {"pool_depth": 1.0}, 2),
 ])
 def test_the_triton_kernels_match_the_library(predictor, config, next_n):
     pytest.importorskip("triton")

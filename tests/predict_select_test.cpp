@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -189,6 +190,39 @@ TEST(PredictSelect, TopkFirstRanksTheLastTopkBlocks) {
   Selection sel;
   ASSERT_TRUE(q->select(0, {2, 80, 1}, &sel).ok());
   EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 1, 5, 17, 18, 19}));
+}
+
+// topk_first orders blocks of equal hits by their own rank (in eighths, hit_tie_level), where
+// step-reuse keeps the lower index.
+TEST(PredictSelect, TopkFirstBreaksHitTiesByHistory) {
+  std::vector<float> v(80, 0.0f);
+  v[20] = v[21] = 5;   // block 5: two of the top-k (4), at the k-th score: x 0
+  v[36] = v[37] = 10;  // block 9: the other two, at the row's max: x 1
+  PredictorConfig c = base_config();
+  c.explore_ratio = 0;
+  c.recent_blocks = 0;
+  c.explicit_budget_blocks = 6;  // the 5 forced blocks and one ranked
+  for (const char* name : {"spin", "step-reuse"}) {
+    auto p = make(name, c);
+    observe_all(*p, 0, v, 80);
+    Selection sel;
+    ASSERT_TRUE(p->select(0, {1, 80, 1}, &sel).ok());
+    const int32_t ranked = std::string(name) == "spin" ? 9 : 5;
+    EXPECT_EQ(sel.row_blocks[0], (std::vector<int32_t>{0, 1, ranked, 17, 18, 19})) << name;
+  }
+}
+
+TEST(PredictSelect, HitTieLevelsAreQuartersOfTheRank) {
+  EXPECT_EQ(PredictorBase::hit_tie_level(-5.0f), 0.0f);  // unknown blocks' defaults and below
+  EXPECT_EQ(PredictorBase::hit_tie_level(-1.0f), 0.0f);
+  EXPECT_EQ(PredictorBase::hit_tie_level(-0.75f), 0.125f);
+  EXPECT_EQ(PredictorBase::hit_tie_level(-0.01f), 0.375f);
+  EXPECT_EQ(PredictorBase::hit_tie_level(0.0f), 0.5f);
+  EXPECT_EQ(PredictorBase::hit_tie_level(0.99f), 0.875f);
+  EXPECT_EQ(PredictorBase::hit_tie_level(524288.0f), 0.875f);  // a raised newest block: the top level
+  EXPECT_EQ(PredictorBase::hit_tie_level(std::numeric_limits<float>::quiet_NaN()), 0.0f);
+  // Exact above 2^20: every hit count and level is its own float.
+  EXPECT_EQ(1048576.0f + 1048575.0f + 0.875f, 2097151.875f);
 }
 
 // recent_blocks: the newest blocks rank after the last top-k's blocks, newest first, above a block

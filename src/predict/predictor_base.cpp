@@ -89,10 +89,21 @@ void PredictorBase::rank_by_layer_topk(const RowContext& row, int32_t full, floa
     if (obs->topk_hits[i] > 0) p[obs->blocks[i]] = static_cast<float>(obs->topk_hits[i]);
 }
 
-void PredictorBase::raise_previous_topk(const RowContext& row, float base, float* p) const {
+void PredictorBase::raise_previous_topk(const RowContext& row, float base, HitTies ties, float* p) const {
   const Layer& l = layers_[static_cast<size_t>(row.layer)];
-  for (size_t i = 0; i < l.prev_topk_blocks.size() && l.prev_topk_blocks[i] < row.n_blocks; ++i)
-    p[l.prev_topk_blocks[i]] = base + static_cast<float>(l.prev_topk_hits[i]);
+  for (size_t i = 0; i < l.prev_topk_blocks.size() && l.prev_topk_blocks[i] < row.n_blocks; ++i) {
+    float& v = p[l.prev_topk_blocks[i]];
+    if (ties == HitTies::kIndex) {
+      v = base + static_cast<float>(l.prev_topk_hits[i]);
+    } else {  // only one block can hold 2^20 hits, so the cap never reorders two
+      v = base + static_cast<float>(std::min(l.prev_topk_hits[i], (1 << 20) - 1)) + hit_tie_level(v);
+    }
+  }
+}
+
+float PredictorBase::hit_tie_level(float p) {
+  const float quarter = std::floor((p + 1.0f) * 4.0f);  // NaN fails the test below: level 0
+  return (quarter > 0.0f ? std::min(quarter, 7.0f) : 0.0f) * 0.125f;
 }
 
 const BlockState& PredictorBase::state(int32_t layer) const {

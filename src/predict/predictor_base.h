@@ -44,6 +44,9 @@ class PredictorBase : public BlockPredictor {
   // Blocks nothing is known about rank below every observed x (x ≥ -1), newest first: -2 - d is
   // exact in float for distances below 2^24 blocks (2^30 entries at page 64).
   static float unknown_score(int64_t distance) { return -2.0f - static_cast<float>(distance); }
+  // p's tie level among blocks of equal hits: p in quarters of [-1, 1] (a max-pooled x's range;
+  // the newest blocks' raised ranks land in the top one), as 0, 1/8, ..., 7/8.
+  static float hit_tie_level(float p);
 
  protected:
   enum class Fill {
@@ -119,11 +122,17 @@ class PredictorBase : public BlockPredictor {
   // p = the recency default, raised to the hit count of every block holding `full`'s top-k of
   // this step (same row): most hits first.
   void rank_by_layer_topk(const RowContext& row, int32_t full, float* p) const;
+  // How raise_previous_topk orders blocks with the same hit count.
+  enum class HitTies {
+    kIndex,  // the lower block first (selection's tie rule): step-reuse
+    kRank,   // the higher p first, in eighths (hit_tie_level): spin's topk_first
+  };
   // p[b] = base + hits for every block b < row.n_blocks that held the last committed step's top-k
   // of the row's layer (from the last replayed row): those blocks rank by their hit count, most
   // first, above every p below `base` (step-reuse: base 0 over the recency default; spin's
-  // topk_first: above its EMA ranking).
-  void raise_previous_topk(const RowContext& row, float base, float* p) const;
+  // topk_first: above its EMA ranking). HitTies::kRank adds hit_tie_level(p[b]) and caps hits at
+  // 2^20 - 1: exact in float32 for base = 2^20, where floats step by 1/8.
+  void raise_previous_topk(const RowContext& row, float base, HitTies ties, float* p) const;
   // The step's inputs beyond own state; all null when the caller passed none.
   static const PredictorInputs& inputs_of(const StepInput& in) {
     static const PredictorInputs kNone;

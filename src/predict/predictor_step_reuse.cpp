@@ -17,7 +17,7 @@ class StepReusePredictor final : public PredictorBase {
  protected:
   Status rank(const RowContext& row, float* p) override {
     fill_unknown(p, row.n_blocks);
-    raise_previous_topk(row, 0.0f, p);
+    raise_previous_topk(row, 0.0f, HitTies::kIndex, p);
     return ok_status();
   }
   std::unique_ptr<PredictorBase> clone() const override {

@@ -141,8 +141,12 @@ def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COU
                 # recent_blocks (0 but for spin's family): newest first below the last top-k
                 # (kRecentBase = 2^19)
                 p = tl.where(d < recent, 524288.0 - d.to(tl.float32), p)
-                if TOPK_FIRST:  # above every p, most hits first (kTopkFirstBase = 2^20)
-                    p = tl.where(hits > 0, 1048576.0 + hits.to(tl.float32), p)
+                if TOPK_FIRST:  # above every p, most hits first (kTopkFirstBase = 2^20), ties by
+                    # p in eighths (PredictorBase::hit_tie_level; hits capped at 2^20 - 1)
+                    quarter = tl.floor((p + 1.0) * 4.0)
+                    level = tl.where(quarter > 0, tl.minimum(quarter, 7.0), 0.0) * 0.125
+                    raised = (1048576.0 + tl.minimum(hits, 1048575).to(tl.float32)) + level
+                    p = tl.where(hits > 0, raised, p)
             chosen = chosen | _smallest(_rank_value(p), candidate, n_history)
         keep_all = tl.load(KEEP_ALL + n) != 0
         chosen = tl.where(keep_all, valid, chosen)

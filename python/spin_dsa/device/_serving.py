@@ -54,7 +54,14 @@ _INT64_MAX = (1 << 63) - 1
 _OFFSET_SCALE = 2.0 ** 30  # src/predict/block_state.h kOffsetMeanScale
 _TOPK_FIRST_BASE = 1048576.0  # src/predict/predictor_ema.cpp kTopkFirstBase (2^20)
 _RECENT_BASE = 524288.0  # src/predict/predictor_ema.cpp kRecentBase (2^19)
+_TOPK_HITS_CAP = (1 << 20) - 1  # PredictorBase::raise_previous_topk under HitTies::kRank
 _CHURN_KEEP, _CHURN_WEIGHT = 0.8, 0.2  # src/predict/budget_moves.h kChurnEma{Keep,Weight}
+
+
+def _hit_tie_level(p):
+    """PredictorBase::hit_tie_level: p in quarters of [-1, 1], as 0, 1/8, ..., 7/8 (NaN: 0)."""
+    quarter = torch.floor((p + 1.0) * 4.0)
+    return torch.where(quarter > 0, quarter.clamp(max=7.0), 0.0) * 0.125
 
 
 def budget_blocks(config, n):
@@ -488,8 +495,9 @@ class Serving:
             p = torch.where(known_slot & known_offset, both, p)
         if self._recent > 0:  # kRecentBase - distance, newest first (predictor_ema.cpp)
             p = torch.where(d < self._recent, _RECENT_BASE - d.to(torch.float32), p)
-        if self._topk_first:  # above every p, most hits first (kTopkFirstBase, predictor_ema.cpp)
-            p = torch.where(hits > 0, _TOPK_FIRST_BASE + hits.to(torch.float32), p)
+        if self._topk_first:  # above every p, most hits first, ties by p (kTopkFirstBase, predictor_ema.cpp)
+            raised = (_TOPK_FIRST_BASE + hits.clamp(max=_TOPK_HITS_CAP).to(torch.float32)) + _hit_tie_level(p)
+            p = torch.where(hits > 0, raised, p)
         return p
 
     def _compact_ids(self, union):

@@ -349,6 +349,47 @@ TEST(Cli, ScoreTracesConvertReplayAndRefuseHisa) {
   EXPECT_EQ(WEXITSTATUS(hisa.status), 2);  // a command line that cannot be run on this input
 }
 
+// `replay --topk K` measures at top-k K: the same numbers as the trace rewritten with topk K in its
+// metadata (the truth is the top-K of the same scores), and a --set topk that contradicts K fails.
+TEST(Cli, ReplayReadsATraceAtAnotherTopk) {
+  Workspace ws;
+  const RunResult conv = ws.run({"trace", "convert", "t.st", "--to", "scores", "--out", "s.st"});
+  ASSERT_TRUE(WIFEXITED(conv.status) && WEXITSTATUS(conv.status) == 0) << conv.err;
+  auto r = TraceReader::open(ws.file("s.st"));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ScoreTrace at8 = r->to_score_trace();
+  ASSERT_EQ(at8.meta.topk, 4);
+  at8.meta.topk = 8;
+  ASSERT_TRUE(write_score_trace(at8, ws.file("s8.st")).ok());
+  ws.keep_current_files();
+  const auto replay_json = [&](std::vector<std::string> args, const std::string& out) {
+    for (const char* a : {"--predictor", "spin", "--sparsity", "0.5", "--json"}) args.emplace_back(a);
+    args.push_back(out);
+    const RunResult res = ws.run(args);
+    EXPECT_TRUE(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0) << joined(args) << "\n" << res.err;
+    return nlohmann::json::parse(read_file(ws.file(out)));
+  };
+  for (const char* trace : {"s.st", "t.st"}) {  // a score trace, and a key trace scored by the indexer
+    const nlohmann::json own = replay_json({"replay", trace}, "own.json");
+    const nlohmann::json at_8 = replay_json({"replay", trace, "--topk", "8"}, "k8.json");
+    EXPECT_NE(own["recall_mean"], at_8["recall_mean"]) << trace << ": --topk changed nothing";
+    if (std::string(trace) == "s.st") {
+      const nlohmann::json rewritten = replay_json({"replay", "s8.st"}, "s8.json");
+      for (const char* key : {"recall_mean", "miss_p99", "sparsity_mean", "work_fraction", "config"})
+        EXPECT_EQ(at_8[key], rewritten[key]) << key;
+    }
+  }
+  const std::vector<Case> cases = {
+      {{"replay", "s.st", "--topk", "0"}, "--topk: 0 is outside 1..65536"},
+      {{"replay", "s.st", "--topk", "8", "--set", "topk=4"}, "--set topk=4 contradicts the trace, whose topk is 8"},
+  };
+  for (const Case& c : cases) {
+    const RunResult res = ws.run(c.args);
+    EXPECT_TRUE(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 2) << joined(c.args) << "\n" << res.err;
+    EXPECT_NE(res.err.find(c.needle), std::string::npos) << joined(c.args) << "\ngot: " << res.err;
+  }
+}
+
 // The same checks hold when the output is valid: a link is written through, never replaced.
 TEST(Cli, OutputsFollowLinksAndNeverReplaceThem) {
   Workspace ws;

@@ -23,6 +23,7 @@ struct ReplayArgs {
   ReplayOptions options;
   bool cold_start = false;
   bool decode_jumps = false;
+  int32_t topk = 0;  // --topk: 0 = the trace's own
   // Config fields set on the command line, in order: --sparsity, --explore, --pooling and
   // --mtp-update are spelled as the config keys they set, so the library checks them all alike.
   struct Field {
@@ -47,9 +48,11 @@ Status apply_config(ReplayArgs& a) {
   return ok_status();
 }
 
-// page_size and topk come from the trace; a different value on the command line is refused.
+// page_size and topk come from the trace (topk from --topk where given); a different value on the
+// command line is refused.
 Status check_against_trace(const ReplayArgs& a, const TraceMeta& meta) {
-  const std::map<std::string, int32_t> from_trace = {{"page_size", meta.page_size}, {"topk", meta.topk}};
+  const int32_t topk = a.topk > 0 ? a.topk : meta.topk;
+  const std::map<std::string, int32_t> from_trace = {{"page_size", meta.page_size}, {"topk", topk}};
   for (const auto& [flag, key, value] : a.fields) {
     const auto it = from_trace.find(key);
     if (it == from_trace.end()) continue;
@@ -57,7 +60,7 @@ Status check_against_trace(const ReplayArgs& a, const TraceMeta& meta) {
     if (mine != it->second) {
       return invalid_argument_status(fmt::format(
           "{} {}={} contradicts the trace, whose {} is {} (replay measures against the trace's own "
-          "top-k and page layout; drop the flag)",
+          "top-k, or --topk's, and page layout; drop the flag, or use --topk for another top-k)",
           flag, key, value, key, it->second));
     }
   }
@@ -109,6 +112,7 @@ int run_replay_command(ReplayArgs& a) {
   const int32_t next_n = reader->meta().next_n;
   Progress progress;
   ScoreOptions so;
+  so.topk = a.topk;
   so.progress = [&](int64_t d, int64_t t) {
     progress.update(score_only ? "top-k of the recorded scores" : "scoring (all-keep)",
                     0.5 * static_cast<double>(d) / static_cast<double>(t));
@@ -153,6 +157,10 @@ std::vector<Command> add_replay_command(CLI::App& app) {
   field("--explore", "explore_ratio", "exploration share of the budget, in [0, 1]");
   field("--pooling", "pooling", "max | mean | topk-hits | lse");
   field("--mtp-update", "mtp_update", "prefix | row0 | all-rows");
+  cmd->add_option("--topk", a->topk,
+                  "measure at this top-k instead of the trace's own: the truth is the top-k of the same scores "
+                  "(a top-k 256 recording read at DSA's 2048)")
+      ->check(int_range(1, kTraceMaxTopk));
   cmd->add_flag("--open-loop", a->options.open_loop, "the predictor sees every step's full scores");
   cmd->add_flag("--cold-start", a->cold_start, "do not give step 0's full scores (prefill) to the predictor");
   cmd->add_flag("--decode-jumps", a->decode_jumps,

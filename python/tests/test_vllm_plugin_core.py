@@ -133,3 +133,27 @@ def test_record_mode_writes_exact_score_traces(tmp_path):
     np.testing.assert_array_equal(r.ctx_len, [700, 701, 702])
     for s in range(3):
         np.testing.assert_array_equal(r.scores(0)[s, 0, :700 + s], written[s])
+
+
+def test_record_mode_writes_the_trace_when_next_n_changes(tmp_path):
+    # A trace has one next_n: when the engine turns MTP on mid-request, the steps recorded so far
+    # are written (and the request is recorded no more), not dropped.
+    rt = _runtime(record={"dir": str(tmp_path), "requests": ["a"], "layers": [0], "max_steps": 10})
+    seq = np.array([300])
+    written = []
+    for step, next_n in enumerate([1, 1, 2, 2]):
+        rt.begin_step(["a"])
+        for layer in range(2):
+            rt.select(layer, seq, next_n)
+            logits = _scores(next_n, int(seq.max()), 10 * step + layer)
+            if layer == 0 and next_n == 1:
+                written.append(logits[0, :seq[0]].copy())
+            rt.observe(layer, logits, None)
+        assert rt.recorder.recording("a") == (next_n == 1)
+        seq = seq + next_n
+    assert rt.recorder.written == [str(tmp_path / "a.safetensors")]
+    r = spin_dsa.open_trace(rt.recorder.written[0])
+    assert (r.steps, r.meta["next_n"]) == (2, 1)
+    np.testing.assert_array_equal(r.ctx_len, [300, 301])
+    for s in range(2):
+        np.testing.assert_array_equal(r.scores(0)[s, 0, :300 + s], written[s])

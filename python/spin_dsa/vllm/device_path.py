@@ -232,8 +232,9 @@ class DeviceRuntime:
                 self.recorder.end_step(rid, self.page_size, self.topk)
                 self._record_open.discard(rid)
             if i < decodes and self.recorder.recording(rid):
-                self.recorder.open_step(rid, int(L), next_n)
-                self._record_open.add(rid)
+                self.recorder.open_step(rid, int(L), next_n, self.page_size, self.topk)
+                if self.recorder.recording(rid):  # a next_n change ends (and writes) the trace
+                    self._record_open.add(rid)
 
     def _record_rows(self, layer, md, plan, q_quant, weights, kv_cache):
         """Every visible entry of each recorded decode row (spin's Triton kernel on a GPU),

@@ -96,12 +96,12 @@ class ScoreRecorder:
         t = self._live.get(request_id)
         return t is not None and not t["done"]
 
-    def open_step(self, request_id: str, seq_len: int, next_n: int):
+    def open_step(self, request_id: str, seq_len: int, next_n: int, page_size: int, topk: int):
         t = self._live[request_id]
         if t["next_n"] is None:
             t["next_n"] = next_n
-        if next_n != t["next_n"]:  # a trace has one next_n: keep what was recorded
-            self._finish(request_id)
+        if next_n != t["next_n"]:  # a trace has one next_n: write what was recorded, then stop
+            self._write(request_id, page_size, topk)
             return
         t["ctx_len"].append(int(seq_len))
         t["accepted"].append(0)
@@ -273,7 +273,7 @@ class SpinRuntime:
         if self.recorder is not None:
             for i, rid in enumerate(self._batch[:len(slots)]):
                 if self.recorder.recording(rid):
-                    self.recorder.open_step(rid, int(seq_lens[i]), next_n)
+                    self.recorder.open_step(rid, int(seq_lens[i]), next_n, self.page_size, self.topk)
 
     def select(self, layer: int, seq_lens, next_n: int) -> tuple[np.ndarray, np.ndarray]:
         """Blocks to score for the batch's first len(seq_lens) requests: (block ids int32 sorted

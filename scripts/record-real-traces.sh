@@ -34,13 +34,17 @@ if [[ "$cmd" == quality-indexer ]]; then
   # The C++ predictors (spin, hisa, ...) run through the spin_dsa bindings, which the recorder's
   # .venv does not build: a separate venv with the pinned requirements plus this tree's spin_dsa.
   qpy="$(./scripts/quality-env.sh | tail -n1)"
-  # One BLAS thread: the decode is thousands of small products, which a contended 2-core machine
-  # runs faster on one thread than on two.
+  # One BLAS thread for the quality decodes (both signals): thousands of small products, which a
+  # contended 2-core machine runs faster on one thread than on two.
   OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" \
     exec "$qpy" -m spin_record quality --signal indexer "$@"
 fi
 py="$(./scripts/python-env.sh | tail -n1)"
-"$py" -m spin_record "$cmd" "$@"
+if [[ "$cmd" == quality ]]; then
+  OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" "$py" -m spin_record quality "$@"
+else
+  "$py" -m spin_record "$cmd" "$@"
+fi
 if (( keys )); then
   "$py" -m spin_record distill
 fi

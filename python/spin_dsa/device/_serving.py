@@ -64,6 +64,12 @@ def _hit_tie_level(p):
     return torch.where(quarter > 0, quarter.clamp(max=7.0), 0.0) * 0.125
 
 
+def blocks_for_entries(entries, block_entries):
+    """The library's blocks_for_entries, ceil(entries / block_entries), for an int, a numpy array
+    or a tensor alike."""
+    return -(-entries // block_entries)
+
+
 def budget_blocks(config, n):
     """The library's budget_blocks (src/predict/config.cpp) for every block count in the int64
     array n at once, with the same float64 arithmetic: ceil((1 - s)·n - 1e-9) or the explicit
@@ -74,17 +80,16 @@ def budget_blocks(config, n):
     else:
         b = np.ceil((1.0 - config["target_sparsity"]) * n.astype(np.float64) - 1e-9).astype(np.int64)
     entries = int(config["page_size"]) * int(config["block_pages"])
-    for_topk = -(-int(config["topk"]) // entries)
+    for_topk = blocks_for_entries(int(config["topk"]), entries)
     forced = np.minimum(n, int(config["sink_blocks"]) + int(config["local_blocks"]))
     b = np.minimum(np.maximum(np.maximum(b, for_topk), forced), n)
     return np.where(n <= 0, 0, b)
 
 
-def pool_ranks(config, n, explores):
-    """Max pooling's rank per block count in the int64 array n (src/predict/pooling.cpp
-    pool_rank; 1 for a predictor outside spin's family): ceil(pool_depth · topk / budget) in
-    float64, within [1, block entries]."""
-    budget = budget_blocks(config, n)
+def pool_ranks(config, budget, explores):
+    """Max pooling's rank per budget in the int64 array budget (budget_blocks' of each block count;
+    src/predict/pooling.cpp pool_rank; 1 for a predictor outside spin's family):
+    ceil(pool_depth · topk / budget) in float64, within [1, block entries]."""
     entries = int(config["page_size"]) * int(config["block_pages"])
     depth = float(config["pool_depth"])
     if not explores or depth <= 0.0:
@@ -178,7 +183,7 @@ class Serving:
         self.max_entries, self.max_next_n = int(max_entries), int(max_next_n)
         self.compress_ratio = int(compress_ratio)
         self.block_entries = int(self.config["page_size"]) * int(self.config["block_pages"])
-        self.max_blocks = -(-self.max_entries // self.block_entries)
+        self.max_blocks = blocks_for_entries(self.max_entries, self.block_entries)
         (self._fill, self._use_slot, self._use_offset, self._explores, alpha_from_config,
          self._step_reuse) = _PARTS[predictor]
         alpha = self.config["alpha"] if alpha_from_config else 1.0
@@ -235,7 +240,7 @@ class Serving:
         self.width = min(n_max, self.max_next_n * widest)
         dev = self.device
         # Max pooling's rank per block count (PredictorConfig::pool_depth; 1 outside spin's family).
-        rank = pool_ranks(c, n, self._explores)
+        rank = pool_ranks(c, budget, self._explores)
         self._pool_rank = torch.from_numpy(rank.astype(np.int32)).to(dev)
         self._deep_pool = self.config["pooling"] == "max" and int(rank.max()) > 1
         self._n_explore = torch.from_numpy(explore).to(dev)
@@ -393,7 +398,7 @@ class Serving:
                 f"serving: {call}: next_n {next_n!r} is outside 1..max_next_n = {self.max_next_n}")
         next_n, batch, n_layers = int(next_n), S.shape[0], len(layers)
         visible = self._row_visible(seq_lens, next_n).clamp(max=self.max_entries)
-        n = -(-visible // self.block_entries)  # [batch, next_n] blocks each row sees
+        n = blocks_for_entries(visible, self.block_entries)  # [batch, next_n] blocks each row sees
         # Groups g = (layer, slot), layer-major: every layer's rows in one batch.
         S_g = S.repeat(n_layers)
         L_g = self._layer_groups(layers, batch)
@@ -557,7 +562,7 @@ class Serving:
         E, batch = self.block_entries, S.shape[0]
         visible = self._row_visible(seq_lens, 1).reshape(-1).clamp(max=self.max_entries)
         n_cols = min(logits.shape[1], self.max_entries)
-        n_blocks = -(-n_cols // E)
+        n_blocks = blocks_for_entries(n_cols, E)
         values = torch.full((batch, n_blocks * E), float("-inf"), dtype=torch.float32,
                             device=self.device)
         values[:, :n_cols] = logits[:, :n_cols]
@@ -574,7 +579,7 @@ class Serving:
         """Max pooling's rank for rows seeing `visible` entries; None where every rank is 1."""
         if not self._deep_pool:
             return None
-        return self._pool_rank[-(-visible // self.block_entries)].long()
+        return self._pool_rank[blocks_for_entries(visible, self.block_entries)].long()
 
     def _store_pending(self, S, layer, next_n, blocks, x, hits, visible):
         """Pooled rows → the open step's pending rows of (slot, layer): x at the observed blocks,
@@ -591,7 +596,7 @@ class Serving:
             row_hits.scatter_(1, target, hits.to(torch.int32))
             row_hits[:, N] = 0
             self._pending_hits[S, layer, :next_n] = row_hits.reshape(batch, next_n, N + 1)
-        newest = -(-visible // self.block_entries) - 1
+        newest = blocks_for_entries(visible, self.block_entries) - 1
         self._pending_newest[S, layer, :next_n] = newest.reshape(batch, next_n)
 
     def commit(self, slots, accepted=None):

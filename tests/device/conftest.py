@@ -7,8 +7,11 @@ be in the environment before triton is first imported, so it is set here, before
 loads (pytest imports conftest.py first).
 """
 import os
+import sys
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/host_sync.py
 
 torch = pytest.importorskip("torch", reason="the device-path tests need torch")
 

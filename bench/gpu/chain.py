@@ -121,7 +121,10 @@ class DeepGemm:
         try:
             import deep_gemm
         except Exception as e:  # noqa: BLE001 - any failure to import means "not available"
-            return None, f"not importable: {type(e).__name__}: {str(e)[:300]}"
+            causes = [e]
+            while causes[-1].__cause__ is not None and len(causes) < 4:   # torch's OSError wraps dlopen's
+                causes.append(causes[-1].__cause__)
+            return None, "not importable: " + " <- ".join(f"{type(c).__name__}: {str(c)[:300]}" for c in causes)
         if not any(hasattr(deep_gemm, n) for n in ("fp8_fp4_paged_mqa_logits", "fp8_paged_mqa_logits")):
             return None, "deep_gemm has no paged MQA logits entry point"
         return deep_gemm, f"deep_gemm {getattr(deep_gemm, '__version__', '?')} from {deep_gemm.__file__}"
@@ -232,7 +235,11 @@ def measure_case(env, ctx, batch, s, nn, max_layers=61):
     per_layer("topk_exact_us", lambda l: P.topk(compact_out, comp[l][1], k, clean=True))
     per_layer("topk_torch_us", lambda l: torch.topk(compact_out, k, dim=1))
     cols = P.topk(compact_out, comp[0][1], k, clean=True)
-    per_layer("remap_us", lambda l: positions.copy_(P.remap(cols, blocks[l], E)))
+    per_layer("remap_us", lambda l: P.remap(cols, blocks[l], E, out=positions))
+    # The torch references of compact and remap (before their Triton kernels): ratios in one run.
+    per_layer("compact_torch_us", lambda l: P.compact(blocks[l], counts[l], tables[l], seq_lens, nn,
+                                                      page_size=PAGE, use_triton=False))
+    per_layer("remap_torch_us", lambda l: P.remap(cols, blocks[l], E, out=positions, use_triton=False))
     if serving is not None:
         per_layer("observe_us", lambda l: serving.observe_scored(slots, l, compact_out, cols))
         step_plan(env, row, serving, slots, seq_lens, accepted, nn)
@@ -244,13 +251,13 @@ def measure_case(env, ctx, batch, s, nn, max_layers=61):
         top = topk_fn(out, n)
         if serving is not None:
             serving.observe_scored(slots, l, out, top)
-        positions.copy_(P.remap(top, blocks[l], E))
+        P.remap(top, blocks[l], E, out=positions)
 
     def spin_own(l):
         t, n = P.compact(blocks[l], counts[l], tables[l], seq_lens, nn, page_size=PAGE)
         if serving is not None:
             serving.observe_scored(slots, l, compact_out, cols)
-        positions.copy_(P.remap(cols, blocks[l], E))
+        P.remap(cols, blocks[l], E, out=positions)
         return t, n
 
     per_layer("dense_chain_triton_us",
@@ -361,7 +368,8 @@ def sweep_logits(env, make_inputs):
     base = L.launch_config(batch, 1, HEADS, ctx, device)
     shapes = [(base.block_n, base.num_warps, base.num_stages, base.tiles)]
     if device.type == "cuda":
-        for bn, warps, stages in ((128, 4, 3), (128, 4, 5), (128, 8, 4), (64, 4, 4), (64, 4, 6), (256, 8, 3)):
+        for bn, warps, stages in ((128, 4, 4), (128, 4, 3), (128, 8, 4), (64, 4, 4), (64, 4, 3), (64, 4, 5),
+                                  (64, 8, 4), (32, 4, 4), (256, 8, 3)):
             for tiles in (max(1, base.tiles * 128 // bn), max(1, base.tiles * 64 // bn)):
                 if (bn, warps, stages, tiles) not in shapes:
                     shapes.append((bn, warps, stages, tiles))

@@ -3,11 +3,12 @@
 # Triton and nvcc but no registry, installs what scripts/gpu-wheels.sh put in .whl/ (carried with
 # the working tree) and runs bench/gpu/run.py; arguments go to run.py. The package's Python comes
 # from this checkout (PYTHONPATH=python), only its compiled _core from the wheel, so the code
-# measured is the code committed. Results: $OUT/gpu.json and $OUT/gpu.log ($OUT defaults to
-# build/gpu-out). Exit status: run.py's.
+# measured is the code committed. Results: $OUT/NAME.json and $OUT/NAME.log (NAME: $SPIN_GPU_RUN,
+# default gpu; $OUT defaults to build/gpu-out). Exit status: run.py's.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-build/gpu-out}"
+name="${SPIN_GPU_RUN:-gpu}"
 mkdir -p "$out"
 site=/tmp/spin-gpu-site
 if ls .whl/sgl_deep_gemm-*.whl >/dev/null 2>&1; then
@@ -26,5 +27,5 @@ PY
 export LD_LIBRARY_PATH="$PWD/.whl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONPATH="$PWD/python:$site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-python3 bench/gpu/run.py --out "$out/gpu.json" "$@" 2>&1 | tee "$out/gpu.log"
+python3 bench/gpu/run.py --out "$out/$name.json" "$@" 2>&1 | tee "$out/$name.log"
 exit "${PIPESTATUS[0]}"

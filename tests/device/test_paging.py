@@ -81,7 +81,8 @@ def compact_loops(blocks, counts, block_table, seq_lens, next_n, bp, ps, cr):
 @pytest.mark.parametrize("ps,bp,next_n,cr", [(16, 1, 1, 1), (16, 2, 2, 1), (64, 1, 3, 1), (16, 2, 3, 4),
                                              (64, 2, 1, 1)])
 @pytest.mark.parametrize("garbage", [False, True])
-def test_compact_matches_loops(ps, bp, next_n, cr, garbage):
+@pytest.mark.parametrize("use_triton", [False, True] if HAVE_TRITON else [False])
+def test_compact_matches_loops(ps, bp, next_n, cr, garbage, use_triton):
     rng = np.random.default_rng(ps * 7 + bp * 3 + next_n + cr + garbage)
     seq_lens = [1, 700, ps * bp * 3, ps * bp * 3 + 1, 0 + next_n, 257]
     entries = [visible(s, next_n, next_n - 1, cr) for s in seq_lens]
@@ -92,12 +93,35 @@ def test_compact_matches_loops(ps, bp, next_n, cr, garbage):
                                       width=width, garbage_padding=garbage)
     sl = torch.tensor(seq_lens, dtype=torch.int64)
     t, lengths = P.compact(blocks.to(DEV), counts.to(DEV), table.to(DEV), sl.to(DEV), next_n,
-                           block_pages=bp, page_size=ps, compress_ratio=cr)
+                           block_pages=bp, page_size=ps, compress_ratio=cr, use_triton=use_triton)
     assert t.dtype == torch.int32 and lengths.dtype == torch.int32
     assert tuple(t.shape) == (len(seq_lens), blocks.shape[1] * bp)
     rt, rl = compact_loops(blocks.numpy(), counts.numpy(), table.numpy(), seq_lens, next_n, bp, ps, cr)
     np.testing.assert_array_equal(t.cpu().numpy(), rt)
     np.testing.assert_array_equal(lengths.cpu().numpy(), rl)
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="the Triton compact kernel needs triton")
+@pytest.mark.parametrize("next_n,bp,cr,width,dtype", [(1, 1, 1, 1300, torch.int32), (4, 2, 1, 700, torch.int64),
+                                                      (3, 1, 4, 517, torch.int32), (2, 2, 1, 1, torch.int64)])
+def test_compact_kernel_equals_the_torch_reference(next_n, bp, cr, width, dtype):
+    """The one-launch kernel against the torch ops bit for bit: widths across several tiles of the
+    kernel (TILE = 512 blocks) and a single block, garbage after counts and -1 inside them, empty
+    requests, rows past the table, int32 and int64 inputs."""
+    rng = np.random.default_rng(width + next_n)
+    ps, batch = 16, 5
+    E = ps * bp
+    max_pages = width * bp + 3
+    seq_lens = torch.tensor([0, 1, width * E * cr // 2, width * E * cr, 37], dtype=dtype)
+    blocks = torch.from_numpy(np.sort(rng.integers(-1, width + 5, (batch * next_n, width)), axis=1)).to(dtype)
+    counts = torch.from_numpy(rng.integers(0, width + 1, batch * next_n)).to(dtype)
+    table = torch.from_numpy(rng.permutation(batch * max_pages).reshape(batch, max_pages)).to(dtype)
+    args = [t.to(DEV) for t in (blocks, counts, table, seq_lens)]
+    kw = dict(block_pages=bp, page_size=ps, compress_ratio=cr)
+    want = P.compact(*args, next_n, use_triton=False, **kw)
+    got = P.compact(*args, next_n, use_triton=True, **kw)
+    for w, g in zip(want, got):
+        assert g.dtype == w.dtype and torch.equal(g.cpu(), w.cpu())
 
 
 def test_compact_lengths_are_a_prefix_of_the_compact_columns():
@@ -149,19 +173,38 @@ def test_deepgemm_1d_form_holds_when_the_newest_blocks_are_chosen(next_n, bp):
 # remap
 # --------------------------------------------------------------------------------------------
 
-def test_remap_matches_loops():
+@pytest.mark.parametrize("use_triton", [False, True] if HAVE_TRITON else [False])
+def test_remap_matches_loops(use_triton):
     rng = np.random.default_rng(4)
     E = 32
     blocks = torch.tensor([[0, 3, 9, -1], [2, 5, -1, -1]], dtype=torch.int32)
     cols = torch.from_numpy(rng.integers(-1, 3 * E, (2, 20)).astype(np.int32))
     cols[1, 5] = 2 * E + 1  # a column in a padding slot: -1
-    got = P.remap(cols.to(DEV), blocks.to(DEV), E).cpu()
+    got = P.remap(cols.to(DEV), blocks.to(DEV), E, use_triton=use_triton).cpu()
     for r in range(2):
         for i, c in enumerate(cols[r].tolist()):
             blk = int(blocks[r, c // E]) if c >= 0 else -1
             want = -1 if c < 0 or blk < 0 else blk * E + c % E
             assert int(got[r, i]) == want
     assert got.dtype == torch.int32
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="the Triton remap kernel needs triton")
+@pytest.mark.parametrize("rows,k,width,dtype", [(3, 2500, 40, torch.int64), (2, 1, 1, torch.int32), (4, 7, 9, torch.int32)])
+def test_remap_kernel_equals_the_torch_reference_and_writes_out(rows, k, width, dtype):
+    """Across several remap tiles (1024 columns), -1 slots inside the blocks, columns past the
+    width, int32 and int64; `out` is the buffer written (an engine's top-k buffer, strided)."""
+    rng = np.random.default_rng(rows * k)
+    E = 64
+    blocks = torch.from_numpy(np.sort(rng.integers(-1, 5000, (rows, width)), axis=1)).to(dtype)
+    cols = torch.from_numpy(rng.integers(-1, (width + 2) * E, (rows, k))).to(dtype)
+    want = P.remap(cols.to(DEV), blocks.to(DEV), E, use_triton=False)
+    buf = torch.full((rows, k + 5), 77, dtype=torch.int32, device=DEV)
+    got = P.remap(cols.to(DEV), blocks.to(DEV), E, use_triton=True, out=buf[:, :k])
+    assert torch.equal(got.cpu(), want.cpu()) and got.data_ptr() == buf.data_ptr()
+    assert (buf[:, k:] == 77).all()
+    with pytest.raises(ValueError, match="out: shape"):
+        P.remap(cols.to(DEV), blocks.to(DEV), E, out=buf)
 
 
 # --------------------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def visible_entries(seq_lens: torch.Tensor, next_n: int, compress_ratio: int = 1
 
 def compact(blocks: torch.Tensor, counts: torch.Tensor, block_table: torch.Tensor,
             seq_lens: torch.Tensor, next_n: int, block_pages: int = 1, page_size: int = 64,
-            compress_ratio: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+            compress_ratio: int = 1, *, use_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The compacted block table and the compacted per-row lengths.
 
     blocks: int32 ``[batch · next_n, width]`` logical block ids, ascending, -1 padded (every row
@@ -87,6 +87,9 @@ def compact(blocks: torch.Tensor, counts: torch.Tensor, block_table: torch.Tenso
     ``[batch · next_n]``: the entries row ``j`` sees in compact order, ``Σ_c min(E, max(0,
     visible_j - blocks[c]·E))``. Because blocks ascend, what a row sees is a prefix of the compact
     columns of that length (a partly visible block can only be the last one that is visible).
+
+    use_triton: one Triton launch (``_paging_kernel.py``; default: on CUDA tensors when triton
+    imports) instead of the torch ops below, which are its reference.
     """
     _check_tensor("blocks", blocks, _INDEX, 2)
     _check_tensor("counts", counts, _INDEX, 1)
@@ -102,6 +105,10 @@ def compact(blocks: torch.Tensor, counts: torch.Tensor, block_table: torch.Tenso
                          f"{next_n}), got blocks {tuple(blocks.shape)}, counts {tuple(counts.shape)}")
     if block_table.shape[0] != batch or block_table.shape[1] < 1:
         raise ValueError(f"block_table: expected [batch={batch}, max_pages >= 1], got {tuple(block_table.shape)}")
+    if _use_triton(use_triton, blocks):
+        from . import _paging_kernel
+        return _paging_kernel.compact(blocks, counts, block_table, seq_lens, next_n, block_pages, page_size,
+                                      compress_ratio, PAD_PAGE)
     entries = page_size * block_pages
     dev = blocks.device
     col = torch.arange(width, device=dev)
@@ -148,10 +155,15 @@ def deepgemm_context_lens(lengths: torch.Tensor, next_n: int, two_d: bool = True
     return per_row.contiguous() if two_d else per_row[:, -1].contiguous()
 
 
-def remap(topk_compact: torch.Tensor, blocks: torch.Tensor, block_entries: int) -> torch.Tensor:
+def remap(topk_compact: torch.Tensor, blocks: torch.Tensor, block_entries: int, *,
+          out: torch.Tensor | None = None, use_triton: bool | None = None) -> torch.Tensor:
     """Compact columns → request positions: ``blocks[row, c // E] · E + c % E`` with E =
     ``block_entries``; -1 (and any column whose block slot holds -1) stays -1. int32 ``[rows, k]``,
-    in the order given (ascending columns give ascending positions: blocks ascend)."""
+    in the order given (ascending columns give ascending positions: blocks ascend).
+
+    out: int32 ``[rows, k]`` to write into (an engine's top-k buffer), else a new tensor.
+    use_triton: one Triton launch (default: on CUDA tensors when triton imports); the torch ops
+    below are its reference."""
     _check_tensor("topk_compact", topk_compact, _INDEX, 2)
     _check_tensor("blocks", blocks, _INDEX, 2)
     _check_device(topk_compact.device, blocks=blocks)
@@ -159,11 +171,23 @@ def remap(topk_compact: torch.Tensor, blocks: torch.Tensor, block_entries: int) 
         raise ValueError(f"topk_compact: {topk_compact.shape[0]} rows, blocks has {blocks.shape[0]}")
     if block_entries < 1:
         raise ValueError("block_entries: must be >= 1")
+    if blocks.shape[1] < 1:
+        raise ValueError("blocks: width must be >= 1")
+    if out is not None:
+        _check_tensor("out", out, (torch.int32,), 2)
+        _check_device(topk_compact.device, out=out)
+        if tuple(out.shape) != tuple(topk_compact.shape):
+            raise ValueError(f"out: shape {tuple(out.shape)}, expected {tuple(topk_compact.shape)}")
+    if _use_triton(use_triton, topk_compact):
+        from . import _paging_kernel
+        if out is None:
+            out = torch.empty(topk_compact.shape, dtype=torch.int32, device=topk_compact.device)
+        return _paging_kernel.remap(topk_compact, blocks, block_entries, out)
     c = topk_compact.to(torch.int64)
     slot = (c.clamp_min(0) // block_entries).clamp_max(blocks.shape[1] - 1)
     blk = blocks.gather(1, slot).to(torch.int64)
-    pos = blk * block_entries + c % block_entries
-    return torch.where((c >= 0) & (blk >= 0), pos, -1).to(torch.int32)
+    pos = torch.where((c >= 0) & (blk >= 0), blk * block_entries + c % block_entries, -1).to(torch.int32)
+    return pos if out is None else out.copy_(pos)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,6 +229,10 @@ def _emit_torch(x: torch.Tensor, t: torch.Tensor, need: torch.Tensor, k: int) ->
     return out[:, :k]
 
 
+def _use_triton(use_triton: bool | None, t: torch.Tensor) -> bool:
+    return (t.is_cuda and _have_triton()) if use_triton is None else use_triton
+
+
 def _have_triton() -> bool:
     try:
         import triton  # noqa: F401
@@ -243,9 +271,7 @@ def topk(logits: torch.Tensor, lengths: torch.Tensor, k: int, *, use_triton: boo
         raise ValueError("logits: width must be >= 1")
     x = logits if clean else _masked_scores(logits, lengths)
     t, need = _threshold(x, k)
-    if use_triton is None:
-        use_triton = x.is_cuda and _have_triton()
-    if use_triton:
+    if _use_triton(use_triton, x):
         from ._topk_emit import emit
         return emit(x, t, need, k)
     return _emit_torch(x, t, need, k)

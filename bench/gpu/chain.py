@@ -242,22 +242,26 @@ def measure_case(env, ctx, batch, s, nn, max_layers=61):
     per_layer("remap_torch_us", lambda l: P.remap(cols, blocks[l], E, out=positions, use_triton=False))
     if serving is not None:
         per_layer("observe_us", lambda l: serving.observe_scored(slots, l, compact_out, cols))
+        per_layer("observe_remap_us", lambda l: serving.observe_scored(slots, l, compact_out, cols,
+                                                                       positions=positions))
         step_plan(env, row, serving, slots, seq_lens, accepted, nn)
 
     # The chains, Triton logits.
     def spin_layer(l, logits_fn, topk_fn):
         t, n = P.compact(blocks[l], counts[l], tables[l], seq_lens, nn, page_size=PAGE)
         out = logits_fn(t, n)
-        top = topk_fn(out, n)
+        observe_and_remap(l, out, topk_fn(out, n))
+
+    def observe_and_remap(l, scored, top):
+        # One launch with Serving (observe writes the engine's top-k buffer), else remap alone.
         if serving is not None:
-            serving.observe_scored(slots, l, out, top)
-        P.remap(top, blocks[l], E, out=positions)
+            serving.observe_scored(slots, l, scored, top, positions=positions)
+        else:
+            P.remap(top, blocks[l], E, out=positions)
 
     def spin_own(l):
         t, n = P.compact(blocks[l], counts[l], tables[l], seq_lens, nn, page_size=PAGE)
-        if serving is not None:
-            serving.observe_scored(slots, l, compact_out, cols)
-        P.remap(cols, blocks[l], E, out=positions)
+        observe_and_remap(l, compact_out, cols)
         return t, n
 
     per_layer("dense_chain_triton_us",
@@ -284,11 +288,16 @@ def measure_case(env, ctx, batch, s, nn, max_layers=61):
 def step_plan(env, row, serving, slots, seq_lens, accepted, nn):
     """Once per step: every layer's selection in one call and the step's commit (every layer
     selected, every draft accepted: commit's most expensive case), µs per model layer."""
-    layers = serving.num_layers
+    layers, timer = serving.num_layers, env["timer"]
     try:
-        row["plan_us_per_layer"] = env["timer"](
+        row["plan_us_per_layer"] = timer(
             lambda: (serving.select_layers(slots, seq_lens, nn), serving.commit(slots, accepted))) / layers
         row["plan_layers"] = layers
+        # Its two halves. A replayed commit would find its step closed: every layer is marked
+        # selected first (one small fill, timed with it), so each replay does a whole step's work.
+        row["select_layers_us_per_layer"] = timer(lambda: serving.select_layers(slots, seq_lens, nn)) / layers
+        row["commit_us_per_layer"] = timer(lambda: (serving._selected.fill_(True),
+                                                    serving.commit(slots, accepted))) / layers
     except Exception as e:  # noqa: BLE001
         row["errors"]["plan"] = f"{type(e).__name__}: {str(e)[:300]}"
 

@@ -18,7 +18,7 @@ except ImportError as e:  # another Triton layout: nothing to check here
     print(f"cannot compile ahead of time with this Triton: {e}")
     sys.exit(77)
 
-from spin_dsa.device import _commit_kernel, _observe_kernel, _select_kernel  # noqa: E402
+from spin_dsa.device import _commit_kernel, _observe_kernel, _paging_kernel, _select_kernel  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -29,9 +29,8 @@ SELECT_POINTERS = dict(
     SHARE="*fp64", BUDGET="*i64", LEFT="*i64", OUT="*i32", COUNTS="*i32", w="fp32",
     one_minus_w="fp32")
 OBSERVE_POINTERS = dict(
-    SCORED="*fp32", TOPK="*i32", BLOCKS="*i32", VISIBLE="*i64", SLOT="*i64", RANK="*i32",
-    PENDING_X="*fp32",
-    PENDING_HITS="*i32", PENDING_NEWEST="*i64")
+    SCORED="*fp32", TOPK="*i32", SEL_BLOCKS="*i32", SEL_VISIBLE="*i64", SLOT="*i64", RANK="*i32",
+    PENDING_X="*fp32", PENDING_HITS="*i32", PENDING_NEWEST="*i64", POSITIONS="*i32")
 COMMIT_POINTERS = dict(
     SLOT="*i64", LAST="*i64", SELECTED="*u8", STEP="*i64", PENDING_X="*fp32",
     PENDING_NEWEST="*i64", SLOT_EMA="*fp32", LAST_SEEN="*i32", OFFSET_EMA="*fp32",
@@ -85,17 +84,26 @@ def main():
             assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, \
                 f"select ({name}): a fused multiply-add"
             compiled += 1
-    for hits, topk_hits, topk_type, deep in ((False, False, "*i32", False),
-                                             (True, False, "*i64", False),
-                                             (True, False, "*i32", True),  # spin's pool_depth
-                                             (True, True, "*i32", False)):
+    for hits, topk_hits, topk_type, deep, remap in ((False, False, "*i32", False, False),
+                                                    (True, False, "*i64", False, False),
+                                                    (True, False, "*i32", True, True),  # pool_depth
+                                                    (True, True, "*i32", False, True)):
         ptx = compile_ptx(_observe_kernel.observe_kernel, dict(OBSERVE_POINTERS, TOPK=topk_type),
                           dict(E=64, BLOCK_C=64, BLOCK_K=2048, HITS=hits,
-                               TOPK_HITS=topk_hits, DEEP=deep),
+                               TOPK_HITS=topk_hits, DEEP=deep, REMAP=remap),
                           num_warps=4, enable_fp_fusion=False)
         assert "div.rn.f64" in ptx and "div.approx" not in ptx, "observe: not IEEE division"
         assert "fma.rn.f64" not in ptx, "observe: a fused multiply-add"
         compiled += 1
+    for next_n, bp in ((1, 1), (4, 2)):  # compaction, the engine's int32 tables, int64 seq_lens
+        compile_ptx(_paging_kernel._compact_kernel,
+                    dict(BLOCKS="*i32", COUNTS="*i32", TABLE_IN="*i32", SEQ="*i64", TABLE="*i32",
+                         LENGTHS="*i32"),
+                    dict(NEXT_N=next_n, BP=bp, PAD=0, TILE=_paging_kernel.TILE), num_warps=4)
+        compiled += 1
+    compile_ptx(_paging_kernel._remap_kernel, dict(TOPK="*i32", BLOCKS="*i32", OUT="*i32"),
+                dict(TILE=_paging_kernel.REMAP_TILE), num_warps=4)
+    compiled += 1
     ptx = compile_ptx(_commit_kernel.commit_kernel, COMMIT_POINTERS, dict(BLOCK=1024),
                       num_warps=4, enable_fp_fusion=False)
     assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, "commit: a fused multiply-add"

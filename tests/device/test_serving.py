@@ -166,8 +166,11 @@ def observe(lib, dev, traffic, live, slots, seq, layer, blocks, counts, next_n, 
             col = np.searchsorted(chosen, pos[valid] // E) * E + pos[valid] % E
             topk_col[r, :valid.sum()] = col
     lib.observe_scored(slots, layer, scored, topk_pos)
+    # The engine's top-k buffer filled by the same call (remap fused into observe).
+    positions = torch.full((rows, k), 123, dtype=torch.int32)
     dev.observe_scored(torch.from_numpy(slots), layer, torch.from_numpy(scored),
-                       torch.from_numpy(topk_col))
+                       torch.from_numpy(topk_col), positions=positions)
+    np.testing.assert_array_equal(positions.numpy(), topk_pos)
 
 
 # -- the same blocks as the library ---------------------------------------------------------
@@ -385,6 +388,22 @@ def test_host_only_predictors_and_options_are_refused_by_name():
         device.Serving(2, 1, 0, "spin")  # the library's own size check
     with pytest.raises(spin_dsa.SpinError):
         device.Serving(2, 1, 1024, "spin", {"target_sparsity": 1.5})
+
+
+def test_observe_positions_are_checked():
+    dev = device.Serving(2, 1, 512, "spin", {"page_size": E, "topk": 8}, 1, device="cpu")
+    slots, seq = torch.tensor([0, 1]), torch.tensor([300, 200])
+    dev.add(0, 5)
+    dev.add(1, 6)
+    dev.select(slots, 0, seq)
+    scored = torch.zeros(2, dev.width * E)
+    cols = torch.zeros(2, 8, dtype=torch.int32)
+    for positions, topk, match in ((torch.zeros(2, 8, dtype=torch.int64), cols, "int32"),
+                                   (torch.zeros(2, 9, dtype=torch.int32), cols, "topk = 8"),
+                                   (cols, cols, "shares memory"),
+                                   (torch.zeros(2, 8, dtype=torch.int32), None, "needs topk")):
+        with pytest.raises((TypeError, spin_dsa.InvalidArgument), match=match):
+            dev.observe_scored(slots, 0, scored, topk, positions=positions)
 
 
 def test_bad_arguments_get_one_line_errors():

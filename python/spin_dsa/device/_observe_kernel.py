@@ -1,7 +1,10 @@
 """observe_scored fused into one Triton kernel: programs per row (a chunk of its blocks each) pool
 its compact logits into the open step's pending row — the k-th and largest score from the row's top-k columns, each
 scored block's max, the normalised value x in float64, the top-k hits per block — in one launch
-per layer, where the torch reference (_serving._pool + _store_pending) takes ~40.
+per layer, where the torch reference (_serving._pool + _store_pending) takes ~40. With
+``positions`` it also writes the row's top-k as request positions (``remap``'s rule, by the
+first program of each row, which has the columns in registers already): the engine's top-k
+buffer is filled by the same launch.
 
 The arithmetic is the reference's (and the library's, src/predict/pooling.cpp): min and max are
 exact in any order (so is a block's rank-th best, found by dropping its best entry rank - 1
@@ -14,23 +17,28 @@ import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["layer", "next_n"])  # one compile for every layer and row count
-def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SLOT, RANK,
-                   PENDING_X, PENDING_HITS, PENDING_NEWEST, layer, num_layers, max_next_n,
-                   n_blocks, width, k, next_n, chunk,
+def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_BLOCKS, SEL_VISIBLE, SLOT, RANK,
+                   PENDING_X, PENDING_HITS, PENDING_NEWEST, POSITIONS, stride_pos, layer, num_layers,
+                   max_next_n, n_blocks, width, k, next_n, chunk,
                    E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-                   HITS: tl.constexpr, TOPK_HITS: tl.constexpr, DEEP: tl.constexpr):
+                   HITS: tl.constexpr, TOPK_HITS: tl.constexpr, DEEP: tl.constexpr,
+                   REMAP: tl.constexpr):
     # Program (r, p): row r's blocks [p·chunk, (p + 1)·chunk) of its selection; every program of
     # a row derives the row's k-th score and spread from the top-k itself (2048 loads, no
     # cross-program dependency), program 0 counts the hits. The pending rows were reset to NaN /
-    # 0 before the launch (launch()).
+    # 0 when the step's blocks were selected (Serving._select).
+    # The selection's blocks and the row's visible entries are read from the open step's state
+    # (Serving._sel_blocks [slots, layers, width], _visible [slots, layers, max_next_n]) here,
+    # not gathered by torch ops before the launch.
     r = tl.program_id(0)
     part = tl.program_id(1)
     i = r // next_n
     s = tl.load(SLOT + i)
-    visible = tl.load(VISIBLE + r)
-    row = ((s * num_layers + layer) * max_next_n + r % next_n) * (n_blocks + 1)
+    group = s * num_layers + layer
+    visible = tl.load(SEL_VISIBLE + group * max_next_n + r % next_n)
+    row = (group * max_next_n + r % next_n) * (n_blocks + 1)
     scored = SCORED + r.to(tl.int64) * stride_scored
-    blocks = BLOCKS + i.to(tl.int64) * width
+    blocks = SEL_BLOCKS + group.to(tl.int64) * width
 
     # 1. The row's top-k: its k-th and largest score, and the hits per block.
     t = tl.arange(0, BLOCK_K)
@@ -44,6 +52,10 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SL
         hit_block = tl.load(blocks + col // E, mask=valid, other=0)
         tl.atomic_add(PENDING_HITS + row + hit_block, tl.full([BLOCK_K], 1, tl.int32),
                       mask=valid, sem="relaxed")
+    if REMAP and part == 0:  # the engine's top-k buffer: compact column → request position
+        block_of = tl.load(blocks + col // E, mask=valid, other=-1).to(tl.int64)
+        position = tl.where(valid & (block_of >= 0), block_of * E + col % E, -1)
+        tl.store(POSITIONS + r.to(tl.int64) * stride_pos + t, position.to(tl.int32), mask=t < k)
     kth = tl.where(k_eff > 0, kth32.to(tl.float64), 0.0)
     spread = row_max.to(tl.float64) - kth
     fallback = tl.where((k_eff > 0) & (row_max != 0.0), tl.abs(row_max.to(tl.float64)), 1.0)
@@ -85,29 +97,28 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, BLOCKS, VISIBLE, SL
                  (visible + E - 1) // E - 1)
 
 
-def launch(owner, S, layer, next_n, scored, topk, visible):
+def launch(owner, S, layer, next_n, scored, topk, positions=None):
     """observe_kernel for the rows of S's open step at `layer`: scored [rows, ≥ width·E] float32,
-    topk [rows, ≥ k] int compact columns, visible [rows] int64."""
+    topk [rows, ≥ k] int compact columns; positions: int32 [rows, k] to receive the remapped
+    top-k (request positions), or None."""
     o = owner
     rows = scored.shape[0]
     k = int(o.config["topk"])
-    blocks = o._sel_blocks[S, layer].contiguous()
     scored = scored if scored.stride(1) == 1 else scored.contiguous()
     topk = topk if topk.stride(1) == 1 else topk.contiguous()
     # The pending rows start empty (x NaN: not observed; no hits): one fill per state tensor.
-    o._pending_x.select(1, layer).index_fill_(0, S, float("nan"))
-    if o._needs_hits:
-        o._pending_hits.select(1, layer).index_fill_(0, S, 0)
     topk_hits = o.config["pooling"] == "topk-hits"
     block_c = max(1, 4096 // o.block_entries)
     # topk-hits pools from the hits program 0 counts: one program a row. Else a chunk of blocks
     # a program (Serving.observe_chunk_blocks), so that a batch of one still spreads a long row
     # over the GPU.
     chunk = o.width if topk_hits else max(1, o.observe_chunk_blocks)
+    remap = positions is not None
+    out = positions if remap else topk          # a pointer the kernel never writes without REMAP
     observe_kernel[(rows, triton.cdiv(o.width, chunk))](
-        scored, scored.stride(0), topk, topk.stride(0), blocks, visible.contiguous(), S, o._pool_rank,
-        o._pending_x, o._pending_hits, o._pending_newest, layer, o.num_layers, o.max_next_n,
-        o.max_blocks, o.width, k, next_n, chunk,
+        scored, scored.stride(0), topk, topk.stride(0), o._sel_blocks, o._visible, S, o._pool_rank,
+        o._pending_x, o._pending_hits, o._pending_newest, out, out.stride(0), layer, o.num_layers,
+        o.max_next_n, o.max_blocks, o.width, k, next_n, chunk,
         E=o.block_entries, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
-        HITS=o._needs_hits, TOPK_HITS=topk_hits, DEEP=o._deep_pool, num_warps=4,
+        HITS=o._needs_hits, TOPK_HITS=topk_hits, DEEP=o._deep_pool, REMAP=remap, num_warps=4,
         enable_fp_fusion=False)

@@ -33,7 +33,7 @@ import torch
 import spin_dsa
 
 from . import _hash
-from ._paging import visible_entries
+from ._paging import remap, visible_entries
 
 # Predictors whose choice reads only their own state (what a device can keep without the key
 # cache or the true top-k). spin with explore_ratio=0 is "spin without exploration".
@@ -412,6 +412,12 @@ class Serving:
             union = chosen.any(dim=1)  # [groups, N]: a request's blocks, scored once for all rows
             blocks, counts = self._compact_ids(union)
         self._mark_selected(S_g, L_g)
+        if self._observe_kernel is not None:
+            # The observe kernel writes only the blocks it observes: the open step's pending rows
+            # are reset here, once for every layer selected (not per layer in observe).
+            self._pending_x[S_g, L_g] = float("nan")
+            if self._needs_hits:
+                self._pending_hits[S_g, L_g] = 0
         self._open_next_n.index_fill_(0, S, next_n)
         self._visible[S_g, L_g, :next_n] = visible.repeat(n_layers, 1)
         self._sel_blocks[S_g, L_g] = blocks
@@ -515,11 +521,15 @@ class Serving:
         out[:, self.width] = -1
         return out[:, :self.width].to(torch.int32), union.sum(dim=1).to(torch.int32)
 
-    def observe_scored(self, slots, layer, scored, topk=None):
+    def observe_scored(self, slots, layer, scored, topk=None, *, positions=None):
         """The scored blocks' logits of the open step: float32 [batch·next_n, ≥ width·E], row r's
         c-th selected block at columns [c·E, (c+1)·E) (what the compacted logits kernel writes),
         and optionally the rows' top-k as compact column ids (int [rows, ≥ topk], -1 padded;
-        the first `topk` are read). Without topk the k-th score is found here (torch.topk)."""
+        the first `topk` are read). Without topk the k-th score is found here (torch.topk).
+
+        positions: int32 [rows, topk], written with the top-k as request positions (what
+        ``remap`` gives for this layer's blocks): an engine's top-k buffer, filled by the same
+        launch. It must not share memory with ``topk`` (other programs still read the columns)."""
         S, layer = self._check_step_args(slots, layer, "observe_scored")
         _check_tensor(scored, "scored", self.device, 2, "float32")
         batch, rows = S.shape[0], scored.shape[0]
@@ -539,18 +549,37 @@ class Serving:
             if topk.shape[1] < k:
                 raise spin_dsa.InvalidArgument(
                     f"serving: observe_scored: topk has {topk.shape[1]} columns, below topk = {k}")
-        visible = self._visible[S, layer, :next_n].reshape(-1)
+        if positions is not None:
+            self._check_positions(positions, topk, rows, k)
         E_pow2 = E & (E - 1) == 0
         if self._observe_kernel is not None and topk is not None and E_pow2 and rows > 0:
-            self._observe_kernel.launch(self, S, layer, next_n, scored, topk, visible)
+            self._observe_kernel.launch(self, S, layer, next_n, scored, topk, positions)
             return
+        visible = self._visible[S, layer, :next_n].reshape(-1)
         if topk is not None:
             topk = topk[:, :k].long()
         blocks = self._sel_blocks[S, layer].long().repeat_interleave(next_n, dim=0)
+        if positions is not None:
+            remap(topk, blocks, E, out=positions)
         values = scored[:, :self.width * E].reshape(rows, self.width, E)
         x, hits = _pool(values, blocks, visible, topk, k, E, self.config["pooling"],
                         self._row_rank(visible))
         self._store_pending(S, layer, next_n, blocks, x, hits, visible)
+
+    def _check_positions(self, positions, topk, rows, k):
+        if topk is None:
+            raise spin_dsa.InvalidArgument("serving: observe_scored: positions needs topk")
+        _check_tensor(positions, "positions", self.device, 2, "int", rows=rows)
+        if positions.dtype != torch.int32:
+            raise TypeError(f"positions: expected int32 (an engine's top-k buffer), got {positions.dtype}")
+        if positions.shape[1] != k or positions.stride(1) != 1:
+            raise spin_dsa.InvalidArgument(
+                f"serving: observe_scored: positions must be [rows, topk = {k}] with unit column "
+                f"stride, got shape {tuple(positions.shape)}")
+        if positions.untyped_storage().data_ptr() == topk.untyped_storage().data_ptr():
+            raise spin_dsa.InvalidArgument(
+                "serving: observe_scored: positions shares memory with topk (remap into another "
+                "buffer: the kernel still reads the columns while it writes positions)")
 
     def prefill(self, slots, layer, seq_lens, logits):
         """A prompt's (or appended tool output's) full indexer row per slot, float32 [batch,

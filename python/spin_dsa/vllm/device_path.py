@@ -5,15 +5,16 @@ For every indexer layer with decode rows, around vLLM's own ``sparse_attn_indexe
 1. commit (first spin layer of a step): every batch request's open step is closed on the device,
    its accepted drafts read from the seq_len delta (``(L − q) − opened_at − 1``: tokens cached
    before this step's rows, minus those before the open step's rows, minus the bonus token);
-2. ``Serving.select`` chooses each decode request's blocks; ``compact`` turns vLLM's block table
-   into the chosen pages and the per-row compacted lengths;
+2. at the step's first spin layer, ``Serving.select_layers`` chooses every layer's blocks for
+   each decode request in one call (the step's plan; later layers slice it); per layer,
+   ``compact`` turns vLLM's block table into the chosen pages and the per-row compacted lengths;
 3. vLLM's function runs with the decode metadata swapped for the compacted one (block table,
    lengths, a DeepGEMM schedule computed for them in spin's buffer, ``max_model_len`` = the
    compact width): vLLM's own paged-logits kernel scores the chosen pages only, and vLLM's top-k
    backend runs over the compact width. Prefill rows and their metadata are never touched.
-4. the top-k tap (over ``get_indexer_topk``) hands the compact logits and columns to
-   ``Serving.observe_scored`` and writes ``remap``'s request positions into vLLM's
-   ``topk_indices_buffer``.
+4. the top-k tap (over ``get_indexer_topk``) has vLLM's top-k write the compact columns into
+   spin's scratch buffer, then ``Serving.observe_scored`` observes them and writes the request
+   positions into vLLM's ``topk_indices_buffer`` in the same launch.
 
 Steps 1–4 are device ops with static shapes and no host synchronisation; the per-row request
 slots live in a static device buffer that the runner hook fills before the step (pad rows get
@@ -76,8 +77,11 @@ class DeviceRuntime:
         self._opened_at = torch.zeros(pad + 1, **i64)            # L − q of its open step
         # [decode rows, blocks scored, blocks visible]: device counters, read only by stats().
         self._counters = torch.zeros(3, **i64)
+        self._topk_cols = torch.empty((self.max_batch * self.max_next_n, self.topk), dtype=torch.int32,
+                                      device=self.device)
         self._prompt_rows: list[tuple[int, int]] = []  # (batch row, token row) of ending prompts
         self.first_layer = self.last_layer = None
+        self._step_blocks = None  # (blocks, counts) of every layer: the step's plan
         # Record mode: the true indexer rows of the recorded requests (scored apart from spin's
         # blocks, so recording never changes what spin selects), copied to the host.
         self.recorder = ScoreRecorder(cfg.record, model, self.num_layers) if cfg.record else None
@@ -167,10 +171,19 @@ class DeviceRuntime:
             else:
                 self._record_rows(layer, md, plan, q_quant, weights, kv_cache)
         if layer == self.last_layer:  # a forward the runner does not announce (a dummy run)
+            self._step_blocks = None
             self._rows.fill_(self.serving.pad_slot)  # then selects for the pad slot only
             self._prompt_rows = []
             self._recorded = []
         return out
+
+    def topk_scratch(self, like):
+        """Where vLLM's top-k writes a spin layer's compact columns: a static buffer (an
+        allocation once per shape beyond it), never vLLM's own top-k buffer."""
+        rows, k = like.shape
+        if rows > self._topk_cols.shape[0] or k > self._topk_cols.shape[1]:
+            return torch.empty_like(like)
+        return self._topk_cols[:rows, :k]
 
     def _commit(self, md):
         n = md.num_decodes + md.num_prefills
@@ -184,8 +197,9 @@ class DeviceRuntime:
     def _sparse_decode(self, layer, md, plan, call):
         batch, next_n, seq_lens, table, per_token = plan
         S = self._rows[:batch]
-        blocks, counts = self.serving.select(S, layer, seq_lens, next_n)
-        self._opened_at[S] = seq_lens.long() - next_n
+        if layer == self.first_layer or self._step_blocks is None:
+            self._plan_step(S, seq_lens, next_n)
+        blocks, counts = self._step_blocks[0][layer], self._step_blocks[1][layer]
         pages, lengths = sd.compact(blocks, counts, table, seq_lens, next_n,
                                     int(self.serving.config["block_pages"]), self.page_size,
                                     self.compress_ratio)
@@ -197,9 +211,15 @@ class DeviceRuntime:
         decode = dataclasses.replace(md.decode, block_table=pages, seq_lens=ctx,
                                      schedule_metadata=_schedule(ctx, md.decode, self.page_size))
         compact_md = dataclasses.replace(md, decode=decode, max_seq_len=self.width_entries)
-        self._count(blocks, counts, seq_lens, next_n)
         with TopkTap.spin_call(self, S, layer, blocks):
             return call(compact_md, self.width_entries)
+
+    def _plan_step(self, S, seq_lens, next_n):
+        """Once per step, at its first spin layer: every layer's blocks in one select (the
+        layers then only slice them), the step's opening lengths and the counters."""
+        self._step_blocks = self.serving.select_layers(S, seq_lens, next_n)
+        self._opened_at[S] = seq_lens.long() - next_n
+        self._count(self._step_blocks[1], seq_lens, next_n)
 
     def _observe_prompts(self, layer, md, q_quant, weights, kv_cache):
         rows = torch.tensor([r for r, _ in self._prompt_rows], dtype=torch.int64,
@@ -255,11 +275,13 @@ class DeviceRuntime:
         for b, ((_, rid), n) in enumerate(zip(mine, entries.view(-1, next_n)[:, -1].tolist())):
             self.recorder.add_rows(rid, layer, logits[b * next_n:(b + 1) * next_n, :n])
 
-    def _count(self, blocks, counts, seq_lens, next_n):
+    def _count(self, counts, seq_lens, next_n):
+        """counts: [layers, rows] of the step's plan (every layer's decode rows at once)."""
+        layers = counts.shape[0]
         visible = sd.visible_entries(seq_lens, next_n, self.compress_ratio).view(-1, next_n)[:, -1]
         self._counters[0] += counts.numel()
-        self._counters[1] += counts.view(-1, next_n)[:, 0].long().sum()
-        self._counters[2] += (-(-visible // self.block_entries)).sum()
+        self._counters[1] += counts.view(layers, -1, next_n)[:, :, 0].long().sum()
+        self._counters[2] += layers * (-(-visible // self.block_entries)).sum()
 
     def _count_fallback(self):
         if self._fallback_step == self.steps:  # once per step, not per layer
@@ -344,14 +366,16 @@ class TopkTap:
         self.inner = inner
 
     def __call__(self, logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len):
-        self.inner(logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len)
         active, TopkTap._active = TopkTap._active, None
         if active is None:
-            return
-        rt, S, layer, blocks = active
+            return self.inner(logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len)
+        rt, S, layer, _ = active
+        # vLLM's top-k writes the compact columns into spin's scratch; observe reads them and
+        # writes the request positions into vLLM's buffer in the same launch (remap fused).
+        cols = rt.topk_scratch(topk_indices)
+        self.inner(logits, seq_lens, next_n, cols, topk_tokens, max_seq_len)
         scored = logits if logits.dtype == torch.float32 else logits.float()
-        rt.serving.observe_scored(S, layer, scored, topk_indices)
-        topk_indices.copy_(sd.remap(topk_indices, blocks, rt.block_entries))
+        rt.serving.observe_scored(S, layer, scored, cols, positions=topk_indices)
 
     class spin_call:
         def __init__(self, rt, S, layer, blocks):

@@ -297,6 +297,8 @@ class Serving:
         # takes the padding's scatter), its newest block, which layers were selected, the rows.
         self._pending_x = torch.full((R, L, J, N + 1), float("nan"), dtype=f32, device=dev)
         self._pending_hits = torch.zeros(R, L, J, hits_blocks + 1, dtype=torch.int32, device=dev)
+        self._nan = torch.full((), float("nan"), dtype=f32, device=dev)
+        self._zero_hits = torch.zeros((), dtype=torch.int32, device=dev)
         self._pending_newest = torch.zeros(R, L, J, dtype=torch.int64, device=dev)
         self._selected = torch.zeros(R, L, dtype=torch.bool, device=dev)
         self._open_next_n = torch.ones(R, dtype=torch.int64, device=dev)
@@ -412,12 +414,12 @@ class Serving:
             union = chosen.any(dim=1)  # [groups, N]: a request's blocks, scored once for all rows
             blocks, counts = self._compact_ids(union)
         self._mark_selected(S_g, L_g)
-        if self._observe_kernel is not None:
-            # The observe kernel writes only the blocks it observes: the open step's pending rows
-            # are reset here, once for every layer selected (not per layer in observe).
-            self._pending_x[S_g, L_g] = float("nan")
-            if self._needs_hits:
-                self._pending_hits[S_g, L_g] = 0
+        # The open step's pending rows start empty, reset here once for every layer selected (the
+        # observe kernel writes only the blocks it observes). The values are device scalars: a
+        # Python number here would be a host-to-device copy, which a CUDA graph cannot capture.
+        self._pending_x.index_put_((S_g, L_g), self._nan)
+        if self._needs_hits:
+            self._pending_hits.index_put_((S_g, L_g), self._zero_hits)
         self._open_next_n.index_fill_(0, S, next_n)
         self._visible[S_g, L_g, :next_n] = visible.repeat(n_layers, 1)
         self._sel_blocks[S_g, L_g] = blocks

@@ -104,6 +104,14 @@ def main():
     compile_ptx(_paging_kernel._remap_kernel, dict(TOPK="*i32", BLOCKS="*i32", OUT="*i32"),
                 dict(TILE=_paging_kernel.REMAP_TILE), num_warps=4)
     compiled += 1
+    for churn in (False, True):
+        ptx = compile_ptx(_commit_kernel.close_kernel,
+                          dict(SLOT="*i64", LAST="*i64", SELECTED="*u8", PREFILL_OPEN="*u8",
+                               PENDING_HITS="*i32", PREV_HITS="*i32", CHURN_EMA="*fp64",
+                               EXPLORE_SHARE="*fp64", CONSTANTS="*fp64"),
+                          dict(EXPLORE_CHURN=churn, BLOCK=1024), num_warps=4, enable_fp_fusion=False)
+        assert "fma.rn.f64" not in ptx and "div.approx" not in ptx, "close: FMA or approximate division"
+        compiled += 1
     ptx = compile_ptx(_commit_kernel.commit_kernel, COMMIT_POINTERS, dict(BLOCK=1024),
                       num_warps=4, enable_fp_fusion=False)
     assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, "commit: a fused multiply-add"

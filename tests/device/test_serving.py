@@ -311,7 +311,8 @@ def test_commit_leaves_a_slot_without_an_open_step_alone(impl):
                                                  generator=torch.Generator().manual_seed(layer)))
     dev.commit(S)
     before = {n: getattr(dev, n).clone() for n in ("slot_ema", "last_seen", "offset_ema",
-                                                   "offset_count", "_step")}
+                                                   "offset_count", "_step", "prev_hits",
+                                                   "churn_ema", "explore_share")}
     dev.commit(torch.tensor([0, 1]), torch.tensor([0, 0]))  # neither has an open step
     for name, t in before.items():
         assert torch.equal(getattr(dev, name), t), name

@@ -298,6 +298,9 @@ class Serving:
         self._pending_x = torch.full((R, L, J, N + 1), float("nan"), dtype=f32, device=dev)
         self._pending_hits = torch.zeros(R, L, J, hits_blocks + 1, dtype=torch.int32, device=dev)
         self._nan = torch.full((), float("nan"), dtype=f32, device=dev)
+        self._churn_constants = torch.tensor(  # the close kernel's float64 operands
+            [_CHURN_KEEP, _CHURN_WEIGHT, float(self.config["explore_ratio"]),
+             float(self.config["explore_churn"]) or 1.0], dtype=torch.float64, device=dev)
         self._zero_hits = torch.zeros((), dtype=torch.int32, device=dev)
         self._pending_newest = torch.zeros(R, L, J, dtype=torch.int64, device=dev)
         self._selected = torch.zeros(R, L, dtype=torch.bool, device=dev)
@@ -664,7 +667,9 @@ class Serving:
     def _close(self, S, last):
         """After the replay: the churn of the top-k and its blocks from the newest replayed row,
         the step closed and counted."""
-        if self._keeps_topk:  # the newest replayed row's top-k blocks, per selected layer
+        if self._keeps_topk and self._commit_kernel is not None:  # one launch (_commit_kernel.py)
+            self._commit_kernel.close(self, S, last)
+        elif self._keeps_topk:  # the newest replayed row's top-k blocks, per selected layer
             batch, N = S.shape[0], self.max_blocks
             newest = torch.gather(self._pending_hits[S, :, :, :N], 2,
                                   last.view(batch, 1, 1, 1).expand(-1, self.num_layers, 1, N))

@@ -62,6 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--no-deepgemm", action="store_true")
     p.add_argument("--no-serving", action="store_true", help="random blocks instead of spin_dsa.device.Serving")
     p.add_argument("--no-sweep", action="store_true", help="skip the logits kernel's launch-shape sweep")
+    p.add_argument("--render", metavar="JSON", help="print a saved run's table (markdown) and verdict; run nothing")
     return p.parse_args(argv)
 
 
@@ -213,13 +214,13 @@ def table(rows):
 
 
 def markdown(rows):
-    """The table for docs/results.md."""
-    lines = ["| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    """The table for docs/results.md (columns no row measured left out, e.g. DeepGEMM's)."""
+    rows = [r for r in rows if "skipped" not in r and "failed" not in r]
+    cols = [c for c in COLUMNS if any(r.get(c[1]) is not None for r in rows)]
+    lines = ["| " + " | ".join(h for h, _, _ in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        if "skipped" in r or "failed" in r:
-            continue
         lines.append("| " + " | ".join("-" if r.get(k) is None else fmt.format(r[k]).strip()
-                                       for _, k, fmt in COLUMNS) + " |")
+                                       for _, k, fmt in cols) + " |")
     return "\n".join(lines)
 
 
@@ -256,8 +257,19 @@ def cases(args, smoke):
     return [VERDICT_CASE] + MORE_CASES
 
 
+def render(path):
+    result = json.loads(pathlib.Path(path).read_text())
+    print(f"{result['meta']['device']}, torch {result['meta']['torch']}, triton {result['meta']['triton']}")
+    print(markdown(result["rows"]))
+    if result.get("verdict"):
+        print(verdict_line(result["verdict"]))
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.render:
+        return render(args.render)
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported
     import torch

@@ -76,7 +76,9 @@ class World:
         self.vc = VllmConfig(model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True,
                                                       max_model_len=MAX_LEN),
                              additional_config={"spin": spin})
-        self.vc.cache_config.block_size = PAGE
+        # vLLM's own block size: V4's 256-token blocks hold 64 compressed entries a page, which
+        # the plugin must read off the cache, not off block_size.
+        self.vc.cache_config.block_size = PAGE * compress_ratio
         if next_n > 1:
             self.vc.speculative_config = types.SimpleNamespace(num_speculative_tokens=next_n - 1)
         self.buf = torch.full((16, TOPK), -1, dtype=torch.int32)
@@ -226,6 +228,25 @@ def test_spin_on_equals_the_library_through_vllms_cuda_indexer(model_dir, monkey
                    f"compress_ratio={compress_ratio}): top-k "
                    f"equal to the library in {equal}/{rows} rows over {STEPS} steps x {LAYERS} "
                    f"layers; the logits kernel read {pages} pages of {visible} visible")
+
+
+def test_v4_pages_are_read_off_the_cache_not_block_size(model_dir):
+    """DeepSeek-V4: vLLM's block size is 256 tokens, its indexer pages hold 64 compressed entries
+    (the layer's spec: tokens_per_state 4). Before the cache is bound the plugin reads the spec;
+    once bound, the cache's own shape."""
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+    vc = VllmConfig(model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True,
+                                             max_model_len=MAX_LEN))
+    vc.cache_config.block_size = 256
+    spec = MLAAttentionSpec(block_size=256, num_kv_heads=1, head_size=132, dtype=torch.uint8,
+                            tokens_per_state=4)
+    unbound = types.SimpleNamespace(kv_cache=torch.tensor([]), get_kv_cache_spec=lambda _: spec)
+    assert state.page_entries(vc, types.SimpleNamespace(k_cache=unbound, compress_ratio=4)) == 64
+    bound = types.SimpleNamespace(kv_cache=torch.zeros(3, 64, 132, dtype=torch.uint8))
+    assert state.page_entries(vc, types.SimpleNamespace(k_cache=bound, compress_ratio=4)) == 64
+    bare = types.SimpleNamespace(kv_cache=torch.tensor([]))
+    assert state.page_entries(vc, types.SimpleNamespace(k_cache=bare, compress_ratio=4)) == 64
+    assert state.page_entries(vc, types.SimpleNamespace(k_cache=bare, compress_ratio=1)) == 256
 
 
 def _full_graphs():

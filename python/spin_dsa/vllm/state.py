@@ -103,7 +103,7 @@ def _ensure_device_runtime(vc, cfg: SpinConfig, op):
             cfg, num_layers=layers, max_tokens=int(vc.model_config.max_model_len),
             max_requests=int(vc.scheduler_config.max_num_seqs), max_next_n=_next_n(vc),
             max_batch=int(vc.scheduler_config.max_num_seqs),
-            page_size=int(vc.cache_config.block_size), topk=int(op.topk_tokens),
+            page_size=page_entries(vc, op), topk=int(op.topk_tokens),
             compress_ratio=int(getattr(op, "compress_ratio", 1) or 1), device=device,
             model=str(vc.model_config.model))
     except ValueError as e:  # spin_dsa's InvalidArgument/OutOfRange name the setting
@@ -112,6 +112,25 @@ def _ensure_device_runtime(vc, cfg: SpinConfig, op):
     _config_id = id(vc)
     _add_splitting_op(vc)
     return _runtime
+
+
+def page_entries(vc, op) -> int:
+    """Entries per page of the layer's indexer cache: the bound cache's own shape where one is
+    bound ([pages, entries, 132]), else the layer's KV-cache spec (its ``num_states``, or block
+    size ÷ tokens per state), else the block size ÷ the compress ratio. Not
+    ``cache_config.block_size`` alone: DeepSeek-V4's 256-token blocks hold 64 compressed entries."""
+    cache = getattr(op.k_cache, "kv_cache", None)
+    if cache is not None and cache.dim() == 3 and cache.shape[1] > 0:
+        return int(cache.shape[1])
+    block = int(vc.cache_config.block_size)
+    spec_of = getattr(op.k_cache, "get_kv_cache_spec", None)
+    if spec_of is not None:
+        spec = spec_of(vc)
+        if getattr(spec, "num_states", None):
+            return int(spec.num_states)
+        if getattr(spec, "tokens_per_state", None):
+            return int(spec.block_size) // int(spec.tokens_per_state)
+    return block // int(getattr(op, "compress_ratio", 1) or 1)
 
 
 def check_device_path(vc, cfg: SpinConfig, op):

@@ -366,19 +366,20 @@ def summarise(row, s, peak):
             row[f"spin_own_share_{kern}"] = (own + plan) / dense
 
 
-def sweep_logits(env, make_inputs):
-    """Tuning data: the dense logits kernel at batch 64, 128K (tiny on CPU) under launch shapes
-    around the one launch_config picks (tile width, warps, pipeline depth, tiles per program)."""
+def sweep_logits(env, make_inputs, nn=1):
+    """Tuning data: the dense logits kernel at batch 64, 128K (tiny on CPU), next_n `nn`, under
+    launch shapes around the one launch_config picks (tile width, warps, pipeline depth, tiles
+    per program)."""
     torch, device, L, P, timer, peak = (env[k] for k in ("torch", "device", "L", "P", "timer", "peak"))
     batch, ctx = (64, 131072) if device.type == "cuda" else (2, 512)
-    cache, tables, q, w, seq_lens = make_inputs(torch, device, batch, ctx, 1, seed=3)
-    lengths = P.visible_entries(seq_lens, 1).to(torch.int32)
-    out = torch.empty((batch, ctx), dtype=torch.float32, device=device)
-    base = L.launch_config(batch, 1, HEADS, ctx, device)
+    cache, tables, q, w, seq_lens = make_inputs(torch, device, batch, ctx, 1, seed=3, nn=nn)
+    lengths = P.visible_entries(seq_lens, nn).to(torch.int32)
+    out = torch.empty((batch * nn, ctx), dtype=torch.float32, device=device)
+    base = L.launch_config(batch, nn, HEADS, ctx, device)
     shapes = [(base.block_n, base.num_warps, base.num_stages, base.tiles)]
     if device.type == "cuda":
-        for bn, warps, stages in ((128, 4, 4), (128, 4, 3), (128, 8, 4), (64, 4, 4), (64, 4, 3), (64, 4, 5),
-                                  (64, 8, 4), (32, 4, 4), (256, 8, 3)):
+        for bn, warps, stages in ((128, 4, 4), (128, 4, 3), (128, 8, 4), (128, 8, 3), (64, 4, 4), (64, 4, 3),
+                                  (64, 4, 5), (64, 8, 4), (64, 8, 3), (32, 4, 4), (32, 4, 3), (256, 8, 3)):
             for tiles in (max(1, base.tiles * 128 // bn), max(1, base.tiles * 64 // bn)):
                 if (bn, warps, stages, tiles) not in shapes:
                     shapes.append((bn, warps, stages, tiles))
@@ -391,10 +392,10 @@ def sweep_logits(env, make_inputs):
         shape = {"block_n": bn, "num_warps": warps, "num_stages": stages, "tiles": tiles,
                  "chosen": (bn, warps, stages, tiles) == shapes[0]}
         try:
-            us = timer(lambda: L.paged_logits(q, w, cache, tables[0], lengths, next_n=1, page_size=PAGE,
+            us = timer(lambda: L.paged_logits(q, w, cache, tables[0], lengths, next_n=nn, page_size=PAGE,
                                               out=out, config=cfg))
             res.append(dict(shape, us=us, tbs=by / us * 1e-6, hbm_fraction=by / (us * 1e-6) / peak if peak else None))
         except Exception as e:  # noqa: BLE001 - a shape that does not compile or fit is data too
             res.append(dict(shape, error=f"{type(e).__name__}: {str(e)[:200]}"))
     timer.release()
-    return {"batch": batch, "context": ctx, "results": res}
+    return {"batch": batch, "context": ctx, "next_n": nn, "results": res}

@@ -63,6 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--no-serving", action="store_true", help="random blocks instead of spin_dsa.device.Serving")
     p.add_argument("--no-sweep", action="store_true", help="skip the logits kernel's launch-shape sweep")
     p.add_argument("--render", metavar="JSON", help="print a saved run's table (markdown) and verdict; run nothing")
+    p.add_argument("--sweep-only", type=int, metavar="NEXT_N",
+                   help="only the logits kernel's launch-shape sweep, at this next_n (after the probe)")
     return p.parse_args(argv)
 
 
@@ -296,6 +298,11 @@ def main(argv=None):
            # The smoke run takes the GPU's code path: the Triton select/observe/commit kernels.
            "impl": "triton" if args.smoke else "auto"}
     result = {"meta": meta, "checks": {}, "verdict": None, "deepgemm_checks": None, "rows": []}
+    if args.sweep_only:
+        from chain import sweep_logits
+        result["sweep"] = stage(result, "sweep", sweep_logits, env, make_inputs, args.sweep_only)
+        save(args.out, result)
+        return 0
     checks = result["checks"]
     for nn in (1, 2):
         checks[f"logits_next_n{nn}"] = stage(result, f"logits_next_n{nn}", check_logits, env, nn)

@@ -77,12 +77,13 @@ def per_layer(world, fn, counter, steps=3):
         rt = harness.state.runtime()
         if rt is not None:
             rt.begin_step([("a", "b")[i] for i in order], [world.next_n] * 2, [])
-        counts = []
+        counts, ops = [], []
         for l in range(LAYERS):
-            before = counter.n
+            before, ops_before = counter.n, collections.Counter(counter.ops)
             world.call(fn, order, s, l)
             counts.append(counter.n - before)
-    return counts
+            ops.append(counter.ops - ops_before)
+    return counts, ops
 
 
 def measure(model_dir, next_n):
@@ -99,16 +100,16 @@ def measure(model_dir, next_n):
     interpreter.InterpretedFunction.run = counter.one_launch(original, "triton")
     try:
         with counter:
-            off = per_layer(world, sai.sparse_attn_indexer, counter)
-            ops_off = collections.Counter(counter.ops)
-            on = per_layer(world, spin_dsa.vllm.wrap_indexer_function(sai.sparse_attn_indexer), counter)
+            off, ops_off = per_layer(world, sai.sparse_attn_indexer, counter)
+            on, ops_on = per_layer(world, spin_dsa.vllm.wrap_indexer_function(sai.sparse_attn_indexer),
+                                   counter)
     finally:
         interpreter.InterpretedFunction.run = original
     spin = [a - b for a, b in zip(on, off)]
     names = ("first", "middle", "last")
     return {"next_n": next_n, "spin_off": dict(zip(names, off)), "spin_on": dict(zip(names, on)),
             "spin": dict(zip(names, spin)), "cuda_equivalent": dict(zip(names, [n + 1 for n in spin])),
-            "ops_of_spin_on_minus_off_all_steps": dict(counter.ops - ops_off - ops_off)}
+            "spin_ops": {n: dict(a - b) for n, a, b in zip(names, ops_on, ops_off)}}
 
 
 def main():

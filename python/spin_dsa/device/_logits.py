@@ -107,19 +107,21 @@ def tile_shape(next_n: int, heads: int) -> tuple[int, int, int, int, int]:
     Per head-side width nn·hp, checked by compiling for sm_90a with Triton 3.7's ptxas (no
     spills; keys go global → shared by cp.async, num_stages tiles deep, and the MMA reads them from
     shared memory; tests/device/test_logits.py compiles every shape):
-      ≤ 64  (plain decode): 64-key tiles, 4 warps, 4 stages. Measured on an H200 (bench/gpu's
-            launch-shape sweep, dense batch 64 at 128K, 2026-12-04): 302 µs, 79 % of HBM, against
-            342 µs (69 %) for the 128-key tiles chosen before (111 regs, 74 KB smem, 3 programs
-            an SM) and ≥ 310 µs for every other shape tried (8 warps, 3/5/6 stages, 256 keys);
-      128   (next_n 2):     64-key tiles, 4 warps, 5 stages: 150 regs, 58 KB, 3 an SM;
+      ≤ 128 (plain decode, next_n 2): 64-key tiles, 4 warps, 3 stages. Measured on an H200
+            (bench/gpu's launch-shape sweep, `--sweep-only N`, dense batch 64 at 128K,
+            2026-12-04, bench/results/gpu-h200-sweep*-c3a77b2.json): next_n 1 302 µs, 79 % of
+            HBM, against 312 µs with 4 stages, 342–361 µs (66–69 %) for the 128-key tiles
+            chosen before and ≥ 314 µs for every other shape (8 warps, 5/6 stages, 32/256
+            keys); next_n 2 444 µs, 55 %, against 453 µs with the 5 stages chosen before, and no
+            shape above 55 % (its 128 query rows per key: not a launch-shape matter);
       ≥ 256 (next_n 3-4):   64-key tiles, 4 warps, 5 stages: 255 regs, 75 KB, 2 an SM (at
             4·64 heads the MMA work per byte nears Hopper's fp8 ridge: no longer HBM-bound).
     """
     nn = _pow2(next_n)
     hp = max(_pow2(heads), 16 // nn if nn < 16 else 1)
     rows = nn * hp
-    if rows <= 64:
-        return nn, hp, 64, 4, 4
+    if rows <= 128:
+        return nn, hp, 64, 4, 3
     return nn, hp, 64, 4, 5
 
 

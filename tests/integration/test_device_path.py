@@ -254,6 +254,21 @@ def test_spins_own_launches_per_decode_layer(figures):
                        f"{c['middle']}, last {c['last']}")
 
 
+def test_a_steps_rows_reach_the_device_through_two_host_buffers_in_turn():
+    """begin_step's copy (G3): the host writes one of two staging buffers a step, so the copy of
+    the step before may still be in flight (non-blocking from pinned memory on CUDA)."""
+    from spin_dsa.vllm.device_path import _Staging
+    dst = torch.zeros(2, 4, dtype=torch.int64)
+    staging = _Staging((2, 4), torch.int64, dst.device)
+    used = []
+    for step in range(4):
+        values = np.arange(8).reshape(2, 4) + 10 * step
+        staging.copy(dst, values)
+        assert dst.tolist() == values.tolist()
+        used.append(staging.host[step % 2].data_ptr())
+    assert used[0] == used[2] != used[1] == used[3]
+
+
 def test_v4_pages_are_read_off_the_cache_not_block_size(model_dir):
     """DeepSeek-V4: vLLM's block size is 256 tokens, its indexer pages hold 64 compressed entries
     (the layer's spec: tokens_per_state 4). Before the cache is bound the plugin reads the spec;

@@ -72,8 +72,12 @@ class DeviceRuntime:
         self.width_entries = self.serving.width * self.block_entries
         pad = self.serving.pad_slot
         i64 = dict(dtype=torch.int64, device=self.device)
-        self._rows = torch.full((self.max_batch,), pad, **i64)   # slot of each batch row
-        self._qlen = torch.zeros(self.max_batch, **i64)          # tokens it schedules
+        # Each batch row's slot and the tokens it schedules: one device buffer, written by one
+        # non-blocking copy a step from pinned host memory (_Staging).
+        self._step_rows = torch.zeros((2, self.max_batch), **i64)
+        self._step_rows[0].fill_(pad)
+        self._rows, self._qlen = self._step_rows[0], self._step_rows[1]
+        self._staging = _Staging((2, self.max_batch), torch.int64, self.device)
         self._opened_at = torch.zeros(pad + 1, **i64)            # L − q of its open step
         # [decode rows, blocks scored, blocks visible]: device counters, read only by stats().
         self._counters = torch.zeros(3, **i64)
@@ -125,15 +129,13 @@ class DeviceRuntime:
             if r not in self.slots:
                 self.add(r)
         n = len(ids)
-        rows = np.full(self.max_batch, self.serving.pad_slot, np.int64)
-        rows[:n] = [self.slots[r] for r in ids]
-        qlen = np.zeros(self.max_batch, np.int64)
+        rows = np.zeros((2, self.max_batch), np.int64)
+        rows[0] = self.serving.pad_slot
+        rows[0, :n] = [self.slots[r] for r in ids]
         if scheduled is not None:
-            qlen[:n] = scheduled[:n]
-        # From pageable memory: the copy has left the host array when copy_ returns, so the next
-        # step may rewrite it while this one is still queued.
-        self._rows.copy_(torch.from_numpy(rows))
-        self._qlen.copy_(torch.from_numpy(qlen))
+            rows[1, :n] = scheduled[:n]
+        self._staging.copy(self._step_rows, rows)
+        qlen = rows[1]
         ends = np.cumsum(qlen[:n]) - 1
         warm = prompt_ends if self.cfg.warm_start else ()
         self._prompt_rows = [(i, int(ends[i])) for i in (warm or ()) if i < n]
@@ -299,6 +301,30 @@ class DeviceRuntime:
         return {"steps": self.steps, "fallback_steps": self.fallback_steps, "decode_rows": rows,
                 "blocks_scored": scored, "blocks_visible": visible,
                 "scored_fraction": scored / visible if visible else 1.0}
+
+
+class _Staging:
+    """A step's small index tensors to the device without stopping the host (G3 of the device
+    path review): on CUDA from pinned host buffers, two in turn, each copy non-blocking and
+    followed by an event, so a buffer is rewritten only once its copy has left it (two steps
+    later: in practice never a wait) — as vLLM's own async host-to-device copies. On a CPU
+    device, a plain copy."""
+
+    def __init__(self, shape, dtype, device):
+        self.pinned = device.type == "cuda"
+        self.host = [torch.empty(shape, dtype=dtype, pin_memory=self.pinned) for _ in range(2)]
+        self.sent = [None, None]
+        self.turn = 0
+
+    def copy(self, dst, values):
+        i, self.turn = self.turn, self.turn ^ 1
+        if self.sent[i] is not None:
+            self.sent[i].synchronize()
+        self.host[i].numpy()[...] = values
+        dst.copy_(self.host[i], non_blocking=self.pinned)
+        if self.pinned:
+            self.sent[i] = torch.cuda.Event()
+            self.sent[i].record()
 
 
 def _decode_plan(md, max_next_n):

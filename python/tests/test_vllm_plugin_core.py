@@ -42,7 +42,9 @@ def test_config_off_unless_asked_and_strict():
     assert on.enabled and on.predictor == "spin" and on.config == {"target_sparsity": 0.5}
     assert not parse_spin_config({"spin": {"enabled": False}}).enabled
     assert on.warm_start and not parse_spin_config({"spin": {"warm_start": False}}).warm_start
+    assert not on.verify_ranks and parse_spin_config({"spin": {"verify_ranks": True}}).verify_ranks
     for bad, msg in [({"enable": True}, "unknown keys"), ({"predictor": "oracle"}, "cannot serve"),
+                     ({"verify_ranks": "yes"}, "verify_ranks"),
                      ({"config": {"topk": 8}}, "come from the model"),
                      ({"record": {"dir": ""}}, "record.dir"),
                      ({"max_requests": 0}, "max_requests"), ({"warm_start": 1}, "warm_start")]:

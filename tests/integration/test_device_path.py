@@ -333,6 +333,29 @@ def test_two_ranks_select_identically(model_dir, monkeypatch):
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("mode", ["same", "diverge"])
+def test_verify_ranks_proves_agreement_and_stops_on_divergence(model_dir, tmp_path, mode):
+    """verify_ranks, two ranks in two processes over gloo (ranks_child.py): ranks that agree run
+    on; a rank whose predictor state diverged makes both stop with one line at the step it shows."""
+    import os
+    import subprocess
+    import sys
+    here = pathlib.Path(__file__).parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, str(here / "ranks_child.py"), str(rank),
+                               str(tmp_path / "init"), str(model_dir), mode],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for rank in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    results = [o.strip().splitlines()[-1] if o.strip() else e[-2000:] for o, e in outs]
+    if mode == "same":
+        assert results == ["ok", "ok"], results
+    else:
+        for r in results:
+            assert r.startswith("raised: spin: tensor-parallel ranks selected different blocks at step"), r
+
+
 def test_the_mtp_drafters_indexer_stays_vllms(model_dir):
     """The draft model's indexer layer (model.layers.{num_hidden_layers}) runs vLLM's dense path:
     spin drives the target model's layers only."""

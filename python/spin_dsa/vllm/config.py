@@ -19,6 +19,10 @@ Keys (anything else is an error, so a typo never silently turns spin off):
 - ``min_context`` (int ≥ 0, default 32768): on a GPU, requests that see at most this many indexer
   entries keep every block (the indexer is cheap there and skipping pays less than spin costs).
 - ``record`` (dict): score traces (include/spin/trace.h) of chosen requests and layers, see RecordConfig.
+- ``verify_ranks`` (bool, default false): every step, the tensor-parallel ranks all-reduce a
+  checksum of the blocks each selected and stop the engine on a mismatch (ranks must agree
+  without talking; this proves it). It reads the result on the host: eager steps only, refused
+  with FULL CUDA graphs.
 
 Pure Python (no vLLM import), so it is tested in the main package suite.
 """
@@ -30,7 +34,8 @@ from typing import Any, Mapping
 
 import spin_dsa
 
-_KEYS = {"enabled", "predictor", "config", "max_requests", "record", "warm_start", "min_context"}
+_KEYS = {"enabled", "predictor", "config", "max_requests", "record", "warm_start", "min_context",
+         "verify_ranks"}
 
 # Requests that see at most this many indexer entries keep every block on the GPU path. From the
 # cost model (`spin diagnose --model deepseek-v3.2 --gpu h200 --batch 64`): at 50 % of blocks a
@@ -68,6 +73,7 @@ class SpinConfig:
     record: RecordConfig | None = None
     warm_start: bool = True
     min_context: int = DEFAULT_MIN_CONTEXT
+    verify_ranks: bool = False
 
 
 # Predictors the serving API cannot run, from the library's one predictor table (the oracle
@@ -141,5 +147,8 @@ def parse_spin_config(additional_config: Mapping[str, Any] | None) -> SpinConfig
     min_context = obj.get("min_context", DEFAULT_MIN_CONTEXT)
     if isinstance(min_context, bool) or not isinstance(min_context, int) or min_context < 0:
         _fail("min_context must be an int >= 0 (indexer entries)")
+    verify_ranks = obj.get("verify_ranks", False)
+    if not isinstance(verify_ranks, bool):
+        _fail("verify_ranks must be true or false")
     return SpinConfig(enabled, predictor, dict(config), max_requests, record, warm_start,
-                      min_context)
+                      min_context, verify_ranks)

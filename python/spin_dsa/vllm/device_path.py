@@ -86,6 +86,7 @@ class DeviceRuntime:
         self._prompt_rows: list[tuple[int, int]] = []  # (batch row, token row) of ending prompts
         self.first_layer = self.last_layer = None
         self._step_blocks = None  # (blocks, counts) of every layer: the step's plan
+        self._rank_group = None   # verify_ranks' process group (rank_group())
         # Record mode: the true indexer rows of the recorded requests (scored apart from spin's
         # blocks, so recording never changes what spin selects), copied to the host.
         self.recorder = ScoreRecorder(cfg.record, model, self.num_layers) if cfg.record else None
@@ -179,6 +180,13 @@ class DeviceRuntime:
             self._recorded = []
         return out
 
+    def rank_group(self):
+        """The tensor-parallel group whose ranks must select alike (vLLM's; tests set their own)."""
+        if self._rank_group is None:
+            from vllm.distributed import get_tp_group
+            self._rank_group = get_tp_group().device_group
+        return self._rank_group
+
     def topk_scratch(self, like):
         """Where vLLM's top-k writes a spin layer's compact columns: a static buffer (an
         allocation once per shape beyond it), never vLLM's own top-k buffer."""
@@ -222,6 +230,8 @@ class DeviceRuntime:
         self._step_blocks = self.serving.select_layers(S, seq_lens, next_n)
         self._opened_at[S] = seq_lens.long() - next_n
         self._count(self._step_blocks[1], seq_lens, next_n)
+        if self.cfg.verify_ranks and not _capturing(self.device):
+            verify_ranks(*self._step_blocks, self.rank_group(), self.steps)
 
     def _observe_prompts(self, layer, md, q_quant, weights, kv_cache):
         rows = torch.tensor([r for r, _ in self._prompt_rows], dtype=torch.int64,
@@ -301,6 +311,31 @@ class DeviceRuntime:
         return {"steps": self.steps, "fallback_steps": self.fallback_steps, "decode_rows": rows,
                 "blocks_scored": scored, "blocks_visible": visible,
                 "scored_fraction": scored / visible if visible else 1.0}
+
+
+def block_checksum(blocks, counts):
+    """An int64 digest of a step's selection (every layer's blocks and counts), position-weighted
+    so that a block moved to another row or slot changes it. Integer sums are the same in any
+    order (wrapping at 2^64 included), so equal selections give equal digests on every rank."""
+    flat = torch.cat([blocks.reshape(-1).long() + 2, counts.reshape(-1).long() + 1])
+    weights = torch.arange(flat.numel(), device=flat.device) % 65521 + 1
+    return (flat * weights).sum()
+
+
+def verify_ranks(blocks, counts, group, step):
+    """All-reduces the step's checksum (max of it and of its negation: one collective) over the
+    tensor-parallel group; raises on every rank when they differ."""
+    import torch.distributed as dist
+    if group is None or dist.get_world_size(group) < 2:
+        return
+    digest = block_checksum(blocks, counts)
+    both = torch.stack([digest, -digest])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    high, low = both.tolist()[0], -both.tolist()[1]
+    if high != low:
+        raise RuntimeError(f"spin: tensor-parallel ranks selected different blocks at step {step} "
+                           f"(block checksums range {low}..{high}); their predictor states have "
+                           "diverged, and their heads would attend to different tokens")
 
 
 class _Staging:

@@ -167,6 +167,9 @@ def check_device_path(vc, cfg: SpinConfig, op):
     if cfg.record is not None and mode is not None and mode.has_full_cudagraphs():
         refuse("record mode with FULL CUDA graphs", "add --enforce-eager, or "
                "-O.cudagraph_mode=PIECEWISE (record copies the recorded rows to the host)")
+    if cfg.verify_ranks and mode is not None and mode.has_full_cudagraphs():
+        refuse("verify_ranks with FULL CUDA graphs", "add --enforce-eager, or "
+               "-O.cudagraph_mode=PIECEWISE (the check reads the all-reduced checksums)")
 
 
 def _add_splitting_op(vc):

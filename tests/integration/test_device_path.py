@@ -356,6 +356,25 @@ def test_verify_ranks_proves_agreement_and_stops_on_divergence(model_dir, tmp_pa
             assert r.startswith("raised: spin: tensor-parallel ranks selected different blocks at step"), r
 
 
+def test_more_requests_than_slots_run_dense_and_are_counted(model_dir, monkeypatch):
+    """max_requests 1 and two requests: no error; the step runs vLLM's dense decode (the same
+    top-k as spin off), counted; once one request leaves, the other decodes with spin again."""
+    world = World(model_dir, 1, spin=dict(SPIN, max_requests=1))
+    rt = world.build()
+    dense = _vllm_function(monkeypatch, world)
+    fn = spin_dsa.vllm.wrap_indexer_function(dense)
+    rt.begin_step(["a", "b"], [1, 1], [])
+    for l in range(LAYERS):
+        assert torch.equal(world.call(fn, (0, 1), 0, l), world.call(dense, (0, 1), 0, l))
+    assert rt.stats()["no_slot_steps"] == 1 and rt.stats()["max_requests"] == 1
+    rt.drop("a")
+    rt.begin_step(["b"], [1], [])
+    world.asked.clear()
+    world.call(fn, (1,), 1, 0)
+    assert world.asked[-1][2] == rt.width_entries  # the compacted call: spin selected again
+    assert rt.stats()["no_slot_steps"] == 1
+
+
 def test_the_mtp_drafters_indexer_stays_vllms(model_dir):
     """The draft model's indexer layer (model.layers.{num_hidden_layers}) runs vLLM's dense path:
     spin drives the target model's layers only."""

@@ -48,6 +48,11 @@ logger = logging.getLogger("spin_dsa.vllm")
 #: Steps between the counters' log lines (the worker's log is where a served engine shows them).
 STATS_EVERY = 1000
 
+#: Slots the device path keeps state for unless max_requests says otherwise: vLLM's max_num_seqs
+#: (1,024 on an H200) sized it at 3.4–4.9 GiB per GPU at 160K (device_path_review.md G5), while a
+#: GPU holds far fewer long-context requests; a step with more requests than slots runs dense.
+DEFAULT_MAX_REQUESTS = 256
+
 
 class DeviceRuntime:
     """The device path's state for one worker: slots, the device Serving, static row buffers."""
@@ -60,7 +65,7 @@ class DeviceRuntime:
         self.page_size, self.topk = int(page_size), int(topk)
         self.compress_ratio = int(compress_ratio)
         self.max_batch = int(max_batch)
-        self.slots = SlotTable(cfg.max_requests or max_requests)
+        self.slots = SlotTable(cfg.max_requests or min(int(max_requests), DEFAULT_MAX_REQUESTS))
         config = dict(cfg.config, page_size=self.page_size, topk=self.topk)
         block_entries = self.page_size * int(spin_dsa.check_config(config)["block_pages"])
         self.serving = sd.Serving(self.slots.capacity, self.num_layers,
@@ -94,6 +99,8 @@ class DeviceRuntime:
         self._record_open: set[str] = set()  # recorded requests with an open trace step
         self.steps = 0
         self.fallback_steps = 0
+        self.no_slot_steps = 0  # steps run dense because a request had no slot
+        self._no_slot: list[int] = []  # this step's batch rows without a slot
         self._fallback_step = -1
 
     # -- lifecycle (the runner hook; host, outside any captured region) ------------------------
@@ -127,19 +134,26 @@ class DeviceRuntime:
             raise RuntimeError(f"spin: a batch of {len(ids)} requests exceeds max_num_seqs "
                                f"{self.max_batch}")
         for r in ids:
-            if r not in self.slots:
+            if r not in self.slots and len(self.slots) < self.slots.capacity:
                 self.add(r)
+        # More requests than slots: this step runs vLLM's dense decode (counted), never raises;
+        # the requests without a slot get one when one frees. Under FULL CUDA graphs a replay
+        # cannot switch: their rows then use the pad slot's shared state (a budgeted selection,
+        # not dense) — raise max_requests if stats()["no_slot_steps"] grows.
+        self._no_slot = [i for i, r in enumerate(ids) if r not in self.slots]
+        if self._no_slot:
+            self.no_slot_steps += 1
         n = len(ids)
         rows = np.zeros((2, self.max_batch), np.int64)
         rows[0] = self.serving.pad_slot
-        rows[0, :n] = [self.slots[r] for r in ids]
+        rows[0, :n] = [self.slots[r] if r in self.slots else self.serving.pad_slot for r in ids]
         if scheduled is not None:
             rows[1, :n] = scheduled[:n]
         self._staging.copy(self._step_rows, rows)
         qlen = rows[1]
         ends = np.cumsum(qlen[:n]) - 1
         warm = prompt_ends if self.cfg.warm_start else ()
-        self._prompt_rows = [(i, int(ends[i])) for i in (warm or ()) if i < n]
+        self._prompt_rows = [(i, int(ends[i])) for i in (warm or ()) if i < n and i not in self._no_slot]
         if self.recorder is not None:
             self._recorded = [(i, r) for i, r in enumerate(ids) if self.recorder.recording(r)]
         self.steps += 1
@@ -158,7 +172,7 @@ class DeviceRuntime:
             accepted = self._commit(md)
             if self._recorded:
                 self._record_step(md, accepted)
-        plan = _decode_plan(md, self.max_next_n)
+        plan = None if self._no_slot else _decode_plan(md, self.max_next_n)
         if plan is None:
             if md.num_decodes > 0:
                 self._count_fallback()
@@ -308,7 +322,9 @@ class DeviceRuntime:
     def stats(self) -> dict:
         """Counters since start (reading them synchronises with the device)."""
         rows, scored, visible = (int(v) for v in self._counters.tolist())
-        return {"steps": self.steps, "fallback_steps": self.fallback_steps, "decode_rows": rows,
+        return {"steps": self.steps, "fallback_steps": self.fallback_steps,
+                "no_slot_steps": self.no_slot_steps, "max_requests": self.slots.capacity,
+                "decode_rows": rows,
                 "blocks_scored": scored, "blocks_visible": visible,
                 "scored_fraction": scored / visible if visible else 1.0}
 

@@ -93,21 +93,27 @@ def commit_kernel(SLOT, LAST, SELECTED, STEP, PENDING_X, PENDING_NEWEST, SLOT_EM
         tl.debug_barrier()  # row j's state is what row j + 1 updates
 
 
+def _per_slot_and_layer(kernel, owner, S, *args, **constexprs):
+    """kernel with one program per (slot of S, layer), without fp contraction (the reference's
+    roundings: separate multiplies and adds)."""
+    if S.shape[0] == 0:
+        return
+    kernel[(S.shape[0], owner.num_layers)](
+        *args, BLOCK=min(1024, triton.next_power_of_2(owner.max_blocks)), num_warps=4,
+        enable_fp_fusion=False, **constexprs)
+
+
 def launch(owner, S, last):
     """commit_kernel over the batch's slots S (int64 [batch]) and every layer, rows 0..last[i]."""
     o = owner
-    batch = S.shape[0]
-    if batch == 0:
-        return
-    commit_kernel[(batch, o.num_layers)](
-        S, last.contiguous(), o._selected.view(torch.uint8), o._step, o._pending_x, o._pending_newest, o.slot_ema,
-        o.last_seen, o.offset_ema, o.offset_count, o._dist_lo, o._dist_hi, batch, o.num_layers,
-        o.max_next_n, o.max_blocks, o._n_buckets, o._alpha_host, o._one_minus_alpha_host,
-        o._beta_host, o._one_minus_beta_host, BLOCK=min(1024, triton.next_power_of_2(o.max_blocks)),
-        num_warps=4, enable_fp_fusion=False)
+    _per_slot_and_layer(
+        commit_kernel, o, S, S, last.contiguous(), o._selected.view(torch.uint8), o._step, o._pending_x,
+        o._pending_newest, o.slot_ema, o.last_seen, o.offset_ema, o.offset_count, o._dist_lo, o._dist_hi,
+        S.shape[0], o.num_layers, o.max_next_n, o.max_blocks, o._n_buckets, o._alpha_host,
+        o._one_minus_alpha_host, o._beta_host, o._one_minus_beta_host)
 
 
-@triton.jit(do_not_specialize=["batch"])
+@triton.jit
 def close_kernel(SLOT, LAST, SELECTED, PREFILL_OPEN, PENDING_HITS, PREV_HITS, CHURN_EMA,
                  EXPLORE_SHARE, CONSTANTS, num_layers, max_next_n, n_blocks,
                  EXPLORE_CHURN: tl.constexpr, BLOCK: tl.constexpr):
@@ -151,11 +157,7 @@ def close_kernel(SLOT, LAST, SELECTED, PREFILL_OPEN, PENDING_HITS, PREV_HITS, CH
 def close(owner, S, last):
     """close_kernel over the batch's slots S and every layer (needs the hits kept: _keeps_topk)."""
     o = owner
-    batch = S.shape[0]
-    if batch == 0:
-        return
-    close_kernel[(batch, o.num_layers)](
-        S, last.contiguous(), o._selected.view(torch.uint8), o._prefill_open.view(torch.uint8),
-        o._pending_hits, o.prev_hits, o.churn_ema, o.explore_share, o._churn_constants, o.num_layers,
-        o.max_next_n, o.max_blocks, EXPLORE_CHURN=o._explore_churn,
-        BLOCK=min(1024, triton.next_power_of_2(o.max_blocks)), num_warps=4, enable_fp_fusion=False)
+    _per_slot_and_layer(
+        close_kernel, o, S, S, last.contiguous(), o._selected.view(torch.uint8),
+        o._prefill_open.view(torch.uint8), o._pending_hits, o.prev_hits, o.churn_ema, o.explore_share,
+        o._churn_constants, o.num_layers, o.max_next_n, o.max_blocks, EXPLORE_CHURN=o._explore_churn)

@@ -375,6 +375,25 @@ def test_more_requests_than_slots_run_dense_and_are_counted(model_dir, monkeypat
     assert rt.stats()["no_slot_steps"] == 1
 
 
+def test_a_step_of_short_rows_runs_vllms_dense_decode_unless_captured(model_dir, monkeypatch):
+    """min_context above every row: an eager step skips spin's chain (vLLM's own result, counted
+    once a step); a step being captured keeps the sparse path (a replay cannot branch)."""
+    import spin_dsa.vllm.device_path as dp
+    world = World(model_dir, 1, spin=dict(SPIN, min_context=MAX_LEN))
+    rt = world.build()
+    dense = _vllm_function(monkeypatch, world)
+    fn = spin_dsa.vllm.wrap_indexer_function(dense)
+    rt.begin_step(["a", "b"], [1, 1], [])
+    for l in range(LAYERS):
+        assert torch.equal(world.call(fn, (0, 1), 0, l), world.call(dense, (0, 1), 0, l))
+        assert world.asked[-1][2] == MAX_LEN  # vLLM's dense call: the full width
+    assert rt.stats()["short_steps"] == 1
+    monkeypatch.setattr(dp, "_capturing", lambda device: True)
+    rt.begin_step(["a", "b"], [1, 1], [])
+    world.call(fn, (0, 1), 1, 0)
+    assert world.asked[-1][2] == rt.width_entries and rt.stats()["short_steps"] == 1
+
+
 def test_the_mtp_drafters_indexer_stays_vllms(model_dir):
     """The draft model's indexer layer (model.layers.{num_hidden_layers}) runs vLLM's dense path:
     spin drives the target model's layers only."""

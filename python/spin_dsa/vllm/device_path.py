@@ -100,6 +100,7 @@ class DeviceRuntime:
         self.steps = 0
         self.fallback_steps = 0
         self.no_slot_steps = 0  # steps run dense because a request had no slot
+        self.short_steps, self._short_step = 0, -1  # eager steps run dense: all rows short
         self._no_slot: list[int] = []  # this step's batch rows without a slot
         self._fallback_step = -1
 
@@ -173,6 +174,8 @@ class DeviceRuntime:
             if self._recorded:
                 self._record_step(md, accepted)
         plan = None if self._no_slot else _decode_plan(md, self.max_next_n)
+        if plan is not None and self._short(md):
+            plan = None
         if plan is None:
             if md.num_decodes > 0:
                 self._count_fallback()
@@ -208,6 +211,18 @@ class DeviceRuntime:
         if rows > self._topk_cols.shape[0] or k > self._topk_cols.shape[1]:
             return torch.empty_like(like)
         return self._topk_cols[:rows, :k]
+
+    def _short(self, md) -> bool:
+        """An eager step whose longest decode row sees at most min_context entries runs vLLM's
+        dense decode (counted once a step): there every row keeps every block anyway (the
+        select's dense_blocks rule), so spin's launches would buy nothing. A captured step keeps
+        the sparse path (a replay cannot branch; its rows still keep every block)."""
+        if _capturing(self.device) or md.max_seq_len // self.compress_ratio > self.cfg.min_context:
+            return False
+        if self._short_step != self.steps:
+            self._short_step = self.steps
+            self.short_steps += 1
+        return True
 
     def _commit(self, md):
         n = md.num_decodes + md.num_prefills
@@ -323,7 +338,8 @@ class DeviceRuntime:
         """Counters since start (reading them synchronises with the device)."""
         rows, scored, visible = (int(v) for v in self._counters.tolist())
         return {"steps": self.steps, "fallback_steps": self.fallback_steps,
-                "no_slot_steps": self.no_slot_steps, "max_requests": self.slots.capacity,
+                "no_slot_steps": self.no_slot_steps, "short_steps": self.short_steps,
+                "max_requests": self.slots.capacity,
                 "decode_rows": rows,
                 "blocks_scored": scored, "blocks_visible": visible,
                 "scored_fraction": scored / visible if visible else 1.0}

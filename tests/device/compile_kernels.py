@@ -98,8 +98,9 @@ def main():
     for next_n, bp in ((1, 1), (4, 2)):  # compaction, the engine's int32 tables, int64 seq_lens
         compile_ptx(_paging_kernel._compact_kernel,
                     dict(BLOCKS="*i32", COUNTS="*i32", TABLE_IN="*i32", SEQ="*i64", TABLE="*i32",
-                         LENGTHS="*i32"),
-                    dict(NEXT_N=next_n, BP=bp, PAD=0, TILE=_paging_kernel.TILE), num_warps=4)
+                         LENGTHS="*i32", COUNTERS="*i64"),
+                    dict(NEXT_N=next_n, BP=bp, PAD=0, TILE=_paging_kernel.TILE, COUNT=next_n > 1),
+                    num_warps=4)
         compiled += 1
     compile_ptx(_paging_kernel._remap_kernel, dict(TOPK="*i32", BLOCKS="*i32", OUT="*i32"),
                 dict(TILE=_paging_kernel.REMAP_TILE), num_warps=4)

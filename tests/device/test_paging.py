@@ -118,10 +118,16 @@ def test_compact_kernel_equals_the_torch_reference(next_n, bp, cr, width, dtype)
     table = torch.from_numpy(rng.permutation(batch * max_pages).reshape(batch, max_pages)).to(dtype)
     args = [t.to(DEV) for t in (blocks, counts, table, seq_lens)]
     kw = dict(block_pages=bp, page_size=ps, compress_ratio=cr)
-    want = P.compact(*args, next_n, use_triton=False, **kw)
-    got = P.compact(*args, next_n, use_triton=True, **kw)
+    counted = [torch.tensor([5, 6, 7], dtype=torch.int64, device=DEV) for _ in range(2)]
+    want = P.compact(*args, next_n, use_triton=False, counters=counted[0], **kw)
+    got = P.compact(*args, next_n, use_triton=True, counters=counted[1], **kw)
     for w, g in zip(want, got):
         assert g.dtype == w.dtype and torch.equal(g.cpu(), w.cpu())
+    E = ps * bp
+    newest = [max(int(x), 0) // cr for x in seq_lens]
+    assert counted[0].tolist() == [5 + batch * next_n, 6 + int(counts[::next_n].sum()),
+                                   7 + sum(-(-v // E) for v in newest)]
+    assert torch.equal(counted[0], counted[1])  # the kernel's atomics add the same
 
 
 def test_compact_lengths_are_a_prefix_of_the_compact_columns():

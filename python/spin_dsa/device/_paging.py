@@ -72,7 +72,8 @@ def visible_entries(seq_lens: torch.Tensor, next_n: int, compress_ratio: int = 1
 
 def compact(blocks: torch.Tensor, counts: torch.Tensor, block_table: torch.Tensor,
             seq_lens: torch.Tensor, next_n: int, block_pages: int = 1, page_size: int = 64,
-            compress_ratio: int = 1, *, use_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            compress_ratio: int = 1, *, use_triton: bool | None = None,
+            counters: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The compacted block table and the compacted per-row lengths.
 
     blocks: int32 ``[batch · next_n, width]`` logical block ids, ascending, -1 padded (every row
@@ -90,6 +91,9 @@ def compact(blocks: torch.Tensor, counts: torch.Tensor, block_table: torch.Tenso
 
     use_triton: one Triton launch (``_paging_kernel.py``; default: on CUDA tensors when triton
     imports) instead of the torch ops below, which are its reference.
+    counters: int64 ``[3]`` an engine keeps statistics in, or None: this call adds its rows, the
+    blocks its requests score (the first row's count each) and the blocks they see (their newest
+    row's, in E-entry blocks) — inside the same launch.
     """
     _check_tensor("blocks", blocks, _INDEX, 2)
     _check_tensor("counts", counts, _INDEX, 1)
@@ -105,10 +109,15 @@ def compact(blocks: torch.Tensor, counts: torch.Tensor, block_table: torch.Tenso
                          f"{next_n}), got blocks {tuple(blocks.shape)}, counts {tuple(counts.shape)}")
     if block_table.shape[0] != batch or block_table.shape[1] < 1:
         raise ValueError(f"block_table: expected [batch={batch}, max_pages >= 1], got {tuple(block_table.shape)}")
+    if counters is not None:
+        _check_tensor("counters", counters, (torch.int64,), 1)
+        _check_device(blocks.device, counters=counters)
+        if counters.shape[0] != 3:
+            raise ValueError(f"counters: expected 3 entries, got {counters.shape[0]}")
     if _use_triton(use_triton, blocks):
         from . import _paging_kernel
         return _paging_kernel.compact(blocks, counts, block_table, seq_lens, next_n, block_pages, page_size,
-                                      compress_ratio, PAD_PAGE)
+                                      compress_ratio, PAD_PAGE, counters)
     entries = page_size * block_pages
     dev = blocks.device
     col = torch.arange(width, device=dev)
@@ -132,6 +141,10 @@ def compact(blocks: torch.Tensor, counts: torch.Tensor, block_table: torch.Tenso
     read = pages_valid & (logical * page_size < newest[:, None])
     safe = torch.where(read, logical, 0).clamp_max(block_table.shape[1] - 1)
     table = torch.where(read, block_table.gather(1, safe).to(torch.int32), PAD_PAGE)
+    if counters is not None:
+        counters[0] += rows
+        counters[1] += counts.reshape(batch, next_n)[:, 0].long().sum()
+        counters[2] += ((newest + entries - 1) // entries).sum()
     return table.to(torch.int32), lengths
 
 

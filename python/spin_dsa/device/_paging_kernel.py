@@ -24,14 +24,19 @@ REMAP_TILE = 1024   # top-k columns per remap program
 
 @triton.jit
 def _compact_kernel(BLOCKS, stride_b, COUNTS, TABLE_IN, stride_ti, max_pages, SEQ, TABLE, stride_t,
-                    LENGTHS, width, compress_ratio, page_size,
-                    NEXT_N: tl.constexpr, BP: tl.constexpr, PAD: tl.constexpr, TILE: tl.constexpr):
+                    LENGTHS, COUNTERS, width, compress_ratio, page_size,
+                    NEXT_N: tl.constexpr, BP: tl.constexpr, PAD: tl.constexpr, TILE: tl.constexpr,
+                    COUNT: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     E = page_size * BP
     seq = tl.load(SEQ + b).to(tl.int64)
     newest = tl.maximum(seq, 0) // compress_ratio                 # row next_n − 1 sees the most
     first = b * NEXT_N
     n0 = tl.load(COUNTS + first).to(tl.int64)
+    if COUNT:  # an engine's statistics: rows, blocks scored, blocks visible (integer atomics)
+        tl.atomic_add(COUNTERS, NEXT_N, sem="relaxed")
+        tl.atomic_add(COUNTERS + 1, n0, sem="relaxed")
+        tl.atomic_add(COUNTERS + 2, (newest + E - 1) // E, sem="relaxed")
     offs = tl.arange(0, TILE)
     for j in tl.static_range(NEXT_N):
         r = first + j
@@ -68,7 +73,8 @@ def _remap_kernel(TOPK, stride_k, k, BLOCKS, stride_b, width, OUT, stride_o, E, 
     tl.store(OUT + row * stride_o + idx, tl.where((c >= 0) & (blk >= 0), pos, -1).to(tl.int32), mask=inside)
 
 
-def compact(blocks, counts, block_table, seq_lens, next_n, block_pages, page_size, compress_ratio, pad_page):
+def compact(blocks, counts, block_table, seq_lens, next_n, block_pages, page_size, compress_ratio, pad_page,
+            counters=None):
     """Arguments checked by the caller (``_paging.compact``). Returns (table, lengths) as there."""
     rows, width = blocks.shape
     batch = seq_lens.shape[0]
@@ -79,8 +85,9 @@ def compact(blocks, counts, block_table, seq_lens, next_n, block_pages, page_siz
     blocks, block_table = _rows_contiguous(blocks), _rows_contiguous(block_table)
     _compact_kernel[(batch,)](blocks, blocks.stride(0), counts.contiguous(), block_table, block_table.stride(0),
                               block_table.shape[1], seq_lens.contiguous(), table, table.stride(0), lengths,
-                              width, compress_ratio, page_size, NEXT_N=next_n, BP=block_pages, PAD=pad_page,
-                              TILE=TILE, num_warps=4)
+                              lengths if counters is None else counters, width, compress_ratio, page_size,
+                              NEXT_N=next_n, BP=block_pages, PAD=pad_page, TILE=TILE,
+                              COUNT=counters is not None, num_warps=4)
     return table, lengths
 
 

@@ -427,6 +427,8 @@ class Serving:
         self._visible[S_g, L_g, :next_n] = visible.repeat(n_layers, 1)
         self._sel_blocks[S_g, L_g] = blocks
         shape = (n_layers, batch * next_n, self.width)
+        if next_n == 1:  # one row a request: the groups are the rows (no copy)
+            return blocks.reshape(shape), counts.reshape(shape[:2])
         return (blocks.repeat_interleave(next_n, dim=0).view(shape),
                 counts.repeat_interleave(next_n, dim=0).view(shape[:2]))
 

@@ -84,7 +84,8 @@ class DeviceRuntime:
         self._rows, self._qlen = self._step_rows[0], self._step_rows[1]
         self._staging = _Staging((2, self.max_batch), torch.int64, self.device)
         self._opened_at = torch.zeros(pad + 1, **i64)            # L − q of its open step
-        # [decode rows, blocks scored, blocks visible]: device counters, read only by stats().
+        # [decode rows, blocks scored, blocks visible]: device counters, added to by compact's own
+        # launch, read only by stats().
         self._counters = torch.zeros(3, **i64)
         self._topk_cols = torch.empty((self.max_batch * self.max_next_n, self.topk), dtype=torch.int32,
                                       device=self.device)
@@ -241,7 +242,7 @@ class DeviceRuntime:
         blocks, counts = self._step_blocks[0][layer], self._step_blocks[1][layer]
         pages, lengths = sd.compact(blocks, counts, table, seq_lens, next_n,
                                     int(self.serving.config["block_pages"]), self.page_size,
-                                    self.compress_ratio)
+                                    self.compress_ratio, counters=self._counters)
         if per_token:  # vLLM's flattened rows: one table row and one length per token
             pages = pages.repeat_interleave(next_n, dim=0)
             ctx = lengths.view(-1, 1)
@@ -255,10 +256,9 @@ class DeviceRuntime:
 
     def _plan_step(self, S, seq_lens, next_n):
         """Once per step, at its first spin layer: every layer's blocks in one select (the
-        layers then only slice them), the step's opening lengths and the counters."""
+        layers then only slice them) and the step's opening lengths."""
         self._step_blocks = self.serving.select_layers(S, seq_lens, next_n)
         self._opened_at[S] = seq_lens.long() - next_n
-        self._count(self._step_blocks[1], seq_lens, next_n)
         if self.cfg.verify_ranks and not _capturing(self.device):
             verify_ranks(*self._step_blocks, self.rank_group(), self.steps)
 
@@ -315,14 +315,6 @@ class DeviceRuntime:
         logits = _full_rows(q, w, cache, pages, entries, self.page_size, next_n).cpu().numpy()
         for b, ((_, rid), n) in enumerate(zip(mine, entries.view(-1, next_n)[:, -1].tolist())):
             self.recorder.add_rows(rid, layer, logits[b * next_n:(b + 1) * next_n, :n])
-
-    def _count(self, counts, seq_lens, next_n):
-        """counts: [layers, rows] of the step's plan (every layer's decode rows at once)."""
-        layers = counts.shape[0]
-        visible = sd.visible_entries(seq_lens, next_n, self.compress_ratio).view(-1, next_n)[:, -1]
-        self._counters[0] += counts.numel()
-        self._counters[1] += counts.view(layers, -1, next_n)[:, :, 0].long().sum()
-        self._counters[2] += layers * (-(-visible // self.block_entries)).sum()
 
     def _count_fallback(self):
         if self._fallback_step == self.steps:  # once per step, not per layer

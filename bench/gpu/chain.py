@@ -230,7 +230,9 @@ def measure_case(env, ctx, batch, s, nn, max_layers=61):
     per_layer("dense_logits_triton_us", lambda l: triton_logits(tables[l], dense_len, dense))
     per_layer("dense_topk_exact_us", lambda l: P.topk(dense, dense_len, k, clean=True))
     per_layer("dense_topk_torch_us", lambda l: torch.topk(dense, k, dim=1))
-    per_layer("compact_us", lambda l: P.compact(blocks[l], counts[l], tables[l], seq_lens, nn, page_size=PAGE))
+    stats = torch.zeros(3, dtype=torch.int64, device=device)   # the plugin's counters, kept by compact
+    per_layer("compact_us", lambda l: P.compact(blocks[l], counts[l], tables[l], seq_lens, nn, page_size=PAGE,
+                                                counters=stats))
     per_layer("logits_triton_us", lambda l: triton_logits(comp[l][0], comp[l][1], compact_out))
     per_layer("topk_exact_us", lambda l: P.topk(compact_out, comp[l][1], k, clean=True))
     per_layer("topk_torch_us", lambda l: torch.topk(compact_out, k, dim=1))
@@ -248,7 +250,7 @@ def measure_case(env, ctx, batch, s, nn, max_layers=61):
 
     # The chains, Triton logits.
     def spin_layer(l, logits_fn, topk_fn):
-        t, n = P.compact(blocks[l], counts[l], tables[l], seq_lens, nn, page_size=PAGE)
+        t, n = P.compact(blocks[l], counts[l], tables[l], seq_lens, nn, page_size=PAGE, counters=stats)
         out = logits_fn(t, n)
         observe_and_remap(l, out, topk_fn(out, n))
 
@@ -260,7 +262,7 @@ def measure_case(env, ctx, batch, s, nn, max_layers=61):
             P.remap(top, blocks[l], E, out=positions)
 
     def spin_own(l):
-        t, n = P.compact(blocks[l], counts[l], tables[l], seq_lens, nn, page_size=PAGE)
+        t, n = P.compact(blocks[l], counts[l], tables[l], seq_lens, nn, page_size=PAGE, counters=stats)
         observe_and_remap(l, compact_out, cols)
         return t, n
 

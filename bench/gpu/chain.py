@@ -166,7 +166,7 @@ def fits(torch, device, batch, ctx, nn, layers):
 
 def make_serving(env, batch, ctx, s, k, nn):
     """spin_dsa.device.Serving with every request added, or (None, why)."""
-    Serving, torch, device = env["Serving"], env["torch"], env["device"]
+    Serving, device = env["Serving"], env["device"]
     if Serving is None:
         return None, "spin_dsa.device.Serving unavailable (see probe.modules)"
     try:
@@ -278,8 +278,7 @@ def measure_case(env, ctx, batch, s, nn, max_layers=61):
         deepgemm_chains(env, row, per_layer, blocks, counts, tables, seq_lens, dense_len, q, w, cache, nn, k,
                         spin_layer, spin_own, width)
         summarise(row, s, peak)
-        timer.release()
-        del cache, tables, dense, compact_out, serving
+        timer.release()   # the graphs' pools; the case's tensors go with this frame
         if device.type == "cuda":
             torch.cuda.empty_cache()
     except Exception as e:  # noqa: BLE001

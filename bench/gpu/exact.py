@@ -130,6 +130,7 @@ class Step:
         self.blocks = torch.zeros((layers, rows, dev.width), dtype=torch.int32, device=device)
         self.counts = torch.zeros((layers, rows), dtype=torch.int32, device=device)
         self.topk = torch.zeros((layers, rows, self.k), dtype=torch.int32, device=device)
+        self.stats = torch.zeros(3, dtype=torch.int64, device=device)   # compact's counters, as the plugin's
         self.graph = None
 
     def body(self):
@@ -139,16 +140,16 @@ class Step:
         col = torch.arange(dev.width * E, device=self.seq.device)
         for layer in range(self.layers):
             b, c = blocks[layer], counts[layer]
-            _, lengths = P.compact(b, c, self.table, self.seq, nn, page_size=E)
+            _, lengths = P.compact(b, c, self.table, self.seq, nn, page_size=E, counters=self.stats)
             pos = b.long().clamp_min(0)[:, col // E] * E + col % E
             pos = pos.clamp_max(self.scores.shape[2] - 1)
             scored = self.scores[layer].gather(1, pos)
             scored = torch.where(col[None, :] < lengths[:, None], scored, float("-inf"))
             top = P.topk(scored, lengths, self.k)
-            dev.observe_scored(self.slots, layer, scored, top)
+            # What the vLLM plugin runs: observe writes the positions (remap fused).
+            dev.observe_scored(self.slots, layer, scored, top, positions=self.topk[layer], blocks=b)
             self.blocks[layer].copy_(b)
             self.counts[layer].copy_(c)
-            self.topk[layer].copy_(P.remap(top, b, E))
         dev.commit(self.slots, self.accepted)
 
     def run(self):
@@ -188,7 +189,7 @@ def check_selections(env, nn, steps, requests=8, layers=3, max_entries=16384, to
     step = Step(env, dev, requests, layers, max_entries, nn)
     res = {"next_n": nn, "requests": requests, "layers": layers, "max_entries": max_entries, "topk": k,
            "width": dev.width, "impl": dev.impl, "steps": 0, "graph_replays": 0, "selections_compared": 0,
-           "topk_rows_compared": 0, "first_mismatch": None}
+           "topk_rows_compared": 0, "first_mismatch": None, "ok": False}
     for t in range(steps):
         seq += nn                                    # this step's rows enter the cache
         if int(seq.max()) > max_entries:

@@ -32,7 +32,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-from chain import HEADS, DIM, PAGE, PAGE_BYTES, TOPK, MODEL_LAYERS, DeepGemm, Timer, make_inputs, measure_case  # noqa: E402
+from chain import HEADS, DIM, PAGE, TOPK, MODEL_LAYERS, DeepGemm, Timer, make_inputs, measure_case  # noqa: E402
 from exact import check_deepgemm_logits, check_logits, check_selections  # noqa: E402
 
 PEAK_TBS = {"H200": 4.8, "H100 SXM": 3.35, "H100 80GB HBM3": 3.35, "H800": 3.35, "B200": 8.0}

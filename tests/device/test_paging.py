@@ -130,6 +130,17 @@ def test_compact_kernel_equals_the_torch_reference(next_n, bp, cr, width, dtype)
     assert torch.equal(counted[0], counted[1])  # the kernel's atomics add the same
 
 
+def test_compact_of_an_empty_batch_still_counts():
+    """No rows (or no width) take the torch path whatever use_triton says; the counters stay right."""
+    counters = torch.zeros(3, dtype=torch.int64, device=DEV)
+    empty = torch.zeros((0, 4), dtype=torch.int32, device=DEV)
+    t, n = P.compact(empty, torch.zeros(0, dtype=torch.int32, device=DEV),
+                     torch.zeros((0, 8), dtype=torch.int32, device=DEV),
+                     torch.zeros(0, dtype=torch.int64, device=DEV), 1, page_size=16,
+                     use_triton=HAVE_TRITON, counters=counters)
+    assert t.shape == (0, 4) and n.shape == (0,) and counters.tolist() == [0, 0, 0]
+
+
 def test_compact_lengths_are_a_prefix_of_the_compact_columns():
     """What row j sees is exactly the first lengths[j] compact columns (blocks ascend)."""
     rng = np.random.default_rng(3)

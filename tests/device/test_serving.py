@@ -391,6 +391,30 @@ def test_host_only_predictors_and_options_are_refused_by_name():
         device.Serving(2, 1, 1024, "spin", {"target_sparsity": 1.5})
 
 
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_pad_rows_remap_through_their_own_blocks_and_leave_the_pad_state_alone(impl):
+    """An engine's pad rows (several a batch, one shared pad_slot) each get positions from the
+    blocks select returned for them, and the pad slot never opens a step: its state stays as it
+    was (racy updates from several rows would make it differ run to run and rank to rank)."""
+    cfg = {"page_size": E, "topk": 16, "target_sparsity": 0.5}
+    dev = device.Serving(2, 1, 4096, "spin", cfg, impl=impl)
+    dev.add(0, 7)
+    pad = dev.pad_slot
+    S, seq = torch.tensor([0, pad, pad]), torch.tensor([4000, 3000, 1500])
+    before = {n: getattr(dev, n)[pad].clone() for n in ("slot_ema", "last_seen", "_step", "prev_hits")}
+    blocks, counts = dev.select(S, 0, seq)
+    scored = torch.randn(3, dev.width * E, generator=torch.Generator().manual_seed(3))
+    lengths = torch.minimum(counts.long() * E, torch.tensor(dev.width * E))
+    cols = device.topk(scored, lengths, 16)
+    positions = torch.full((3, 16), 99, dtype=torch.int32)
+    dev.observe_scored(S, 0, scored, cols, positions=positions, blocks=blocks)
+    assert torch.equal(positions, device.remap(cols, blocks, dev.block_entries))
+    dev.commit(S)
+    for name, t in before.items():
+        assert torch.equal(getattr(dev, name)[pad], t), name
+    assert int(dev._step[0]) == 1
+
+
 def test_observe_positions_are_checked():
     dev = device.Serving(2, 1, 512, "spin", {"page_size": E, "topk": 8}, 1, device="cpu")
     slots, seq = torch.tensor([0, 1]), torch.tensor([300, 200])

@@ -22,7 +22,6 @@ os.environ["TRITON_INTERPRET"] = "1"
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-import torch  # noqa: E402
 import triton.runtime.interpreter as interpreter  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 

@@ -18,7 +18,8 @@ import triton.language as tl
 
 @triton.jit(do_not_specialize=["layer", "next_n"])  # one compile for every layer and row count
 def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_BLOCKS, SEL_VISIBLE, SLOT, RANK,
-                   PENDING_X, PENDING_HITS, PENDING_NEWEST, POSITIONS, stride_pos, layer, num_layers,
+                   PENDING_X, PENDING_HITS, PENDING_NEWEST, POSITIONS, stride_pos, ROW_BLOCKS,
+                   stride_row_blocks, layer, num_layers,
                    max_next_n, n_blocks, width, k, next_n, chunk,
                    E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
                    HITS: tl.constexpr, TOPK_HITS: tl.constexpr, DEEP: tl.constexpr,
@@ -53,7 +54,11 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_BLOCKS, SEL_VIS
         tl.atomic_add(PENDING_HITS + row + hit_block, tl.full([BLOCK_K], 1, tl.int32),
                       mask=valid, sem="relaxed")
     if REMAP and part == 0:  # the engine's top-k buffer: compact column → request position
-        block_of = tl.load(blocks + col // E, mask=valid, other=-1).to(tl.int64)
+        # Through the row's own blocks (rows sharing a slot — an engine's pad rows — each keep
+        # theirs), the slot clamped into the width as remap() does.
+        slot_of = tl.minimum(col // E, width - 1)
+        block_of = tl.load(ROW_BLOCKS + r.to(tl.int64) * stride_row_blocks + slot_of, mask=valid,
+                           other=-1).to(tl.int64)
         position = tl.where(valid & (block_of >= 0), block_of * E + col % E, -1)
         tl.store(POSITIONS + r.to(tl.int64) * stride_pos + t, position.to(tl.int32), mask=t < k)
     kth = tl.where(k_eff > 0, kth32.to(tl.float64), 0.0)
@@ -97,10 +102,10 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_BLOCKS, SEL_VIS
                  (visible + E - 1) // E - 1)
 
 
-def launch(owner, S, layer, next_n, scored, topk, positions=None):
+def launch(owner, S, layer, next_n, scored, topk, positions=None, row_blocks=None):
     """observe_kernel for the rows of S's open step at `layer`: scored [rows, ≥ width·E] float32,
     topk [rows, ≥ k] int compact columns; positions: int32 [rows, k] to receive the remapped
-    top-k (request positions), or None."""
+    top-k (request positions) through row_blocks int32 [rows, width], or None."""
     o = owner
     rows = scored.shape[0]
     k = int(o.config["topk"])
@@ -114,10 +119,12 @@ def launch(owner, S, layer, next_n, scored, topk, positions=None):
     # over the GPU.
     chunk = o.width if topk_hits else max(1, o.observe_chunk_blocks)
     remap = positions is not None
-    out = positions if remap else topk          # a pointer the kernel never writes without REMAP
+    out = positions if remap else topk          # pointers the kernel never touches without REMAP
+    rb = row_blocks if remap else topk
     observe_kernel[(rows, triton.cdiv(o.width, chunk))](
         scored, scored.stride(0), topk, topk.stride(0), o._sel_blocks, o._visible, S, o._pool_rank,
-        o._pending_x, o._pending_hits, o._pending_newest, out, out.stride(0), layer, o.num_layers,
+        o._pending_x, o._pending_hits, o._pending_newest, out, out.stride(0), rb, rb.stride(0), layer,
+        o.num_layers,
         o.max_next_n, o.max_blocks, o.width, k, next_n, chunk,
         E=o.block_entries, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
         HITS=o._needs_hits, TOPK_HITS=topk_hits, DEEP=o._deep_pool, REMAP=remap, num_warps=4,

@@ -114,7 +114,7 @@ def compact(blocks: torch.Tensor, counts: torch.Tensor, block_table: torch.Tenso
         _check_device(blocks.device, counters=counters)
         if counters.shape[0] != 3:
             raise ValueError(f"counters: expected 3 entries, got {counters.shape[0]}")
-    if _use_triton(use_triton, blocks):
+    if _use_triton(use_triton, blocks) and blocks.shape[0] > 0 and blocks.shape[1] > 0:
         from . import _paging_kernel
         return _paging_kernel.compact(blocks, counts, block_table, seq_lens, next_n, block_pages, page_size,
                                       compress_ratio, PAD_PAGE, counters)

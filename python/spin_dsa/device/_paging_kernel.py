@@ -78,10 +78,9 @@ def compact(blocks, counts, block_table, seq_lens, next_n, block_pages, page_siz
     """Arguments checked by the caller (``_paging.compact``). Returns (table, lengths) as there."""
     rows, width = blocks.shape
     batch = seq_lens.shape[0]
+    assert batch > 0 and width > 0, "empty shapes take the torch path (_paging.compact)"
     table = torch.empty((batch, width * block_pages), dtype=torch.int32, device=blocks.device)
     lengths = torch.empty(rows, dtype=torch.int32, device=blocks.device)
-    if batch == 0 or width == 0:
-        return table.fill_(pad_page), lengths.fill_(0)
     blocks, block_table = _rows_contiguous(blocks), _rows_contiguous(block_table)
     _compact_kernel[(batch,)](blocks, blocks.stride(0), counts.contiguous(), block_table, block_table.stride(0),
                               block_table.shape[1], seq_lens.contiguous(), table, table.stride(0), lengths,

@@ -443,6 +443,9 @@ class Serving:
 
     def _mark_selected(self, S, L):
         self._selected.view(-1).index_fill_(0, S * self.num_layers + L, True)
+        # The pad slot never opens a step: its rows (several a batch) would update one state in
+        # a racy order; kept empty, what they select is the same on every run and every rank.
+        self._selected[self.pad_slot].fill_(False)
 
     def _choose(self, S, layer, n):
         """[batch, next_n, N] each row's set: forced, then exploration, then the highest rank."""
@@ -528,15 +531,17 @@ class Serving:
         out[:, self.width] = -1
         return out[:, :self.width].to(torch.int32), union.sum(dim=1).to(torch.int32)
 
-    def observe_scored(self, slots, layer, scored, topk=None, *, positions=None):
+    def observe_scored(self, slots, layer, scored, topk=None, *, positions=None, blocks=None):
         """The scored blocks' logits of the open step: float32 [batch·next_n, ≥ width·E], row r's
         c-th selected block at columns [c·E, (c+1)·E) (what the compacted logits kernel writes),
         and optionally the rows' top-k as compact column ids (int [rows, ≥ topk], -1 padded;
         the first `topk` are read). Without topk the k-th score is found here (torch.topk).
 
         positions: int32 [rows, topk], written with the top-k as request positions (what
-        ``remap`` gives for this layer's blocks): an engine's top-k buffer, filled by the same
-        launch. It must not share memory with ``topk`` (other programs still read the columns)."""
+        ``remap`` gives): an engine's top-k buffer, filled by the same launch. It must not share
+        memory with ``topk`` (other programs still read the columns). blocks: int32 [rows, ≥
+        width], the blocks select returned for these rows (default: the ones it stored per slot,
+        the same unless rows share a slot, as an engine's pad rows do)."""
         S, layer = self._check_step_args(slots, layer, "observe_scored")
         _check_tensor(scored, "scored", self.device, 2, "float32")
         batch, rows = S.shape[0], scored.shape[0]
@@ -558,16 +563,24 @@ class Serving:
                     f"serving: observe_scored: topk has {topk.shape[1]} columns, below topk = {k}")
         if positions is not None:
             self._check_positions(positions, topk, rows, k)
+            if blocks is None:
+                blocks = self._sel_blocks[S, layer].repeat_interleave(next_n, dim=0)
+            _check_tensor(blocks, "blocks", self.device, 2, "int", rows=rows)
+            if blocks.dtype != torch.int32 or blocks.shape[1] < self.width or blocks.stride(1) != 1:
+                raise spin_dsa.InvalidArgument(
+                    f"serving: observe_scored: blocks must be int32 [rows, >= width = {self.width}] "
+                    f"with unit column stride, got {blocks.dtype} {tuple(blocks.shape)}")
+        row_blocks = blocks
         E_pow2 = E & (E - 1) == 0
         if self._observe_kernel is not None and topk is not None and E_pow2 and rows > 0:
-            self._observe_kernel.launch(self, S, layer, next_n, scored, topk, positions)
+            self._observe_kernel.launch(self, S, layer, next_n, scored, topk, positions, row_blocks)
             return
         visible = self._visible[S, layer, :next_n].reshape(-1)
         if topk is not None:
             topk = topk[:, :k].long()
         blocks = self._sel_blocks[S, layer].long().repeat_interleave(next_n, dim=0)
         if positions is not None:
-            remap(topk, blocks, E, out=positions)
+            remap(topk, row_blocks[:, :self.width], E, out=positions)
         values = scored[:, :self.width * E].reshape(rows, self.width, E)
         x, hits = _pool(values, blocks, visible, topk, k, E, self.config["pooling"],
                         self._row_rank(visible))
@@ -698,8 +711,10 @@ class Serving:
         ema = torch.where(old < 0, measured, _CHURN_KEEP * old + _CHURN_WEIGHT * measured)
         ema = torch.where(use, ema, old)
         self.churn_ema[S] = ema
-        ratio, c0 = float(self.config["explore_ratio"]), float(self.config["explore_churn"])
-        scale = torch.minimum(ema / c0, torch.ones_like(ema))
+        ratio = float(self.config["explore_ratio"])
+        # A device divisor (explore_churn): a Python one lets CUDA multiply by its reciprocal (not the library's
+        # rounding); the close kernel and the library divide.
+        scale = torch.minimum(ema / self._churn_constants[3], torch.ones_like(ema))
         self.explore_share[S] = torch.where(ema < 0, torch.zeros_like(ema), ratio * scale)
 
 

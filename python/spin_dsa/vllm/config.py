@@ -15,7 +15,9 @@ Keys (anything else is an error, so a typo never silently turns spin off):
 - ``max_requests`` (int): slots spin keeps state for; default vLLM's max_num_seqs on the CPU
   path, at most 256 on the GPU path (device_path.DEFAULT_MAX_REQUESTS: the state of 1,024 slots
   took 3.4–4.9 GiB per GPU at 160K). A GPU step with more requests than slots runs vLLM's dense
-  decode and is counted (``no_slot_steps``); it never raises.
+  decode when it runs eagerly, and is counted (``no_slot_steps``); it never raises. Under FULL
+  CUDA graphs a replay cannot switch: the rows without a slot select from the pad slot's state,
+  which stays empty (exploration and the newest blocks).
 - ``warm_start`` (bool, default true): a request's first decode step scores every block and is
   observed as its prefill (the prompt's own indexer row is inside vLLM's prefill kernel); false
   starts spin cold, selecting from an empty state.

@@ -214,11 +214,13 @@ class DeviceRuntime:
         return self._topk_cols[:rows, :k]
 
     def _short(self, md) -> bool:
-        """An eager step whose longest decode row sees at most min_context entries runs vLLM's
-        dense decode (counted once a step): there every row keeps every block anyway (the
-        select's dense_blocks rule), so spin's launches would buy nothing. A captured step keeps
-        the sparse path (a replay cannot branch; its rows still keep every block)."""
-        if _capturing(self.device) or md.max_seq_len // self.compress_ratio > self.cfg.min_context:
+        """An eager step whose longest decode row sees at most min_context entries (in blocks:
+        the select's dense_blocks rule, where every row keeps every block anyway) runs vLLM's
+        dense decode, counted once a step: spin's launches would buy nothing. A captured step
+        keeps the sparse path (a replay cannot branch), and observes: a request's state then
+        depends on which of its short steps were captured (they select every block either way)."""
+        longest = -(-(md.max_seq_len // self.compress_ratio) // self.block_entries)  # in blocks
+        if _capturing(self.device) or longest > self.serving.dense_blocks:
             return False
         if self._short_step != self.steps:
             self._short_step = self.steps
@@ -454,13 +456,13 @@ class TopkTap:
         active, TopkTap._active = TopkTap._active, None
         if active is None:
             return self.inner(logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len)
-        rt, S, layer, _ = active
+        rt, S, layer, blocks = active
         # vLLM's top-k writes the compact columns into spin's scratch; observe reads them and
         # writes the request positions into vLLM's buffer in the same launch (remap fused).
         cols = rt.topk_scratch(topk_indices)
         self.inner(logits, seq_lens, next_n, cols, topk_tokens, max_seq_len)
         scored = logits if logits.dtype == torch.float32 else logits.float()
-        rt.serving.observe_scored(S, layer, scored, cols, positions=topk_indices)
+        rt.serving.observe_scored(S, layer, scored, cols, positions=topk_indices, blocks=blocks)
 
     class spin_call:
         def __init__(self, rt, S, layer, blocks):

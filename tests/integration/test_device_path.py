@@ -357,16 +357,24 @@ def test_verify_ranks_proves_agreement_and_stops_on_divergence(model_dir, tmp_pa
             assert r.startswith("raised: spin: tensor-parallel ranks selected different blocks at step"), r
 
 
-def test_more_requests_than_slots_run_dense_and_are_counted(model_dir, monkeypatch):
-    """max_requests 1 and two requests: no error; the step runs vLLM's dense decode (the same
-    top-k as spin off), counted; once one request leaves, the other decodes with spin again."""
-    world = World(model_dir, 1, spin=dict(SPIN, max_requests=1))
+def _first_step_runs_dense(model_dir, monkeypatch, **spin):
+    """A plugin with these settings; its first step (two requests) must be vLLM's own dense
+    decode, layer by layer. (world, runtime, the plugin's function)."""
+    world = World(model_dir, 1, spin=dict(SPIN, **spin))
     rt = world.build()
     dense = _vllm_function(monkeypatch, world)
     fn = spin_dsa.vllm.wrap_indexer_function(dense)
     rt.begin_step(["a", "b"], [1, 1], [])
     for l in range(LAYERS):
         assert torch.equal(world.call(fn, (0, 1), 0, l), world.call(dense, (0, 1), 0, l))
+        assert world.asked[-1][2] == MAX_LEN  # vLLM's dense call: the full width
+    return world, rt, fn
+
+
+def test_more_requests_than_slots_run_dense_and_are_counted(model_dir, monkeypatch):
+    """max_requests 1 and two requests: no error; the step runs vLLM's dense decode (the same
+    top-k as spin off), counted; once one request leaves, the other decodes with spin again."""
+    world, rt, fn = _first_step_runs_dense(model_dir, monkeypatch, max_requests=1)
     assert rt.stats()["no_slot_steps"] == 1 and rt.stats()["max_requests"] == 1
     rt.drop("a")
     rt.begin_step(["b"], [1], [])
@@ -380,14 +388,7 @@ def test_a_step_of_short_rows_runs_vllms_dense_decode_unless_captured(model_dir,
     """min_context above every row: an eager step skips spin's chain (vLLM's own result, counted
     once a step); a step being captured keeps the sparse path (a replay cannot branch)."""
     import spin_dsa.vllm.device_path as dp
-    world = World(model_dir, 1, spin=dict(SPIN, min_context=MAX_LEN))
-    rt = world.build()
-    dense = _vllm_function(monkeypatch, world)
-    fn = spin_dsa.vllm.wrap_indexer_function(dense)
-    rt.begin_step(["a", "b"], [1, 1], [])
-    for l in range(LAYERS):
-        assert torch.equal(world.call(fn, (0, 1), 0, l), world.call(dense, (0, 1), 0, l))
-        assert world.asked[-1][2] == MAX_LEN  # vLLM's dense call: the full width
+    world, rt, fn = _first_step_runs_dense(model_dir, monkeypatch, min_context=MAX_LEN)
     assert rt.stats()["short_steps"] == 1
     monkeypatch.setattr(dp, "_capturing", lambda device: True)
     rt.begin_step(["a", "b"], [1, 1], [])

@@ -245,7 +245,7 @@ def measure_case(env, ctx, batch, s, nn, max_layers=61):
     if serving is not None:
         per_layer("observe_us", lambda l: serving.observe_scored(slots, l, compact_out, cols))
         per_layer("observe_remap_us", lambda l: serving.observe_scored(slots, l, compact_out, cols,
-                                                                       positions=positions))
+                                                                       positions=positions, blocks=blocks[l]))
         step_plan(env, row, serving, slots, seq_lens, accepted, nn)
 
     # The chains, Triton logits.
@@ -256,8 +256,8 @@ def measure_case(env, ctx, batch, s, nn, max_layers=61):
 
     def observe_and_remap(l, scored, top):
         # One launch with Serving (observe writes the engine's top-k buffer), else remap alone.
-        if serving is not None:
-            serving.observe_scored(slots, l, scored, top, positions=positions)
+        if serving is not None:   # with the rows' blocks, as the plugin passes its plan's
+            serving.observe_scored(slots, l, scored, top, positions=positions, blocks=blocks[l])
         else:
             P.remap(top, blocks[l], E, out=positions)
 

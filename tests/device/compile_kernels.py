@@ -114,6 +114,9 @@ def main():
                           dict(EXPLORE_CHURN=churn, BLOCK=1024), num_warps=4, enable_fp_fusion=False)
         assert "fma.rn.f64" not in ptx and "div.approx" not in ptx, "close: FMA or approximate division"
         compiled += 1
+    compile_ptx(_commit_kernel.finish_kernel, dict(SLOT="*i64", SELECTED="*u8", PREFILL_OPEN="*u8",
+                                                   STEP="*i64"), dict(L_PAD=64), num_warps=1)
+    compiled += 1
     ptx = compile_ptx(_commit_kernel.commit_kernel, COMMIT_POINTERS, dict(BLOCK=1024),
                       num_warps=4, enable_fp_fusion=False)
     assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, "commit: a fused multiply-add"

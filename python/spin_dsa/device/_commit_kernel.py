@@ -161,3 +161,27 @@ def close(owner, S, last):
         close_kernel, o, S, S, last.contiguous(), o._selected.view(torch.uint8),
         o._prefill_open.view(torch.uint8), o._pending_hits, o.prev_hits, o.churn_ema, o.explore_share,
         o._churn_constants, o.num_layers, o.max_next_n, o.max_blocks, EXPLORE_CHURN=o._explore_churn)
+
+
+@triton.jit
+def finish_kernel(SLOT, SELECTED, PREFILL_OPEN, STEP, num_layers, L_PAD: tl.constexpr):
+    """The step closed, one program per batch slot: counted where any layer had opened it, its
+    flags cleared (Serving._close's bookkeeping). Launched after the kernels that read the flags.
+    Slots are distinct in a batch but for the pad slot, which never opens a step."""
+    s = tl.load(SLOT + tl.program_id(0))
+    layers = tl.arange(0, L_PAD)
+    inside = layers < num_layers
+    flags = tl.load(SELECTED + s * num_layers + layers, mask=inside, other=0)
+    opened = tl.max((flags != 0).to(tl.int64), axis=0)
+    tl.store(STEP + s, tl.load(STEP + s) + opened)
+    tl.store(SELECTED + s * num_layers + layers, tl.zeros_like(flags), mask=inside)
+    tl.store(PREFILL_OPEN + s, 0)
+
+
+def finish(owner, S):
+    """finish_kernel over the batch's slots S."""
+    o = owner
+    if S.shape[0] == 0:
+        return
+    finish_kernel[(S.shape[0],)](S, o._selected.view(torch.uint8), o._prefill_open.view(torch.uint8), o._step,
+                                 o.num_layers, L_PAD=triton.next_power_of_2(o.num_layers), num_warps=1)

@@ -693,6 +693,9 @@ class Serving:
             if self._explore_churn:
                 self._measure_churn(S, newest, selected & ~self._prefill_open[S].unsqueeze(1))
             self.prev_hits[S] = torch.where(selected.unsqueeze(-1), newest, self.prev_hits[S])
+        if self._commit_kernel is not None:  # the bookkeeping below in one launch
+            self._commit_kernel.finish(self, S)
+            return
         opened = self._selected[S].any(dim=1)
         self._selected.index_fill_(0, S, False)
         self._prefill_open.index_fill_(0, S, False)

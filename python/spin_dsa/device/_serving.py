@@ -298,6 +298,7 @@ class Serving:
         self._pending_x = torch.full((R, L, J, N + 1), float("nan"), dtype=f32, device=dev)
         self._pending_hits = torch.zeros(R, L, J, hits_blocks + 1, dtype=torch.int32, device=dev)
         self._nan = torch.full((), float("nan"), dtype=f32, device=dev)
+        self._true = torch.ones((), dtype=torch.bool, device=dev)
         self._churn_constants = torch.tensor(  # the close kernel's float64 operands
             [_CHURN_KEEP, _CHURN_WEIGHT, float(self.config["explore_ratio"]),
              float(self.config["explore_churn"]) or 1.0], dtype=torch.float64, device=dev)
@@ -442,7 +443,7 @@ class Serving:
         return torch.cat([self._layer_ids[l:l + 1].expand(batch) for l in layers])
 
     def _mark_selected(self, S, L):
-        self._selected.view(-1).index_fill_(0, S * self.num_layers + L, True)
+        self._selected.index_put_((S, L), self._true)
         # The pad slot never opens a step: its rows (several a batch) would update one state in
         # a racy order; kept empty, what they select is the same on every run and every rank.
         self._selected[self.pad_slot].fill_(False)

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from host_sync import no_host_sync  # noqa: E402
+
 import spin_dsa
 import spin_dsa.vllm
 from spin_dsa.vllm import state
@@ -172,6 +174,13 @@ def test_a_prompt_ending_in_the_step_is_observed_as_the_librarys_prefill(model_d
     ends = [1, 2]  # both prompts complete in this step
     _step(rt, case, ends)
     lib = _library(case, rt)
+    observe = rt._observe_prompts
+
+    def observe_without_host_data(*args):  # the prompts' rows were staged once, in begin_step
+        with no_host_sync(from_host=True):
+            return observe(*args)
+
+    rt._observe_prompts = observe_without_host_data
     with cuda_path_on_cpu():
         run_indexer(fn, case, vllm_config=vc)
     _library_decode(case, rt, lib)

@@ -83,6 +83,8 @@ class DeviceRuntime:
         self._step_rows[0].fill_(pad)
         self._rows, self._qlen = self._step_rows[0], self._step_rows[1]
         self._staging = _Staging((2, self.max_batch), torch.int64, self.device)
+        self._prompt_index = torch.zeros((2, self.max_batch), **i64)  # warm start's rows, a step's
+        self._prompt_staging = _Staging((2, self.max_batch), torch.int64, self.device)
         self._opened_at = torch.zeros(pad + 1, **i64)            # L − q of its open step
         # [decode rows, blocks scored, blocks visible]: device counters, added to by compact's own
         # launch, read only by stats().
@@ -156,6 +158,10 @@ class DeviceRuntime:
         ends = np.cumsum(qlen[:n]) - 1
         warm = prompt_ends if self.cfg.warm_start else ()
         self._prompt_rows = [(i, int(ends[i])) for i in (warm or ()) if i < n and i not in self._no_slot]
+        if self._prompt_rows:  # their batch and token rows, on the device once a step (not per layer)
+            index = np.zeros((2, self.max_batch), np.int64)
+            index[:, :len(self._prompt_rows)] = np.array(self._prompt_rows, np.int64).T
+            self._prompt_staging.copy(self._prompt_index, index)
         if self.recorder is not None:
             self._recorded = [(i, r) for i, r in enumerate(ids) if self.recorder.recording(r)]
         self.steps += 1
@@ -265,10 +271,7 @@ class DeviceRuntime:
             verify_ranks(*self._step_blocks, self.rank_group(), self.steps)
 
     def _observe_prompts(self, layer, md, q_quant, weights, kv_cache):
-        rows = torch.tensor([r for r, _ in self._prompt_rows], dtype=torch.int64,
-                            device=self.device)
-        tokens = torch.tensor([t for _, t in self._prompt_rows], dtype=torch.int64,
-                              device=self.device)
+        rows, tokens = self._prompt_index[:, :len(self._prompt_rows)]
         L = md.seq_lens[rows].long()
         entries = sd.visible_entries(L, 1, self.compress_ratio).to(torch.int32)  # one row each
         cache, table = _page_view(kv_cache, md.block_table[rows].to(torch.int32), self.page_size)

@@ -111,7 +111,6 @@ def launch(owner, S, layer, next_n, scored, topk, positions=None, row_blocks=Non
     k = int(o.config["topk"])
     scored = scored if scored.stride(1) == 1 else scored.contiguous()
     topk = topk if topk.stride(1) == 1 else topk.contiguous()
-    # The pending rows start empty (x NaN: not observed; no hits): one fill per state tensor.
     topk_hits = o.config["pooling"] == "topk-hits"
     block_c = max(1, 4096 // o.block_entries)
     # topk-hits pools from the hits program 0 counts: one program a row. Else a chunk of blocks

@@ -571,17 +571,16 @@ class Serving:
                 raise spin_dsa.InvalidArgument(
                     f"serving: observe_scored: blocks must be int32 [rows, >= width = {self.width}] "
                     f"with unit column stride, got {blocks.dtype} {tuple(blocks.shape)}")
-        row_blocks = blocks
         E_pow2 = E & (E - 1) == 0
         if self._observe_kernel is not None and topk is not None and E_pow2 and rows > 0:
-            self._observe_kernel.launch(self, S, layer, next_n, scored, topk, positions, row_blocks)
+            self._observe_kernel.launch(self, S, layer, next_n, scored, topk, positions, blocks)
             return
         visible = self._visible[S, layer, :next_n].reshape(-1)
         if topk is not None:
             topk = topk[:, :k].long()
-        blocks = self._sel_blocks[S, layer].long().repeat_interleave(next_n, dim=0)
         if positions is not None:
-            remap(topk, row_blocks[:, :self.width], E, out=positions)
+            remap(topk, blocks[:, :self.width], E, out=positions)
+        blocks = self._sel_blocks[S, layer].long().repeat_interleave(next_n, dim=0)
         values = scored[:, :self.width * E].reshape(rows, self.width, E)
         x, hits = _pool(values, blocks, visible, topk, k, E, self.config["pooling"],
                         self._row_rank(visible))
@@ -683,9 +682,12 @@ class Serving:
     def _close(self, S, last):
         """After the replay: the churn of the top-k and its blocks from the newest replayed row,
         the step closed and counted."""
-        if self._keeps_topk and self._commit_kernel is not None:  # one launch (_commit_kernel.py)
-            self._commit_kernel.close(self, S, last)
-        elif self._keeps_topk:  # the newest replayed row's top-k blocks, per selected layer
+        if self._commit_kernel is not None:  # the kernel path: two launches (_commit_kernel.py)
+            if self._keeps_topk:
+                self._commit_kernel.close(self, S, last)
+            self._commit_kernel.finish(self, S)
+            return
+        if self._keeps_topk:  # the newest replayed row's top-k blocks, per selected layer
             batch, N = S.shape[0], self.max_blocks
             newest = torch.gather(self._pending_hits[S, :, :, :N], 2,
                                   last.view(batch, 1, 1, 1).expand(-1, self.num_layers, 1, N))
@@ -694,9 +696,6 @@ class Serving:
             if self._explore_churn:
                 self._measure_churn(S, newest, selected & ~self._prefill_open[S].unsqueeze(1))
             self.prev_hits[S] = torch.where(selected.unsqueeze(-1), newest, self.prev_hits[S])
-        if self._commit_kernel is not None:  # the bookkeeping below in one launch
-            self._commit_kernel.finish(self, S)
-            return
         opened = self._selected[S].any(dim=1)
         self._selected.index_fill_(0, S, False)
         self._prefill_open.index_fill_(0, S, False)

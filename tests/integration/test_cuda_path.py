@@ -154,9 +154,10 @@ def test_decode_metadata_is_vllm_builders(layout, kw):
 
 def _build_chunk_kernel(query_start_loc, uncompressed_seq_lens, cu_seq_lens, row_start_cu,
                         token_to_seq, ks, ke, qs_start, qs_stop, dcp_rank, dcp_world,
-                        interleave, *, num_reqs, COMPRESS_RATIO):
-    """BuildPrefillChunkMetadataKernel (Triton), transcribed for DCP off."""
-    assert dcp_world == 1 and COMPRESS_RATIO == 1
+                        interleave, *, num_reqs, COMPRESS_RATIO, positions=None):
+    """BuildPrefillChunkMetadataKernel (Triton), transcribed for DCP off and, from vLLM 0.34,
+    without ShardQ's token positions."""
+    assert dcp_world == 1 and COMPRESS_RATIO == 1 and positions is None
     for b in range(num_reqs):
         q0, q1 = int(query_start_loc[b]), int(query_start_loc[b + 1])
         start_pos = int(uncompressed_seq_lens[b]) - (q1 - q0)

@@ -31,7 +31,7 @@ import spin_dsa.vllm
 from spin_dsa.device import paged_logits_reference
 from spin_dsa.vllm import state
 from spin_dsa.vllm.runtime import request_key
-from cases import PAGE, scatter, write_tiny_v32_config
+from cases import PAGE, scatter, vllm_config, write_tiny_v32_config
 from host_sync import no_host_sync
 
 TOPK = 256
@@ -74,7 +74,7 @@ class World:
         for l in range(LAYERS):
             cache, table = scatter([(t.k(l), t.k_scale(l)) for t in self.traces], rng)
             self.paged.append((torch.from_numpy(cache).view(cache.shape[0], PAGE, 132), table))
-        self.vc = VllmConfig(model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True,
+        self.vc = vllm_config(model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True,
                                                       max_model_len=MAX_LEN),
                              additional_config={"spin": spin})
         # vLLM's own block size: V4's 256-token blocks hold 64 compressed entries a page, which
@@ -85,7 +85,7 @@ class World:
         self.buf = torch.full((16, TOPK), -1, dtype=torch.int32)
         self.asked = []  # (context lens, page table, max_model_len) of each logits call
 
-    def build(self, layers=LAYERS):
+    def build(self, layers=LAYERS, **op_kwargs):
         assert state.DEVICE_PATH_ON == "cpu"  # the device_path_on fixture
         spin_dsa.vllm.register()
         state.reset()
@@ -93,7 +93,7 @@ class World:
             self.ops = [SparseAttnIndexer(
                 types.SimpleNamespace(prefix=_prefix(l), kv_cache=self.paged[l % LAYERS][0]),
                 128, "ue8m0", TOPK, 128, MAX_LEN, MAX_LEN, self.buf, skip_k_cache_insert=True,
-                compress_ratio=self.compress_ratio)
+                compress_ratio=self.compress_ratio, **op_kwargs)
                 for l in range(layers)]
         return state.runtime()
 
@@ -118,15 +118,17 @@ class World:
         w = np.concatenate([self.traces[i].w(l)[s] for i in order])
         return torch.from_numpy(q).view(torch.float8_e4m3fn), torch.from_numpy(w)
 
-    def logits_stand_in(self, q, kv, w, ctx, table, schedule, max_model_len, clean_logits,
-                        indices=None):
+    def logits_stand_in(self, q, kv, w, ctx, table, schedule, max_model_len, clean_logits=False,
+                        logits_dtype=torch.float32, indices=None):
         """DeepGEMM's fp8_fp4_paged_mqa_logits, shape-asserted: q [B, next_n, H, 128] e4m3,
-        context lens [B, next_n] int32, one table row per request; [B·next_n, max_model_len]."""
+        context lens [B, next_n] int32, one table row per request; [B·next_n, max_model_len]
+        fp32 (vLLM 0.32 passes clean_logits, 0.34 logits_dtype)."""
         qv, q_scale = q
         b, n, h, d = qv.shape
         assert q_scale is None and d == 128 and kv.shape[1:] == (PAGE, 1, 132)
         assert ctx.shape == (b, n) and ctx.dtype == torch.int32 and table.shape[0] == b
-        assert w.shape == (b * n, h) and indices is None
+        assert w.shape == (b * n, h) and indices is None and not clean_logits
+        assert logits_dtype == torch.float32
         self.asked.append((ctx.clone(), table.clone(), max_model_len))
         return paged_logits_reference(qv.reshape(b * n, h, d), w, kv.reshape(kv.shape[0], -1),
                                       table, ctx.reshape(-1), next_n=n, page_size=PAGE,
@@ -255,6 +257,26 @@ def test_spins_own_launches_per_decode_layer(figures):
                        f"{c['middle']}, last {c['last']}")
 
 
+def test_a_captured_decode_step_replays_what_eager_computes(figures):
+    """vLLM's FULL CUDA graphs capture a decode batch once and replay it: spin's layers (commit,
+    the step's plan, compact, vLLM's logits and top-k, observe+remap) captured at one step and
+    replayed for four more, with each step's values written into the captured inputs, give the
+    eager run's top-k bit for bit, at next_n 1 and 3 — no host read, no tensor from host data, no
+    decision in Python from a step's values (graph_child.py, in a child interpreter for Triton's).
+    The same replay with one input left stale must differ (the comparison has teeth)."""
+    import json
+    import subprocess
+    import sys
+    script = pathlib.Path(__file__).with_name("graph_child.py")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for r in json.loads(out.stdout.strip().splitlines()[-1]):
+        assert r["replay_equals_eager"], r
+        assert r["stale_query_differs"], r
+        figures.append(f"graph replay (next_n {r['next_n']}): {r['replayed_steps']} steps replayed "
+                       f"from {r['graph_nodes']} captured nodes equal eager bit for bit")
+
+
 def test_a_steps_rows_reach_the_device_through_two_host_buffers_in_turn():
     """begin_step's copy (G3): the host writes one of two staging buffers a step, so the copy of
     the step before may still be in flight (non-blocking from pinned memory on CUDA)."""
@@ -275,7 +297,7 @@ def test_v4_pages_are_read_off_the_cache_not_block_size(model_dir):
     (the layer's spec: tokens_per_state 4). Before the cache is bound the plugin reads the spec;
     once bound, the cache's own shape."""
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
-    vc = VllmConfig(model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True,
+    vc = vllm_config(model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True,
                                              max_model_len=MAX_LEN))
     vc.cache_config.block_size = 256
     spec = MLAAttentionSpec(block_size=256, num_kv_heads=1, head_size=132, dtype=torch.uint8,
@@ -427,8 +449,65 @@ def test_what_the_gpu_path_cannot_serve_stops_the_engine_at_load(model_dir, chan
 def test_an_unsupported_vllm_version_is_refused_at_load(model_dir, monkeypatch):
     import vllm
     monkeypatch.setattr(vllm, "__version__", "0.40.1")
-    with pytest.raises(RuntimeError, match=r"vLLM 0\.40\.1 is not supported.*0\.32 or 0\.33"):
+    with pytest.raises(RuntimeError,
+                       match=r"vLLM 0\.40\.1 is not supported.*use vLLM 0\.32, 0\.33 or 0\.34, or"):
         World(model_dir, 1).build()
+
+
+def test_shardq_turns_warm_start_off(model_dir):
+    """vLLM 0.34's ShardQ (on by default, applies under tensor parallelism) splits a step's
+    prompt tokens across ranks, so the prompt's last row is not at its step index on every rank:
+    the device path serves it without warm start. Decode rows stay in place and are served."""
+    world = World(model_dir, 1, spin=dict(SPIN, warm_start=True))
+    world.vc.attention_config.sparse_mla_shard_q = True  # 0.34's default (an extra field before)
+    world.vc.parallel_config.tensor_parallel_size = 1
+    assert world.build().cfg.warm_start
+    world.vc.parallel_config.tensor_parallel_size = 2
+    assert state.shard_q(world.vc) and not world.build().cfg.warm_start
+
+
+def test_v41_candidate_selection_is_refused_at_load(model_dir):
+    """DeepSeek-V4.1's candidate-source and candidate-reindex indexers (candidate_blocks): their
+    blocks index request positions, spin's compacted logits do not keep them."""
+    world = World(model_dir, 1)
+    with pytest.raises(RuntimeError, match=r"two-level candidate selection.*turn spin off") as e:
+        world.build(candidate_blocks=torch.zeros((16, 4), dtype=torch.int32),
+                    candidate_block_size=64)
+    assert "\n" not in str(e.value)
+
+
+class DeepseekV32IndexerCache(torch.nn.Module):
+    """Named as vLLM's: a DSA model's indexer cache, which check_model looks for."""
+
+
+def _model(*modules):
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList(modules)
+    return model
+
+
+def test_models_spin_cannot_drive_are_refused_once_built(model_dir, caplog):
+    """state.check_model, which the runners call after load_model (MRV1) or when they resolve the
+    model's state (MRV2): a DSA model whose indexer bypasses the op spin drives (Kimi-K3 calls
+    vLLM's function itself), and two indexer layers on one cache (V4.1's KV sharing), are refused
+    by name; a model without DSA is served unchanged with a warning; spin's own layers pass."""
+    from spin_dsa.vllm import runner_hooks
+    world = World(model_dir, 1)
+    world.build()
+    for runner in runner_hooks.v1_runners():  # none in vLLM 0.34 (MRV2 only)
+        assert getattr(runner.load_model, "_spin_hooked", False), runner
+    state.check_model(world.vc, _model(*world.ops))
+    with pytest.raises(RuntimeError, match=r"does not run through vLLM's SparseAttnIndexer"):
+        state.check_model(world.vc, _model(DeepseekV32IndexerCache()))
+    shared = _model(*world.ops[:2])
+    shared.layers[1].k_cache = world.ops[0].k_cache
+    with pytest.raises(RuntimeError, match=r"share the indexer cache '.*layers\.0\..*KV sharing"):
+        state.check_model(world.vc, shared)
+    with caplog.at_level("WARNING", logger="spin_dsa.vllm"):
+        state.check_model(world.vc, _model(torch.nn.Linear(2, 2)))
+    assert "has no DSA indexer; spin is on but changes nothing" in caplog.text
+    world.vc.additional_config = {}
+    state.check_model(world.vc, _model(DeepseekV32IndexerCache()))  # spin off: nothing checked
 
 
 @pytest.mark.parametrize("setting,message", [
@@ -437,14 +516,20 @@ def test_an_unsupported_vllm_version_is_refused_at_load(model_dir, monkeypatch):
     ({"enable_dbo": True}, r"micro-batching"),
     ({"use_v2_model_runner": True}, r"model runner V2 in this build.*VLLM_USE_V2_MODEL_RUNNER=0"),
     ({"use_fp4_cache": True}, r"MXFP4 indexer cache.*FP8"),
+    ({"sm100": True}, r"Blackwell's varlen decode indexer \(SM100\).*Hopper"),
 ])
 def test_parallel_and_runner_settings_are_refused_by_name(setting, message, monkeypatch):
-    """Settings a CPU test cannot build an engine with (their process groups, the V2 runner),
-    checked on the objects the check reads."""
+    """Settings a CPU test cannot build an engine with (their process groups, the V2 runner, a
+    Blackwell GPU), checked on the objects the check reads."""
+    from vllm.platforms import current_platform
+
     from spin_dsa.vllm.config import parse_spin_config
     monkeypatch.setattr(state, "DEVICE_PATH_ON", None)  # the checks of a real GPU engine
     from spin_dsa.vllm import runner_hooks
     monkeypatch.setattr(runner_hooks, "V2_HOOKED", False)  # a vLLM build without MRV2's states
+    monkeypatch.setattr(current_platform, "is_device_capability_family",
+                        lambda family: setting.get("sm100", False) and family == 100,
+                        raising=False)
     pc = types.SimpleNamespace(**{k: v for k, v in setting.items() if "parallel" in k or "dbo" in k})
     vc = types.SimpleNamespace(parallel_config=pc,
                                use_v2_model_runner=setting.get("use_v2_model_runner", False))

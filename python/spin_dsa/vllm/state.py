@@ -13,12 +13,16 @@ CPU tensors (vLLM's CUDA-path Python with its kernels stood in).
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import logging
 
 from .config import SpinConfig, parse_spin_config
 from .runtime import SpinRuntime
 
+logger = logging.getLogger("spin_dsa.vllm")
+
 # The vLLM versions whose DSA code the plugin was written and tested against (major, minor).
-SUPPORTED_VLLM = ((0, 32), (0, 33))
+SUPPORTED_VLLM = ((0, 32), (0, 33), (0, 34))
 
 #: Tests: a torch device to run the device path on where vLLM's platform is not CUDA.
 DEVICE_PATH_ON: str | None = None
@@ -61,6 +65,7 @@ def attach(op) -> bool:
     cfg = spin_config(vc)
     if not cfg.enabled:
         return False
+    check_layer(vc, op)
     layers, draft_layers = _model_layers(vc)
     if on_device():
         if op.spin_layer >= layers:
@@ -81,6 +86,52 @@ def attach(op) -> bool:
     return True
 
 
+def check_layer(vc, op):
+    """Refuses, at load and on either path, an indexer layer spin cannot drive."""
+    if getattr(op, "candidate_blocks", None) is not None:
+        raise RuntimeError(
+            f"spin: {_architecture(vc)}'s two-level candidate selection (indexer "
+            f"'{op.k_cache.prefix}' reads or writes candidate_blocks, as DeepSeek-V4.1's do) is "
+            "not supported: its candidate blocks index request positions, which spin's "
+            "compacted logits do not keep; turn spin off for this model")
+
+
+def check_model(vc, model):
+    """Once the model is built, what no single layer shows: a DSA model none of whose indexer
+    layers spin drives (one that calls vLLM's indexer function itself, as Kimi-K3 does) is
+    refused by name, as are two indexer layers on one indexer cache (DeepSeek-V4.1's KV sharing:
+    spin keeps one state per cache); a model without DSA is served unchanged, with a warning."""
+    if not spin_config(vc).enabled:
+        return
+    spin_caches: dict[str, int] = {}
+    dsa = False
+    for module in model.modules():
+        dsa = dsa or type(module).__name__.endswith("IndexerCache")
+        if getattr(module, "spin_on", False):
+            prefix = module.k_cache.prefix
+            spin_caches[prefix] = spin_caches.get(prefix, 0) + 1
+    if not spin_caches:
+        if dsa:
+            raise RuntimeError(
+                f"spin: {_architecture(vc)}'s DSA indexer does not run through vLLM's "
+                "SparseAttnIndexer, the op spin drives (spin serves DeepSeek-V3.2 and "
+                "DeepSeek-V4); turn spin off for this model")
+        logger.warning("spin: %s has no DSA indexer; spin is on but changes nothing",
+                       _architecture(vc))
+        return
+    shared = sorted(p for p, n in spin_caches.items() if n > 1)
+    if shared:
+        raise RuntimeError(
+            f"spin: indexer layers of {_architecture(vc)} share the indexer cache '{shared[0]}' "
+            "(KV sharing, as DeepSeek-V4.1's); spin keeps one state per cache and cannot serve "
+            "them; turn spin off for this model")
+
+
+def _architecture(vc) -> str:
+    archs = getattr(vc.model_config, "architectures", None) or ["this model"]
+    return str(archs[0])
+
+
 def on_device() -> bool:
     if DEVICE_PATH_ON is not None:
         return True
@@ -93,6 +144,11 @@ def _ensure_device_runtime(vc, cfg: SpinConfig, op):
     if _runtime is not None and _config_id == id(vc):
         return _runtime
     check_device_path(vc, cfg, op)
+    if cfg.warm_start and shard_q(vc):
+        logger.warning("spin: ShardQ (attention_config.sparse_mla_shard_q) splits a step's prompt "
+                       "tokens across tensor-parallel ranks: warm start is off, a request's "
+                       "first decode step selects without a prior")
+        cfg = dataclasses.replace(cfg, warm_start=False)
     import torch
 
     from .device_path import DeviceRuntime
@@ -133,6 +189,14 @@ def page_entries(vc, op) -> int:
     return block // int(getattr(op, "compress_ratio", 1) or 1)
 
 
+def shard_q(vc) -> bool:
+    """Whether vLLM 0.34's ShardQ can apply: prefill tokens sharded across tensor-parallel ranks,
+    each rank's indexer scoring its own slice (decode rows stay in place on every rank). Warm
+    start reads a prompt's last row by its token index in the step, which ShardQ moves."""
+    on = getattr(getattr(vc, "attention_config", None), "sparse_mla_shard_q", False)
+    return bool(on) and int(getattr(vc.parallel_config, "tensor_parallel_size", 1) or 1) > 1
+
+
 def check_device_path(vc, cfg: SpinConfig, op):
     """Refuses, at load, every combination the device path cannot serve."""
     import vllm
@@ -144,11 +208,19 @@ def check_device_path(vc, cfg: SpinConfig, op):
 
     version = tuple(int(p) for p in vllm.__version__.split(".")[:2] if p.isdigit())
     if version not in SUPPORTED_VLLM:
-        refuse(f"vLLM {vllm.__version__}", "use vLLM "
-               + " or ".join(f"{a}.{b}" for a, b in SUPPORTED_VLLM) + ", or turn spin off")
+        names = [f"{a}.{b}" for a, b in SUPPORTED_VLLM]
+        refuse(f"vLLM {vllm.__version__}",
+               f"use vLLM {', '.join(names[:-1])} or {names[-1]}, or turn spin off")
     from vllm.platforms import current_platform
     if DEVICE_PATH_ON is None and current_platform.is_rocm():
         refuse("ROCm", "run spin on NVIDIA GPUs, or turn spin off")
+    family = getattr(current_platform, "is_device_capability_family", None)
+    if DEVICE_PATH_ON is None and family is not None and family(100):
+        # Blackwell's decode metadata is DeepGEMM's varlen form (per-token rows with `indices`,
+        # and from vLLM 0.34 decode chunked by a logits budget), which spin's compaction has not
+        # been checked against.
+        refuse("Blackwell's varlen decode indexer (SM100)", "run spin on Hopper (SM90), or turn "
+               "spin off")
     if getattr(op, "use_fp4_cache", False):
         refuse("the MXFP4 indexer cache", "use the FP8 indexer cache (indexer_kv_dtype fp8)")
     pc = vc.parallel_config

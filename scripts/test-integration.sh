@@ -73,17 +73,16 @@ vllm_plugin() {
 # line per release; every listed test file must run (no file may skip as a whole).
 vllm_cuda() {
   echo "=== spin tests: vllm cuda path (each CUDA release's own Python, kernels stood in) ==="
-  local start env_out line version dir log must=() failed=0 summaries=()
+  local start env_out py version dir log counts must=() failed=0 summaries=()
   start=$SECONDS
   env_out="$(./scripts/vllm-cuda-env.sh)"
-  py="$(tail -n1 <<<"$env_out")"
+  py="$(tail -n1 <<<"$env_out")"  # the venv's python; the lines before: "<release> <folder>"
   echo "vllm cuda: virtualenv ready in $((SECONDS - start)) s ($py)"
   "$py" -m pip install --quiet --disable-pip-version-check --no-deps .
   for t in test_cuda_path test_device_path test_device_layouts test_parity; do
     must+=(--must-run "tests/integration/$t.py")
   done
   while read -r version dir; do
-    [[ -n "$dir" ]] || continue  # the last line: the venv's python
     log="$(mktemp)"
     start=$SECONDS
     if ! PYTHONPATH="$dir:$PWD/scripts" "$py" -m pytest -q -rs -p pytest_must_run "${must[@]}" \
@@ -92,10 +91,13 @@ vllm_cuda() {
         2>&1 | tee "$log"; then
       failed=1
     fi
-    # pytest's last count line ("54 passed, 1 xfailed in 231.67s ..."), without its timing
-    summaries+=("vLLM $version (cuda path): $(grep -E '(passed|failed|error)' "$log" | grep -E ' in [0-9.]+s' | tail -n1 | tr -d '=' | sed -e 's/^ *//' -e 's/ in [0-9.]*s.*$//') ($((SECONDS - start)) s)")
+    # pytest's last count line ("54 passed, 1 xfailed in 231.67s ..."), without its timing; none
+    # (pytest killed) must not stop the section before its summary
+    counts="$({ grep -E ' in [0-9.]+s' "$log" || true; } | tail -n1 | tr -d '=' \
+              | sed -e 's/^ *//' -e 's/ in [0-9.]*s.*$//')"
+    summaries+=("vLLM $version (cuda path): ${counts:-no result} ($((SECONDS - start)) s)")
     rm -f "$log"
-  done <<<"$env_out"
+  done < <(head -n -1 <<<"$env_out")
   printf '%s\n' "${summaries[@]}"
   return "$failed"
 }

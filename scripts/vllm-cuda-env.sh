@@ -18,9 +18,10 @@ versions=(0.33.0 0.34.0)  # the CUDA releases spin serves (state.SUPPORTED_VLLM)
 torch_pin="torch==2.14.0"  # what both pin (their METADATA: Requires-Dist: torch==2.14.0)
 # Kernel packages only a GPU uses (their imports in vLLM are lazy or guarded); left out to keep the
 # install small and CPU-only.
-gpu_only='^(torch|torchaudio|torchvision|torchcodec|flashinfer-python|nvidia-.*|quack-kernels|tokenspeed-mla|humming-kernels|pynvvideocodec|tilelang|apache-tvm-ffi|nvtx|fastsafetensors|instanttensor|numba)$'
+gpu_only='^(torch|torchaudio|torchvision|torchcodec|flashinfer-python|nvidia-.*|quack-kernels|tokenspeed-mla|humming-kernels|pynvvideocodec|tilelang|apache-tvm-ffi|nvtx|fastsafetensors|instanttensor|numba)$'  # canonical names
 pins="$torch_pin ${versions[*]} transformers==5.19.0 pytest"
-want="$( (echo "$pins $gpu_only"; "$py" -c 'import sys; print(sys.version)') | sha256sum | cut -d' ' -f1)"
+# The stamp: the pins, this script and the interpreter (an edit here rebuilds the venv).
+want="$( (echo "$pins"; cat "$0"; "$py" -c 'import sys; print(sys.version)') | sha256sum | cut -d' ' -f1)"
 report() {
   local v
   for v in "${versions[@]}"; do echo "$v $venv/vllm-$v"; done
@@ -48,6 +49,7 @@ import re, sys
 from importlib.metadata import PathDistribution
 from pathlib import Path
 from pip._vendor.packaging.requirements import Requirement
+from pip._vendor.packaging.utils import canonicalize_name
 skip, out_path, roots = re.compile(sys.argv[1], re.I), sys.argv[2], sys.argv[3:]
 lines = {}
 for root in roots:
@@ -56,13 +58,15 @@ for root in roots:
         r = Requirement(line)
         if r.marker is not None and not r.marker.evaluate({"extra": ""}):
             continue
-        if skip.match(r.name):
+        name = canonicalize_name(r.name)
+        if skip.match(name):
             continue
-        lines[r.name.lower()] = str(r).split(";")[0].strip()
+        lines[name] = str(r).split(";")[0].strip()
 lines.pop("transformers", None)  # pinned by the caller, within every release's range
 Path(out_path).write_text("\n".join(lines.values()) + "\n")
 PY
-pip_install -r "$req" transformers==5.19.0 pytest
+echo "$torch_pin" > "$venv/constraints.txt"  # no requirement may move torch
+pip_install -r "$req" -c "$venv/constraints.txt" transformers==5.19.0 pytest
 for v in "${versions[@]}"; do
   PYTHONPATH="$venv/vllm-$v" "$venv/bin/python" -c \
     "import vllm, torch, vllm.model_executor.layers.sparse_attn_indexer; assert vllm.__version__ == '$v', vllm.__version__" >&2

@@ -31,7 +31,12 @@ from host_sync import no_host_sync
 
 # Allocations: their replay result is garbage or a constant the recorded tensor already holds
 # (zeros / full are replayed: a graph re-runs their memsets).
-_NO_REPLAY = {"empty.memory_format", "empty_strided.default", "empty_like.default"}
+_NO_REPLAY = {"empty.memory_format", "empty_strided.default", "empty_like.default",
+              "new_empty.default", "new_empty_strided.default"}
+# Ops a graph cannot capture: a value read on the host, or an output whose shape is a device
+# value (also caught when they come from C++, where host_sync's Python-level guards do not reach).
+_HOST_READS = {"_local_scalar_dense.default", "equal.default", "is_nonzero.default"}
+_DATA_DEPENDENT = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
 
 
 class Graph(TorchDispatchMode):
@@ -43,6 +48,8 @@ class Graph(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._inside == 0 and self.capturing and _reads_host(func, args, kwargs):
+            raise AssertionError(f"graph capture: {func.__name__} reads a device value on the host")
         out = func(*args, **kwargs)
         if self._inside == 0 and not func.is_view and func.__name__ not in _NO_REPLAY:
             self.nodes.append((func, args, kwargs, out))
@@ -79,6 +86,21 @@ class Graph(TorchDispatchMode):
         with _disable_current_modes():
             for fn, args, kwargs, out in self.nodes:
                 _write(out, fn(*args, **kwargs), fn)
+
+
+def _reads_host(func, args, kwargs) -> bool:
+    """Whether the op needs a device value on the host: a scalar read, or an output shape that
+    depends on the data (ops tagged so, except where the call fixes the shape: indexing with
+    integer indices, repeat_interleave given its output size)."""
+    if func.__name__ in _HOST_READS:
+        return True
+    if not any(t in func.tags for t in _DATA_DEPENDENT):
+        return False
+    if func.__name__ == "index.Tensor":
+        return any(i is not None and i.dtype == torch.bool for i in args[1])
+    if func.__name__.startswith("repeat_interleave"):
+        return kwargs.get("output_size") is None
+    return True
 
 
 def _write(recorded, result, fn):

@@ -44,7 +44,10 @@ class _Kernel:
         return self._call(*args, **kwargs)
 
     def __getattr__(self, name):
-        return getattr(self.inner, name)
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
 
 
 def _copy_metadata(held, new):

@@ -277,6 +277,20 @@ def test_a_captured_decode_step_replays_what_eager_computes(figures):
                        f"from {r['graph_nodes']} captured nodes equal eager bit for bit")
 
 
+@pytest.mark.parametrize("read", [lambda x: torch.unique(x), lambda x: x[x > 2],
+                                  lambda x: torch.equal(x, x), lambda x: x.sum().item(),
+                                  lambda x: torch.tensor([1, 2]) + x[:2]])
+def test_a_graph_capture_refuses_what_a_cuda_graph_cannot_capture(read):
+    """graph_capture.Graph's rules, each broken once: a data-dependent shape (torch.unique, a
+    boolean mask), a value read on the host (from C++: torch.equal; from Python: .item()), a
+    tensor made from host data."""
+    from graph_capture import Graph
+    x = torch.arange(6)
+    with pytest.raises(AssertionError, match=r"graph capture|host synchronisation"):
+        with Graph().capture():
+            read(x)
+
+
 def test_a_steps_rows_reach_the_device_through_two_host_buffers_in_turn():
     """begin_step's copy (G3): the host writes one of two staging buffers a step, so the copy of
     the step before may still be in flight (non-blocking from pinned memory on CUDA)."""
@@ -454,18 +468,6 @@ def test_an_unsupported_vllm_version_is_refused_at_load(model_dir, monkeypatch):
         World(model_dir, 1).build()
 
 
-def test_shardq_turns_warm_start_off(model_dir):
-    """vLLM 0.34's ShardQ (on by default, applies under tensor parallelism) splits a step's
-    prompt tokens across ranks, so the prompt's last row is not at its step index on every rank:
-    the device path serves it without warm start. Decode rows stay in place and are served."""
-    world = World(model_dir, 1, spin=dict(SPIN, warm_start=True))
-    world.vc.attention_config.sparse_mla_shard_q = True  # 0.34's default (an extra field before)
-    world.vc.parallel_config.tensor_parallel_size = 1
-    assert world.build().cfg.warm_start
-    world.vc.parallel_config.tensor_parallel_size = 2
-    assert state.shard_q(world.vc) and not world.build().cfg.warm_start
-
-
 def test_v41_candidate_selection_is_refused_at_load(model_dir):
     """DeepSeek-V4.1's candidate-source and candidate-reindex indexers (candidate_blocks): their
     blocks index request positions, spin's compacted logits do not keep them."""
@@ -480,6 +482,10 @@ class DeepseekV32IndexerCache(torch.nn.Module):
     """Named as vLLM's: a DSA model's indexer cache, which check_model looks for."""
 
 
+class QSARawKeyCache(DeepseekV32IndexerCache):
+    """A cache named otherwise over an indexer-cache base (Qwen4-exp's, in vLLM 0.34)."""
+
+
 def _model(*modules):
     model = torch.nn.Module()
     model.layers = torch.nn.ModuleList(modules)
@@ -489,16 +495,23 @@ def _model(*modules):
 def test_models_spin_cannot_drive_are_refused_once_built(model_dir, caplog):
     """state.check_model, which the runners call after load_model (MRV1) or when they resolve the
     model's state (MRV2): a DSA model whose indexer bypasses the op spin drives (Kimi-K3 calls
-    vLLM's function itself), and two indexer layers on one cache (V4.1's KV sharing), are refused
-    by name; a model without DSA is served unchanged with a warning; spin's own layers pass."""
+    vLLM's function itself), a DSA architecture spin does not serve (Mistral Large 4 builds the
+    op), and two indexer layers on one cache (V4.1's KV sharing) are refused by name; a model
+    without DSA is served unchanged with a warning; spin's own layers pass."""
     from spin_dsa.vllm import runner_hooks
     world = World(model_dir, 1)
     world.build()
     for runner in runner_hooks.v1_runners():  # none in vLLM 0.34 (MRV2 only)
         assert getattr(runner.load_model, "_spin_hooked", False), runner
     state.check_model(world.vc, _model(*world.ops))
-    with pytest.raises(RuntimeError, match=r"does not run through vLLM's SparseAttnIndexer"):
-        state.check_model(world.vc, _model(DeepseekV32IndexerCache()))
+    for bypass in (DeepseekV32IndexerCache(), QSARawKeyCache()):
+        with pytest.raises(RuntimeError, match=r"DeepseekV32ForCausalLM's DSA indexer is not one "
+                                               r"spin drives \(spin serves DeepseekV32ForCausalLM"):
+            state.check_model(world.vc, _model(bypass))
+    other = types.SimpleNamespace(model_config=types.SimpleNamespace(
+        architectures=["MistralLarge4ForCausalLM"]), additional_config=world.vc.additional_config)
+    with pytest.raises(RuntimeError, match=r"MistralLarge4ForCausalLM's DSA indexer is not one"):
+        state.check_model(other, _model(*world.ops))
     shared = _model(*world.ops[:2])
     shared.layers[1].k_cache = world.ops[0].k_cache
     with pytest.raises(RuntimeError, match=r"share the indexer cache '.*layers\.0\..*KV sharing"):
@@ -517,6 +530,7 @@ def test_models_spin_cannot_drive_are_refused_once_built(model_dir, caplog):
     ({"use_v2_model_runner": True}, r"model runner V2 in this build.*VLLM_USE_V2_MODEL_RUNNER=0"),
     ({"use_fp4_cache": True}, r"MXFP4 indexer cache.*FP8"),
     ({"sm100": True}, r"Blackwell's varlen decode indexer \(SM100\).*Hopper"),
+    ({"adaptive": True}, r"adaptive verification \(speculative_config\.enable_adaptive_verif"),
 ])
 def test_parallel_and_runner_settings_are_refused_by_name(setting, message, monkeypatch):
     """Settings a CPU test cannot build an engine with (their process groups, the V2 runner, a
@@ -531,7 +545,8 @@ def test_parallel_and_runner_settings_are_refused_by_name(setting, message, monk
                         lambda family: setting.get("sm100", False) and family == 100,
                         raising=False)
     pc = types.SimpleNamespace(**{k: v for k, v in setting.items() if "parallel" in k or "dbo" in k})
-    vc = types.SimpleNamespace(parallel_config=pc,
+    spec = types.SimpleNamespace(enable_adaptive_verification=setting.get("adaptive", False))
+    vc = types.SimpleNamespace(parallel_config=pc, speculative_config=spec,
                                use_v2_model_runner=setting.get("use_v2_model_runner", False))
     op = types.SimpleNamespace(use_fp4_cache=setting.get("use_fp4_cache", False))
     with pytest.raises(RuntimeError, match=message) as e:

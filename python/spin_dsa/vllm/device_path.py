@@ -457,8 +457,12 @@ class TopkTap:
 
     def __getattr__(self, name):
         """Everything else is the dispatcher's own (vLLM 0.34 asks it ``takes_bf16_logits``:
-        bf16 logits reach spin's observe widened to fp32)."""
-        return getattr(self.inner, name)
+        bf16 logits reach spin's observe widened to fp32). Read through __dict__: a copy or an
+        unpickled tap has no ``inner`` yet, and must not recurse here looking for it."""
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
 
     def __call__(self, logits, seq_lens, next_n, topk_indices, topk_tokens, max_seq_len):
         active, TopkTap._active = TopkTap._active, None

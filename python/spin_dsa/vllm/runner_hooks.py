@@ -64,8 +64,9 @@ def v1_runners() -> list:
                          ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner")):
         try:
             found.append(getattr(importlib.import_module(module), name))
-        except (ImportError, AttributeError):
-            pass
+        except ModuleNotFoundError as e:
+            if e.name != module:  # the runner's module exists but fails: not "absent"
+                raise
     return found
 
 

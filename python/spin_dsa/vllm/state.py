@@ -13,13 +13,17 @@ CPU tensors (vLLM's CUDA-path Python with its kernels stood in).
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import logging
 
 from .config import SpinConfig, parse_spin_config
 from .runtime import SpinRuntime
 
 logger = logging.getLogger("spin_dsa.vllm")
+
+# The models whose DSA indexer spin drives (vLLM architecture names): DeepSeek-V3.2 and GLM-5
+# (vLLM's deepseek_v32 module), DeepSeek-V4.
+SERVED_ARCHITECTURES = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "DeepseekV4ForCausalLM",
+                        "DeepseekV4ForConditionalGeneration")
 
 # The vLLM versions whose DSA code the plugin was written and tested against (major, minor).
 SUPPORTED_VLLM = ((0, 32), (0, 33), (0, 34))
@@ -97,34 +101,35 @@ def check_layer(vc, op):
 
 
 def check_model(vc, model):
-    """Once the model is built, what no single layer shows: a DSA model none of whose indexer
-    layers spin drives (one that calls vLLM's indexer function itself, as Kimi-K3 does) is
-    refused by name, as are two indexer layers on one indexer cache (DeepSeek-V4.1's KV sharing:
-    spin keeps one state per cache); a model without DSA is served unchanged, with a warning."""
+    """Once the model is built, what no single layer shows. A model spin is on for must be one it
+    serves (SERVED_ARCHITECTURES) with its indexer layers on vLLM's SparseAttnIndexer, one state
+    per indexer cache: another DSA model (Kimi-K3 calls vLLM's indexer function itself; Mistral
+    Large 4 and HY-V4 build the op, unchecked), or two indexer layers on one cache (DeepSeek-V4.1's
+    KV sharing), is refused by name; a model without DSA is served unchanged, with a warning."""
     if not spin_config(vc).enabled:
         return
     spin_caches: dict[str, int] = {}
     dsa = False
     for module in model.modules():
-        dsa = dsa or type(module).__name__.endswith("IndexerCache")
+        dsa = dsa or any(c.__name__.endswith("IndexerCache") for c in type(module).__mro__)
         if getattr(module, "spin_on", False):
             prefix = module.k_cache.prefix
             spin_caches[prefix] = spin_caches.get(prefix, 0) + 1
-    if not spin_caches:
-        if dsa:
-            raise RuntimeError(
-                f"spin: {_architecture(vc)}'s DSA indexer does not run through vLLM's "
-                "SparseAttnIndexer, the op spin drives (spin serves DeepSeek-V3.2 and "
-                "DeepSeek-V4); turn spin off for this model")
-        logger.warning("spin: %s has no DSA indexer; spin is on but changes nothing",
-                       _architecture(vc))
+    arch = _architecture(vc)
+    if not (dsa or spin_caches):
+        logger.warning("spin: %s has no DSA indexer; spin is on but changes nothing", arch)
         return
+    if arch not in SERVED_ARCHITECTURES or not spin_caches:
+        raise RuntimeError(
+            f"spin: {arch}'s DSA indexer is not one spin drives (spin serves "
+            f"{', '.join(SERVED_ARCHITECTURES)} through vLLM's SparseAttnIndexer); turn spin "
+            "off for this model")
     shared = sorted(p for p, n in spin_caches.items() if n > 1)
     if shared:
         raise RuntimeError(
-            f"spin: indexer layers of {_architecture(vc)} share the indexer cache '{shared[0]}' "
-            "(KV sharing, as DeepSeek-V4.1's); spin keeps one state per cache and cannot serve "
-            "them; turn spin off for this model")
+            f"spin: indexer layers of {arch} share the indexer cache '{shared[0]}' (KV sharing, "
+            "as DeepSeek-V4.1's); spin keeps one state per cache and cannot serve them; turn spin "
+            "off for this model")
 
 
 def _architecture(vc) -> str:
@@ -144,11 +149,6 @@ def _ensure_device_runtime(vc, cfg: SpinConfig, op):
     if _runtime is not None and _config_id == id(vc):
         return _runtime
     check_device_path(vc, cfg, op)
-    if cfg.warm_start and shard_q(vc):
-        logger.warning("spin: ShardQ (attention_config.sparse_mla_shard_q) splits a step's prompt "
-                       "tokens across tensor-parallel ranks: warm start is off, a request's "
-                       "first decode step selects without a prior")
-        cfg = dataclasses.replace(cfg, warm_start=False)
     import torch
 
     from .device_path import DeviceRuntime
@@ -189,14 +189,6 @@ def page_entries(vc, op) -> int:
     return block // int(getattr(op, "compress_ratio", 1) or 1)
 
 
-def shard_q(vc) -> bool:
-    """Whether vLLM 0.34's ShardQ can apply: prefill tokens sharded across tensor-parallel ranks,
-    each rank's indexer scoring its own slice (decode rows stay in place on every rank). Warm
-    start reads a prompt's last row by its token index in the step, which ShardQ moves."""
-    on = getattr(getattr(vc, "attention_config", None), "sparse_mla_shard_q", False)
-    return bool(on) and int(getattr(vc.parallel_config, "tensor_parallel_size", 1) or 1) > 1
-
-
 def check_device_path(vc, cfg: SpinConfig, op):
     """Refuses, at load, every combination the device path cannot serve."""
     import vllm
@@ -223,6 +215,12 @@ def check_device_path(vc, cfg: SpinConfig, op):
                "spin off")
     if getattr(op, "use_fp4_cache", False):
         refuse("the MXFP4 indexer cache", "use the FP8 indexer cache (indexer_kv_dtype fp8)")
+    spec = getattr(vc, "speculative_config", None)
+    if getattr(spec, "enable_adaptive_verification", False):
+        # vLLM 0.34 marks every decode batch non-uniform under it (its FULL graphs are captured
+        # for up to next_n rows a request), so every step would fall back to the dense decode.
+        refuse("adaptive verification (speculative_config.enable_adaptive_verification)",
+               "run without it, or turn spin off")
     pc = vc.parallel_config
     if int(getattr(pc, "decode_context_parallel_size", 1) or 1) > 1:
         refuse("decode context parallelism (-dcp > 1)", "run with -dcp 1")

@@ -30,7 +30,7 @@ Status check_traces(const AdviseArgs& a, const ModelPreset& model) {
   for (const std::string& path : a.quality.traces) {
     auto reader = TraceReader::open(path);
     if (!reader.ok()) return reader.status();
-    SPIN_RETURN_IF_ERROR(check_trace_geometry(path, reader->meta(), model));
+    SPIN_RETURN_IF_ERROR(check_trace_geometry(path, reader->meta(), model, a.quality.at_model_topk));
   }
   return ok_status();
 }
@@ -110,6 +110,9 @@ std::vector<Command> add_advise_command(CLI::App& app) {
   cmd->add_option("--other-ms", d.other_ms, "the rest of the decode step in ms, instead of the modelled MoE and projections")
       ->check(real_range(0, 1e6, true));
   cmd->add_option("--trace", a->quality.traces, "your recorded trace file (key or score trace); repeatable");
+  cmd->add_flag("--at-model-topk", a->quality.at_model_topk,
+                "read traces at the model's top-k whatever they were recorded at (another model's traces; page size "
+                "and compress ratio must still match)");
   cmd->add_option("--scenario", a->quality.scenarios, "built-in scenarios to replay (default without --trace: "
                                                       "doc-qa-10k doc-qa-94k agentic needle-shift)")
       ->check(one_of(scenario_names(), "scenario"));

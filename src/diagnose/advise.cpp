@@ -110,7 +110,9 @@ double modelled_own_ms(const Deployment& d, const ModelPreset& m, const GpuPrese
   const double scored = static_cast<double>(std::min(entries, budget_blocks(c, blocks) * c.block_entries()));
   const double rows = static_cast<double>(d.batch) * d.next_n;
   // Observe reads the scored fp32 logits once more; compact writes the table; the plan touches state.
-  const double bytes = rows * scored * 4 + d.batch * scored / c.block_entries() * 4 + d.batch * blocks * kStateBytesPerBlock;
+  const double batch = d.batch;
+  const double bytes = rows * scored * 4 + batch * scored / c.block_entries() * 4 +
+                       batch * static_cast<double>(blocks) * kStateBytesPerBlock;
   const double layers = m.indexer_layers;
   const double launches = layers < 2 ? kFirstLayerLaunches
                                      : kFirstLayerLaunches + kLayerLaunches * (layers - 2) + kLastLayerLaunches;
@@ -285,48 +287,6 @@ Result<StepModel> model_step(const Deployment& d, const std::vector<double>& spa
 
 // ---- The quality ---------------------------------------------------------------------------------
 
-Spread spread_of(std::vector<double> values, bool higher_is_better) {
-  Spread s;
-  if (values.empty()) return {NAN, NAN, NAN};
-  // Sorted worst first: the 10 %-from-worst request is the nearest-rank 10th percentile of that order.
-  std::sort(values.begin(), values.end());
-  if (!higher_is_better) std::reverse(values.begin(), values.end());
-  const auto n = static_cast<int64_t>(values.size());
-  const auto rank = [n](double p) { return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(p / 100.0 * n - 1e-9))); };
-  s.worst = values.front();
-  s.p10 = values[rank(10) - 1];
-  // The median by value (nearest rank of the ascending order), whichever way is better.
-  std::vector<double> asc = values;
-  std::sort(asc.begin(), asc.end());
-  s.median = asc[rank(50) - 1];
-  return s;
-}
-
-std::vector<QualityPoint> quality_points(const std::vector<std::string>& configs, const std::vector<double>& sparsities,
-                                         const std::vector<std::vector<std::vector<RequestQuality>>>& results) {
-  std::vector<QualityPoint> out;
-  for (size_t c = 0; c < configs.size() && c < results.size(); ++c) {
-    for (size_t i = 0; i < sparsities.size() && i < results[c].size(); ++i) {
-      std::vector<double> recall, miss;
-      double realised = 0;
-      for (const RequestQuality& q : results[c][i]) {
-        recall.push_back(q.recall_mean);
-        miss.push_back(q.miss_p99);
-        realised += q.realised_sparsity;
-      }
-      QualityPoint p;
-      p.config = configs[c];
-      p.target_sparsity = sparsities[i];
-      p.requests = static_cast<int64_t>(recall.size());
-      p.recall_mean = spread_of(recall, true);
-      p.miss_p99 = spread_of(miss, false);
-      p.realised_sparsity = recall.empty() ? NAN : realised / static_cast<double>(recall.size());
-      out.push_back(p);
-    }
-  }
-  return out;
-}
-
 const std::vector<std::string>& default_advise_scenarios() {
   // The built-in set `spin eval` runs by default, plain decode, but cached-507k (minutes to generate
   // on a small machine): documents, agentic turns and needle shifts.
@@ -339,15 +299,16 @@ const std::vector<double>& default_advise_sparsities() {
   return kSparsities;
 }
 
-Status check_trace_geometry(const std::string& path, const TraceMeta& meta, const ModelPreset& model) {
-  if (meta.topk == model.topk && meta.page_size == model.page_size && meta.compress_ratio == model.compress_ratio) {
+Status check_trace_geometry(const std::string& path, const TraceMeta& meta, const ModelPreset& model,
+                            bool any_topk) {
+  if ((any_topk || meta.topk == model.topk) && meta.page_size == model.page_size && meta.compress_ratio == model.compress_ratio) {
     return ok_status();
   }
   return invalid_argument(
       "{}: its geometry (top-k {}, page {}, compress ratio {}; model '{}') is not {}'s (top-k {}, page {}, compress "
-      "ratio {}): record it from that model, or name the model it came from with --model",
+      "ratio {}): record it from that model, or name the model it came from with --model{}",
       path, meta.topk, meta.page_size, meta.compress_ratio, meta.model, model.name, model.topk, model.page_size,
-      model.compress_ratio);
+      model.compress_ratio, any_topk ? "" : " (--at-model-topk reads it at the model's top-k)");
 }
 
 // ---- The rule --------------------------------------------------------------------------------------

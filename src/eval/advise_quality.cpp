@@ -1,4 +1,5 @@
-// `spin advise`'s quality (spin/lab/advise.h measure_advise_quality): every request — a generated
+// `spin advise`'s quality (spin/lab/advise.h: spread_of, quality_points, measure_advise_quality):
+// every request — a generated
 // scenario request, or one recorded trace file — replayed closed loop with spin's default and the
 // paper's spin at each sparsity; each request's mean recall and p99 miss, spread over requests.
 // The step model and the rule are spin_diagnose's (src/diagnose/advise.cpp).
@@ -6,9 +7,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/errors.h"
 #include "spin/lab/advise.h"
+#include "spin/lab/metrics.h"
 #include "spin/lab/replay.h"
 #include "spin/lab/workload.h"
 
@@ -69,12 +72,13 @@ Result<Request> generated_request(const ModelPreset& model, int32_t next_n, cons
   return Request{fmt::format("{} request {}", scenario, request + 1), std::move(scored).value()};
 }
 
-Result<Request> trace_request(const ModelPreset& model, const std::string& path, int threads) {
+Result<Request> trace_request(const ModelPreset& model, const std::string& path, bool at_model_topk, int threads) {
   auto reader = TraceReader::open(path);
   if (!reader.ok()) return reader.status();
-  SPIN_RETURN_IF_ERROR(check_trace_geometry(path, reader->meta(), model));
+  SPIN_RETURN_IF_ERROR(check_trace_geometry(path, reader->meta(), model, at_model_topk));
   ScoreOptions so;
   so.threads = threads;
+  so.topk = model.topk;
   auto scored = reader->kind() == TraceKind::kScores ? score_trace(reader->to_score_trace(), so)
                                                      : score_trace(reader->to_trace(), so);
   if (!scored.ok()) return Status(scored.status().code(), path + ": " + scored.status().message());
@@ -82,6 +86,48 @@ Result<Request> trace_request(const ModelPreset& model, const std::string& path,
 }
 
 }  // namespace
+
+Spread spread_of(std::vector<double> values, bool higher_is_better) {
+  Spread s;
+  if (values.empty()) return {NAN, NAN, NAN};
+  // Sorted worst first: the 10 %-from-worst request is the nearest-rank 10th percentile of that order.
+  std::sort(values.begin(), values.end());
+  if (!higher_is_better) std::reverse(values.begin(), values.end());
+  const auto n = static_cast<int64_t>(values.size());
+  const auto rank = [n](double p) { return nearest_rank(p, n); };  // spin/lab/metrics.h's percentiles
+  s.worst = values.front();
+  s.p10 = values[rank(10) - 1];
+  // The median by value (nearest rank of the ascending order), whichever way is better.
+  std::vector<double> asc = values;
+  std::sort(asc.begin(), asc.end());
+  s.median = asc[rank(50) - 1];
+  return s;
+}
+
+std::vector<QualityPoint> quality_points(const std::vector<std::string>& configs, const std::vector<double>& sparsities,
+                                         const std::vector<std::vector<std::vector<RequestQuality>>>& results) {
+  std::vector<QualityPoint> out;
+  for (size_t c = 0; c < configs.size() && c < results.size(); ++c) {
+    for (size_t i = 0; i < sparsities.size() && i < results[c].size(); ++i) {
+      std::vector<double> recall, miss;
+      double realised = 0;
+      for (const RequestQuality& q : results[c][i]) {
+        recall.push_back(q.recall_mean);
+        miss.push_back(q.miss_p99);
+        realised += q.realised_sparsity;
+      }
+      QualityPoint p;
+      p.config = configs[c];
+      p.target_sparsity = sparsities[i];
+      p.requests = static_cast<int64_t>(recall.size());
+      p.recall_mean = spread_of(recall, true);
+      p.miss_p99 = spread_of(miss, false);
+      p.realised_sparsity = recall.empty() ? NAN : realised / static_cast<double>(recall.size());
+      out.push_back(p);
+    }
+  }
+  return out;
+}
 
 Result<AdviseQuality> measure_advise_quality(const ModelPreset& model, int32_t next_n, const AdviseQualityOptions& o) {
   if (o.requests < 1 || o.steps < 2 || o.layers < 1) {
@@ -110,10 +156,10 @@ Result<AdviseQuality> measure_advise_quality(const ModelPreset& model, int32_t n
   }
   for (const std::string& path : o.traces) {
     stage(path, done++ / total);
-    auto r = trace_request(model, path, threads);
+    auto r = trace_request(model, path, o.at_model_topk, threads);
     if (!r.ok()) return r.status();
     SPIN_RETURN_IF_ERROR(replay_request(r.value(), config_values, sparsities, threads, &results));
-    out.sources.push_back(path);
+    out.sources.push_back(o.at_model_topk ? fmt::format("{} (read at top-k {})", path, model.topk) : path);
   }
   stage("done", 1.0);
   out.points = quality_points(configs, sparsities, results);

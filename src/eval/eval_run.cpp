@@ -75,7 +75,7 @@ Status run_jobs(const EvalOptions& o, const Trace* trace, const ScoredTrace& sco
     ro.open_loop = jobs[j].open_loop;
     auto r = trace != nullptr ? replay(*trace, scored, ro) : replay(scored, ro);
     if (r.ok()) {
-      part[j] = {r->quality, r->predictor_seconds, r->overhead_seconds, r->indexer_entry_seconds};
+      part[j] = {r->quality, r->predictor_seconds, r->overhead_seconds, r->indexer_entry_seconds, {}};
     } else {
       errors[j] = r.status();
     }

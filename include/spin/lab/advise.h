@@ -122,6 +122,8 @@ struct RequestQuality {
 struct Spread {
   double median = 0, p10 = 0, worst = 0;
 };
+// (spread_of, quality_points and measure_advise_quality are built in spin_eval: they use its
+// nearest-rank percentiles and replays.)
 Spread spread_of(std::vector<double> values, bool higher_is_better);
 
 struct QualityPoint {
@@ -143,6 +145,11 @@ struct AdviseQualityOptions {
   int32_t steps = 24, layers = 2;      // of each generated request
   uint64_t seed = 1;
   int threads = 0;
+  // Read every trace at the model's top-k, whatever top-k it was recorded at (its scores are
+  // whole: `spin replay --topk` does the same): for traces of another model, such as the
+  // real-model traces of a small LM (top-k scaled to their 8K context). Page size and compress
+  // ratio must still match.
+  bool at_model_topk = false;
   std::function<void(const std::string& stage, double fraction)> progress;
 };
 const std::vector<std::string>& default_advise_scenarios();
@@ -154,13 +161,14 @@ struct AdviseQuality {
 };
 // Replays every request with spin's default and the paper's spin at each sparsity (closed loop,
 // warm start, prefills observed: spin/lab/replay.h). Generated requests take the model's top-k
-// and page size and `next_n` rows; a trace must have the model's geometry. (Built in spin_eval.)
+// and page size and `next_n` rows; a trace must have the model's geometry.
 Result<AdviseQuality> measure_advise_quality(const ModelPreset& model, int32_t next_n,
                                              const AdviseQualityOptions& options);
 
-// A trace file whose geometry (top-k, page size, compress ratio) is not the model's: one line
-// naming the file, what it has and what the model has.
-Status check_trace_geometry(const std::string& path, const TraceMeta& meta, const ModelPreset& model);
+// A trace file whose geometry (top-k unless `any_topk`, page size, compress ratio) is not the
+// model's: one line naming the file, what it has and what the model has.
+Status check_trace_geometry(const std::string& path, const TraceMeta& meta, const ModelPreset& model,
+                            bool any_topk = false);
 
 // ---- The rule ----------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-// `spin advise`'s model and rule (spin/lab/advise.h): the paper's config, the spread over requests,
+// `spin advise`'s model and rule (spin/lab/advise.h; an eval_ test because the spread over requests
+// is spin_eval's, with its nearest-rank percentiles): the paper's config, the spread over requests,
 // the rest of the step and spin's own cost, and the recommendation — a stricter tolerance never
 // recommends a higher sparsity (a property over random per-request qualities), an indexer share
 // below kMinIndexerShare cannot pay, bad input is one clear error.
@@ -6,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -117,7 +119,9 @@ TEST(AdviseRule, StricterToleranceNeverRecommendsHigherSparsity) {
       ASSERT_TRUE(a.ok()) << a.status().to_string();
       const double s = a->recommended_sparsity.value_or(-1);
       EXPECT_GE(s, previous) << "trial " << trial << ", tolerance " << t;
-      if (a->recommended_sparsity) EXPECT_LE(a->p99_miss_worst, t);
+      if (a->recommended_sparsity) {
+        EXPECT_LE(a->p99_miss_worst, t);
+      }
       previous = s;
     }
   }
@@ -182,10 +186,12 @@ TEST(AdviseRule, IndexerShareBelowThresholdCannotPay) {
 TEST(AdviseRule, BadInputIsOneClearError) {
   auto step = model_step(Deployment{}, kSparsities);
   ASSERT_TRUE(step.ok());
-  for (double t : {0.0, 1.0, -0.1, 1.5, NAN, INFINITY}) {
+  for (double t : {0.0, 1.0, -0.1, 1.5, std::nan(""), std::numeric_limits<double>::infinity()}) {
     auto a = recommend(step.value(), {}, t);
     EXPECT_FALSE(a.ok()) << t;
-    if (!a.ok()) EXPECT_NE(a.status().message().find("tolerance"), std::string::npos) << a.status().message();
+    if (!a.ok()) {
+      EXPECT_NE(a.status().message().find("tolerance"), std::string::npos) << a.status().message();
+    }
   }
   Deployment d;
   d.model = "gpt-5";

@@ -43,12 +43,12 @@ Result<Advice::CpuTail> measure_cpu_tail(const AdviseArgs& a, double sparsity) {
   o.contexts = {32768};
   o.batch = 4;
   o.layers = 2;
-  o.steps = 24;
+  o.steps = 48;
   o.attn_err = false;
   o.threads = a.quality.threads;
   auto t = bench::measure_decode_tail(o, sparsity);
   if (!t.ok()) return t.status();
-  return Advice::CpuTail{fmt::format("spin bench decode --model {} --context 32768 --batch 4 --layers 2 --steps 24",
+  return Advice::CpuTail{fmt::format("spin bench decode --model {} --context 32768 --batch 4 --layers 2 --steps 48",
                                      o.model),
                          cpu_summary(), sparsity, t->all_keep_p50_ms, t->all_keep_p99_ms, t->predictor_p50_ms,
                          t->predictor_p99_ms};
@@ -95,8 +95,8 @@ std::vector<Command> add_advise_command(CLI::App& app) {
       "highest sparsity within your tolerance, the gain there and the vllm serve line");
   cmd->footer(
       "Quality comes from your recorded traces (--trace, one request each; record mode writes them) or, without "
-      "them, the built-in scenarios doc-qa-10k, doc-qa-94k, agentic and needle-shift: 2 requests each of 24 steps "
-      "and 2 indexer layers by default (about a minute on 2 cores; raise --requests/--steps/--layers for more). "
+      "them, the built-in scenarios doc-qa-10k, doc-qa-94k, agentic and needle-shift: 3 requests each of 24 steps "
+      "and 2 indexer layers by default (under a minute on 2 cores; raise --requests/--steps/--layers for more). "
       "The step is a paper model (spin diagnose's, with the rest of the model and spin's own cost added); the CPU "
       "tail is a short measured run of spin bench decode (--no-cpu-tail skips it).");
   Deployment& d = a->deployment;
@@ -120,7 +120,7 @@ std::vector<Command> add_advise_command(CLI::App& app) {
                   "the worst request's p99 miss you accept, in (0, 1) (default 0.5: the paper's RULER p99 miss at 50 %)")
       ->check(open_range(0, 1));
   cmd->add_option("--sparsity", a->quality.sparsities, "sparsities to weigh (default 0.2 ... 0.7)")->check(sparsity());
-  cmd->add_option("--requests", a->quality.requests, "generated requests per scenario (default 2)")->check(int_range(1, 64));
+  cmd->add_option("--requests", a->quality.requests, "generated requests per scenario (default 3)")->check(int_range(1, 64));
   cmd->add_option("--steps", a->quality.steps, "decode steps per generated request (default 24)")->check(int_range(2, 4096));
   cmd->add_option("--layers", a->quality.layers, "indexer layers per generated request (default 2)")->check(int_range(1, 64));
   cmd->add_option("--seed", a->quality.seed, "workload seed");

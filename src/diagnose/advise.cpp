@@ -279,9 +279,15 @@ Result<StepModel> model_step(const Deployment& d, const std::vector<double>& spa
     p.gain = s.step_ms / p.step_ms - 1.0;
     s.points.push_back(p);
   }
-  s.sources = s.diagnose.sources;
-  s.sources.back() = s.rest.source;  // diagnose's last line is about the rest of the step
+  // diagnose's GPU, kernel and model lines; its budget and rest-of-step lines are replaced by
+  // what advise adds (spin's own work, the modelled rest of the model).
+  for (const std::string& line : s.diagnose.sources) {
+    if (!line.starts_with("budget:") && !line.starts_with("rest of the step")) s.sources.push_back(line);
+  }
+  s.sources.push_back("budget: budget_blocks (spin/predict.h); the indexer and top-k shrink to the scored entries, "
+                      "spin's own device work is added (next line)");
   s.sources.push_back("spin's own work: " + (s.points.empty() ? std::string("–") : s.points.front().own.source));
+  s.sources.push_back(s.rest.source);
   return s;
 }
 

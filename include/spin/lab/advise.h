@@ -141,7 +141,7 @@ struct AdviseQualityOptions {
   std::vector<std::string> scenarios;  // empty and no traces: default_advise_scenarios()
   std::vector<std::string> traces;     // recorded trace files: one request each
   std::vector<double> sparsities;      // empty: default_advise_sparsities()
-  int requests = 2;                    // generated requests per scenario (seeds seed, seed+1, ...)
+  int requests = 3;                    // generated requests per scenario (seeds seed, seed+1, ...)
   int32_t steps = 24, layers = 2;      // of each generated request
   uint64_t seed = 1;
   int threads = 0;

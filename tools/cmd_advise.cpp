@@ -69,7 +69,8 @@ int run_advise(AdviseArgs& a) {
   auto quality = measure_advise_quality(model, a.deployment.next_n, a.quality);
   progress.done();
   if (!quality.ok()) return fail(quality.status());
-  auto advice = recommend(step.value(), quality->points, a.tolerance);
+  auto advice = recommend(step.value(), quality->points, a.tolerance,
+                          a.quality.traces.empty() ? kOnScenarios : kOnYourTraces);
   if (!advice.ok()) return fail(advice.status());
   advice->sources_of_quality = quality->sources;
   if (a.cpu_tail) {

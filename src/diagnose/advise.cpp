@@ -345,9 +345,9 @@ std::string hf_model_id(const std::string& model) {
 }
 
 std::string vllm_line(const Deployment& d, const std::string& config, double sparsity) {
-  PredictorConfig c = config == kConfigPaper ? paper_spin_config() : PredictorConfig{};
-  c.target_sparsity = sparsity;
-  nlohmann::ordered_json fields = nlohmann::ordered_json::object();
+  // target_sparsity always (even at its default), then the fields the config changes.
+  nlohmann::ordered_json fields = {{"target_sparsity", sparsity}};
+  const PredictorConfig c = config == kConfigPaper ? paper_spin_config() : PredictorConfig{};
   for (const auto& [k, v] : config_overrides(c)) {
     const auto parsed = nlohmann::json::parse(v, nullptr, /*allow_exceptions=*/false);
     fields[k] = parsed.is_discarded() ? nlohmann::json(v) : parsed;
@@ -366,7 +366,8 @@ constexpr int64_t kPluginMinContext = 32768;
 
 }  // namespace
 
-Result<Advice> recommend(const StepModel& step, const std::vector<QualityPoint>& quality, double tolerance) {
+Result<Advice> recommend(const StepModel& step, const std::vector<QualityPoint>& quality, double tolerance,
+                         const std::string& measured_on) {
   if (!(tolerance > 0 && tolerance < 1)) return invalid_argument("tolerance {} is outside (0, 1)", tolerance);
   for (const QualityPoint& q : quality) {
     if (step_at(step, q.target_sparsity) == nullptr)
@@ -388,16 +389,16 @@ Result<Advice> recommend(const StepModel& step, const std::vector<QualityPoint>&
   if (share < kMinIndexerShare) {
     a.verdict = share_text + ": spin cannot pay here";
   } else if (best == nullptr) {
-    a.verdict = fmt::format("{}, but no sparsity keeps every request's p99 miss within {} on your traces: do not run "
-                            "spin at this tolerance", share_text, tolerance);
+    a.verdict = fmt::format("{}, but no sparsity keeps every request's p99 miss within {} on {}: do not run "
+                            "spin at this tolerance", share_text, tolerance, measured_on);
   } else if (a.expected_gain <= 0) {
     a.verdict = fmt::format("{}, but at {} spin's own work outweighs what it skips: spin cannot pay here", share_text,
                             best->target_sparsity);
   } else {
     a.pays = true;
-    a.verdict = fmt::format("run spin{} at {}: expected +{:.1f} % decode throughput, p99 miss ≤ {:.3f} on your traces",
+    a.verdict = fmt::format("run spin{} at {}: expected +{:.1f} % decode throughput, p99 miss ≤ {:.3f} on {}",
                             best->config == kConfigPaper ? " (the paper's config)" : "", best->target_sparsity,
-                            percent(a.expected_gain), a.p99_miss_worst);
+                            percent(a.expected_gain), a.p99_miss_worst, measured_on);
     a.vllm_line = vllm_line(step.deployment, best->config, best->target_sparsity);
   }
   if (step.diagnose.entries <= kPluginMinContext) {

@@ -314,7 +314,8 @@ Result<std::optional<Advice>> eval_verdict(const Results& res) {
   }
   auto step = model_step(Deployment{}, sparsities);
   if (!step.ok()) return step.status();
-  auto advice = recommend(step.value(), quality_points({kConfigDefault}, sparsities, {per_sparsity}), kDefaultTolerance);
+  auto advice = recommend(step.value(), quality_points({kConfigDefault}, sparsities, {per_sparsity}), kDefaultTolerance,
+                          "the requests of this report");
   if (!advice.ok()) return advice.status();
   for (const QualityRow& r : res.sweep) {  // the scenarios (and traces) that gave "spin" requests
     auto& names = advice->sources_of_quality;

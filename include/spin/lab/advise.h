@@ -204,7 +204,11 @@ struct Advice {
   std::optional<CpuTail> cpu_tail;
 };
 // Tolerance in (0, 1); the quality points' sparsities must be among the step model's.
-Result<Advice> recommend(const StepModel& step, const std::vector<QualityPoint>& quality, double tolerance);
+// `measured_on` names the requests in the verdict ("your traces", "the built-in scenarios").
+inline constexpr const char* kOnYourTraces = "your traces";
+inline constexpr const char* kOnScenarios = "the built-in scenarios";
+Result<Advice> recommend(const StepModel& step, const std::vector<QualityPoint>& quality, double tolerance,
+                         const std::string& measured_on = kOnYourTraces);
 
 // One screen of text, and the same as JSON fields (indexer_share, recommended_sparsity, ...).
 std::string advice_text(const Advice& advice);

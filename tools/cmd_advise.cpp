@@ -10,6 +10,7 @@
 #include "spin/cpu.h"
 #include "spin/files.h"
 #include "spin/lab/advise.h"
+#include "spin/lab/replay.h"
 #include "spin/lab/workload.h"
 #include "spin/predict.h"
 
@@ -31,6 +32,7 @@ Status check_traces(const AdviseArgs& a, const ModelPreset& model) {
     auto reader = TraceReader::open(path);
     if (!reader.ok()) return reader.status();
     SPIN_RETURN_IF_ERROR(check_trace_geometry(path, reader->meta(), model, a.quality.at_model_topk));
+    SPIN_RETURN_IF_ERROR(check_fits_in_memory(replay_memory_bytes(reader.value(), false), "advising on " + path));
   }
   return ok_status();
 }

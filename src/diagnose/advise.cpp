@@ -327,12 +327,12 @@ const StepPoint* step_at(const StepModel& step, double sparsity) {
   return nullptr;
 }
 
-// The highest sparsity whose worst request stays within tolerance; at equal sparsity spin's
-// default (listed first) wins.
+// The highest sparsity above 0 (0 is all-keep: nothing to advise) whose worst request stays within
+// tolerance; at equal sparsity spin's default (listed first) wins.
 const QualityPoint* highest_within(const std::vector<QualityPoint>& quality, double tolerance) {
   const QualityPoint* best = nullptr;
   for (const QualityPoint& q : quality) {
-    if (!(q.requests > 0 && q.miss_p99.worst <= tolerance)) continue;
+    if (!(q.target_sparsity > 0 && q.requests > 0 && q.miss_p99.worst <= tolerance)) continue;
     if (best == nullptr || q.target_sparsity > best->target_sparsity + 1e-12) best = &q;
   }
   return best;

@@ -82,7 +82,11 @@ Result<Request> trace_request(const ModelPreset& model, const std::string& path,
   auto scored = reader->kind() == TraceKind::kScores ? score_trace(reader->to_score_trace(), so)
                                                      : score_trace(reader->to_trace(), so);
   if (!scored.ok()) return Status(scored.status().code(), path + ": " + scored.status().message());
-  return Request{path, std::move(scored).value()};
+  // What the file is (a real model's attention is not a DSA indexer: say whose scores these are).
+  const std::string label = fmt::format("{} (model {}, {} trace, top-k {}{})", path, reader->meta().model,
+                                        trace_kind_name(reader->kind()), reader->meta().topk,
+                                        reader->meta().topk == model.topk ? "" : fmt::format(", read at top-k {}", model.topk));
+  return Request{label, std::move(scored).value()};
 }
 
 }  // namespace
@@ -159,7 +163,7 @@ Result<AdviseQuality> measure_advise_quality(const ModelPreset& model, int32_t n
     auto r = trace_request(model, path, o.at_model_topk, threads);
     if (!r.ok()) return r.status();
     SPIN_RETURN_IF_ERROR(replay_request(r.value(), config_values, sparsities, threads, &results));
-    out.sources.push_back(o.at_model_topk ? fmt::format("{} (read at top-k {})", path, model.topk) : path);
+    out.sources.push_back(r->label);
   }
   stage("done", 1.0);
   out.points = quality_points(configs, sparsities, results);

@@ -47,10 +47,10 @@ struct RunResult {
 struct Samples {
   std::vector<double> indexer, topk, attention, predictor, total, tokens;
   SampleStats request_steps;  // each request's step latency: the batched step's time, once per request
+  int32_t requests = 1;       // the batch
   int64_t scored = 0, visible = 0, err_rows = 0, recall_rows = 0;
   double err_sum = 0, recall_sum = 0;
 
-  int32_t requests = 1;
   void add(const StepStats& st) {
     indexer.push_back(st.indexer_ms);
     topk.push_back(st.topk_ms);

@@ -417,6 +417,11 @@ TEST(Cli, DecodeBenchReplaysATraceSource) {
   EXPECT_TRUE(records[1]["recall"].is_number());
   EXPECT_GE(records[1]["recall"].get<double>(), 0.0);
   EXPECT_LE(records[1]["recall"].get<double>(), 1.0);
+  // The step's tail over requests and steps (nearest rank): p99 never below p50.
+  for (const auto& rec : records) {
+    EXPECT_GT(rec["step_p50_ms"].get<double>(), 0.0);
+    EXPECT_GE(rec["step_p99_ms"].get<double>(), rec["step_p50_ms"].get<double>());
+  }
 }
 
 // A signal in the middle of writing a large output removes the temporary file and still ends

@@ -103,11 +103,11 @@ std::vector<Command> add_advise_command(CLI::App& app) {
       "The step is a paper model (spin diagnose's, with the rest of the model and spin's own cost added); the CPU "
       "tail is a short measured run of spin bench decode (--no-cpu-tail skips it).");
   Deployment& d = a->deployment;
-  cmd->add_option("--model", d.model, "model preset")->check(one_of(model_preset_names(), "model"));
-  cmd->add_option("--gpu", d.gpu, "GPU preset")->check(one_of(gpu_preset_names(), "GPU"));
+  cmd->add_option("--model", d.model, "model preset (default deepseek-v3.2)")->check(one_of(model_preset_names(), "model"));
+  cmd->add_option("--gpu", d.gpu, "GPU preset (default h200)")->check(one_of(gpu_preset_names(), "GPU"));
   cmd->add_option("--context", d.context, "tokens cached per request (default 131072)")->check(int_range(1, kMaxContext));
   cmd->add_option("--batch", d.batch, "requests decoding together (default 64)")->check(int_range(1, 65536));
-  cmd->add_option("--next-n", d.next_n, "rows per request (1 + MTP drafts)")->check(int_range(1, kMaxNextN));
+  cmd->add_option("--next-n", d.next_n, "rows per request (1 + MTP drafts; default 1)")->check(int_range(1, kMaxNextN));
   cmd->add_option("--tp", d.tensor_parallel, "GPUs the weights are split over (tensor parallel; default 8)")
       ->check(int_range(1, 1024));
   cmd->add_option("--other-ms", d.other_ms, "the rest of the decode step in ms, instead of the modelled MoE and projections")

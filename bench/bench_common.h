@@ -10,6 +10,8 @@
 #include <functional>
 #include <string>
 
+#include "spin/status.h"
+
 namespace spin::bench {
 
 struct Timing {
@@ -123,6 +125,13 @@ struct DecodeBenchOptions {
   std::string json_path;
 };
 int run_decode_bench(const DecodeBenchOptions& options);
+// The step-latency tail of all-keep and of options.predictor at `sparsity` on the first of
+// options.contexts (the same paired, interleaved run as the bench): p50 and p99 over requests and
+// steps, nearest rank.
+struct DecodeTail {
+  double all_keep_p50_ms = 0, all_keep_p99_ms = 0, predictor_p50_ms = 0, predictor_p99_ms = 0;
+};
+Result<DecodeTail> measure_decode_tail(const DecodeBenchOptions& options, double sparsity);
 
 // Median time of the full (all-keep) indexer at the V3.2 shape, rows 1 — the denominator of
 // every overhead ratio.

@@ -1,7 +1,10 @@
 // `spin bench decode`: batched DSA decode steps (predictor → masked indexer → top-k → sparse MLA
 // attention → observe) for a model preset, all-keep and a predictor on identical data in one run.
 //
-// Reports per step (medians over the timed steps): tokens/s of the attention path, the stage breakdown (indexer_ms, topk_ms,
+// Reports per step (medians over the timed steps): tokens/s of the attention path, the step time's
+// tail (p50 and p99, nearest rank, over every request's every timed step: a batched step is each of
+// its requests' latency for that token, so the percentiles over steps are those over requests and
+// steps), the stage breakdown (indexer_ms, topk_ms,
 // attention_ms, predictor_ms), speedup_vs_all_keep measured in the same run, the cost model's
 // prediction beside it — 1 / (1 − (indexer share · realised sparsity − predictor share)) — and
 // attn_err = ‖o − o_all_keep‖ / ‖o_all_keep‖ (mean over rows). Each predictor run is paired with
@@ -23,6 +26,7 @@
 #include "bench_common.h"
 #include "spin/cpu.h"
 #include "spin/lab/engine.h"
+#include "spin/lab/metrics.h"
 #include "spin/trace.h"
 #include "spin/lab/workload.h"
 
@@ -32,6 +36,7 @@ namespace {
 struct RunResult {
   StepStats mean;  // per-stage medians over the timed steps
   double step_ms = 0;
+  double step_p50_ms = 0, step_p99_ms = 0;  // over requests and steps (nearest rank)
   double tokens_per_s = 0;
   double attn_err = NAN;
   double recall = NAN;
@@ -41,6 +46,8 @@ struct RunResult {
 // Per-step samples of one engine, reduced to medians.
 struct Samples {
   std::vector<double> indexer, topk, attention, predictor, total, tokens;
+  SampleStats request_steps;  // each request's step latency: the batched step's time, once per request
+  int32_t requests = 1;       // the batch
   int64_t scored = 0, visible = 0, err_rows = 0, recall_rows = 0;
   double err_sum = 0, recall_sum = 0;
 
@@ -50,6 +57,7 @@ struct Samples {
     attention.push_back(st.attention_ms);
     predictor.push_back(st.predictor_ms);
     total.push_back(st.total_ms);
+    for (int64_t r = 0; r < requests; ++r) request_steps.add(st.total_ms);
     tokens.push_back(static_cast<double>(st.tokens));
     scored += st.scored_entries;
     visible += st.visible_entries;
@@ -71,6 +79,8 @@ struct Samples {
     r.mean.attention_ms = median(attention);
     r.mean.predictor_ms = median(predictor);
     r.step_ms = median(total);
+    r.step_p50_ms = request_steps.percentile(50);
+    r.step_p99_ms = request_steps.percentile(99);
     double all_tokens = 0;
     for (double t : tokens) all_tokens += t;
     r.tokens_per_s = all_tokens / static_cast<double>(tokens.size()) / (r.step_ms / 1e3);
@@ -239,6 +249,7 @@ Result<std::pair<RunResult, RunResult>> run_pair(const DecodeBenchOptions& o, co
   auto spin = make_engine(o, model, source, o.predictor, sparsity, context);
   if (!spin.ok()) return spin.status();
   Samples base_samples, spin_samples;
+  base_samples.requests = spin_samples.requests = o.batch;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     StepStats a, b;
     if (s % 2 == 0) {
@@ -264,6 +275,17 @@ double peak_rss_mib() {
 nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
 }  // namespace
+
+Result<DecodeTail> measure_decode_tail(const DecodeBenchOptions& o, double sparsity) {
+  auto preset = model_preset(o.model);
+  if (!preset.ok()) return preset.status();
+  auto source = open_source(o);
+  if (!source.ok()) return source.status();
+  const ModelPreset model = model_for(preset.value(), *source.value());
+  auto pair = run_pair(o, model, *source.value(), sparsity, o.contexts.front());
+  if (!pair.ok()) return pair.status();
+  return DecodeTail{pair->first.step_p50_ms, pair->first.step_p99_ms, pair->second.step_p50_ms, pair->second.step_p99_ms};
+}
 
 int run_decode_bench(const DecodeBenchOptions& o) {
   auto preset = model_preset(o.model);
@@ -295,8 +317,8 @@ int run_decode_bench(const DecodeBenchOptions& o) {
   }
   fmt::print("times are per step over all simulated layers; whole-model projection assumes the attention path is "
              "{:.0f}% of a full decode step\n\n", 100 * o.path_share);
-  fmt::print("{:>8} {:>12} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}\n",
-             "context", "predictor", "sparse", "realised", "step_ms", "idx_ms", "topk_ms", "attn_ms", "pred_ms",
+  fmt::print("{:>8} {:>12} {:>6} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>8} {:>7}\n",
+             "context", "predictor", "sparse", "realised", "step_ms", "p50_ms", "p99_ms", "idx_ms", "topk_ms", "attn_ms", "pred_ms",
              "tok/s", "speedup", "model", "predicted", "attn_err", "recall");
   nlohmann::json records = nlohmann::json::array();
   for (int64_t context : contexts) {
@@ -305,16 +327,17 @@ int run_decode_bench(const DecodeBenchOptions& o) {
     auto print = [&](const std::string& name, double sparsity, const RunResult& r, double speedup, double predicted,
                      double full_indexer_ms) {
       const double model_speedup = 1.0 / (1.0 - o.path_share + o.path_share / speedup);
-      fmt::print("{:>8} {:>12} {:>6.2f} {:>9.3f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>8.1f} {:>7.3f}x {:>7.3f}x "
-                 "{:>8.3f}x {:>8.4f} {:>7.4f}\n",
-                 context, name, sparsity, r.realised_sparsity, r.step_ms, r.mean.indexer_ms, r.mean.topk_ms,
+      fmt::print("{:>8} {:>12} {:>6.2f} {:>9.3f} {:>9.2f} {:>8.2f} {:>8.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>8.1f} "
+                 "{:>7.3f}x {:>7.3f}x {:>8.3f}x {:>8.4f} {:>7.4f}\n",
+                 context, name, sparsity, r.realised_sparsity, r.step_ms, r.step_p50_ms, r.step_p99_ms, r.mean.indexer_ms, r.mean.topk_ms,
                  r.mean.attention_ms, r.mean.predictor_ms, r.tokens_per_s, speedup, model_speedup, predicted,
                  r.attn_err, r.recall);
       std::fflush(stdout);
       nlohmann::json rec = machine_json(o.threads);
       rec.update({{"bench", "decode"}, {"model", model.name}, {"layers", o.layers}, {"context", context},
                   {"batch", o.batch}, {"next_n", next_n}, {"source", src.label}, {"predictor", name}, {"sparsity", sparsity},
-                  {"sparsity_realised", r.realised_sparsity}, {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s},
+                  {"sparsity_realised", r.realised_sparsity}, {"step_ms", r.step_ms}, {"step_p50_ms", r.step_p50_ms},
+                  {"step_p99_ms", r.step_p99_ms}, {"tokens_per_s", r.tokens_per_s},
                   {"indexer_ms", r.mean.indexer_ms}, {"topk_ms", r.mean.topk_ms},
                   {"attention_ms", r.mean.attention_ms}, {"predictor_ms", r.mean.predictor_ms},
                   {"speedup_vs_all_keep", speedup}, {"predicted_speedup", predicted},

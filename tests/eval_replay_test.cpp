@@ -173,6 +173,12 @@ TEST(Eval, SameSeedGivesIdenticalResultsWhateverTheThreads) {
   ASSERT_TRUE(run_eval(o).ok());
   EXPECT_EQ(results_without_timing(base + "-a"), results_without_timing(base + "-b"));
   EXPECT_NE(a->report_md.find("## Sparsity sweep"), std::string::npos);
+  // The report opens with advise's verdict, before every table; results.json carries its fields.
+  EXPECT_EQ(a->report_md.find("## Verdict"), a->report_md.find("## "));
+  const nlohmann::json results = results_without_timing(base + "-a");
+  EXPECT_TRUE(results["verdict"].contains("indexer_share"));
+  EXPECT_TRUE(results["verdict"].contains("recommended_sparsity"));
+  EXPECT_EQ(results["verdict"]["quality"].size(), 2u);  // quick: spin at 30 % and 50 % (0 % is not advice)
   EXPECT_TRUE(std::filesystem::exists(base + "-a/report.md"));
   std::filesystem::remove_all(base + "-a");
   std::filesystem::remove_all(base + "-b");

@@ -417,6 +417,11 @@ TEST(Cli, DecodeBenchReplaysATraceSource) {
   EXPECT_TRUE(records[1]["recall"].is_number());
   EXPECT_GE(records[1]["recall"].get<double>(), 0.0);
   EXPECT_LE(records[1]["recall"].get<double>(), 1.0);
+  // The step's tail over requests and steps (nearest rank): p99 never below p50.
+  for (const auto& rec : records) {
+    EXPECT_GT(rec["step_p50_ms"].get<double>(), 0.0);
+    EXPECT_GE(rec["step_p99_ms"].get<double>(), rec["step_p50_ms"].get<double>());
+  }
 }
 
 // A signal in the middle of writing a large output removes the temporary file and still ends
@@ -476,6 +481,11 @@ std::vector<Grammar> grammars() {
                   {"--seed", {"1", "18446744073709551615"}}, {"--threads", {"1", "2"}}, {"--set", {"alpha=0.5", "alpha=2", "x"}}},
        true},
       {{"calibrate"}, {{"--iterations", {"1"}}, {"--write", kOutputs}}, true},
+      {{"advise"},
+       {{"--model", {"deepseek-v3.2", "deepseek-v4-pro", "gpt"}}, {"--gpu", {"h200", "b200", "a100"}},
+        {"--context", {"1", "131072"}}, {"--batch", {"1", "64"}}, {"--tolerance", {"0.3", "0", "1"}},
+        {"--trace", {"t.st", "bad.st", "none.st", "dir"}}, {"--at-model-topk", {}}, {"--json", {}}, {"--out", kOutputs}},
+       true},
       {{"config"}, {}},
       {{"replay", "t.st"},
        {{"--predictor", {"spin", "prev-iter", "oracle", "hisa", "nope"}}, {"--sparsity", {"0", "0.3", "0.99"}},

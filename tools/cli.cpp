@@ -65,6 +65,18 @@ CLI::Validator real_range(double lo, double hi, bool hi_open) {
       "REAL in " + range);
 }
 
+CLI::Validator open_range(double lo, double hi) {
+  const std::string range = fmt::format("({}, {})", lo, hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& s) -> std::string {
+        double v = 0;
+        if (!parse_real(s, &v) || !std::isfinite(v)) return fmt::format("'{}' is not a finite number in {}", s, range);
+        if (!(v > lo && v < hi)) return fmt::format("{} is outside {}", v, range);
+        return {};
+      },
+      "REAL in " + range);
+}
+
 CLI::Validator positive_seconds() {
   return CLI::Validator(
       [](std::string& s) -> std::string {

@@ -34,6 +34,7 @@ std::vector<Command> add_replay_command(CLI::App& app);   // replay
 std::vector<Command> add_trace_commands(CLI::App& app);   // trace gen, trace info, trace convert
 std::vector<Command> add_bench_commands(CLI::App& app);   // bench indexer|topk|predictor|decode
 std::vector<Command> add_diagnose_command(CLI::App& app); // diagnose
+std::vector<Command> add_advise_command(CLI::App& app);   // advise
 
 inline Status invalid_argument_status(std::string message) {
   return {StatusCode::kInvalidArgument, std::move(message)};
@@ -47,6 +48,7 @@ int usage_error(const std::string& message);
 // ---- flag checks (CLI11 validators: each rejects NaN and ±inf, and names the allowed range) -----
 CLI::Validator int_range(int64_t lo, int64_t hi);
 CLI::Validator real_range(double lo, double hi, bool hi_open = false);  // [lo, hi] or [lo, hi)
+CLI::Validator open_range(double lo, double hi);  // (lo, hi)
 CLI::Validator positive_seconds();            // (0, 3600]
 CLI::Validator one_of(const std::vector<std::string>& names, const std::string& what);
 // A target sparsity, checked by the library's own PredictorConfig rules (so `--sparsity x` and

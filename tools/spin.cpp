@@ -51,7 +51,8 @@ int run(int argc, char** argv) {
              "caps the kernel paths of the whole process, as on a smaller CPU; every benchmark and report names it.");
   std::vector<Command> commands;
   for (auto add : {spin::cli::add_eval_commands, spin::cli::add_replay_command, spin::cli::add_trace_commands,
-                   spin::cli::add_bench_commands, spin::cli::add_diagnose_command}) {
+                   spin::cli::add_bench_commands, spin::cli::add_diagnose_command,
+                   spin::cli::add_advise_command}) {
     for (Command& c : add(app)) commands.push_back(std::move(c));
   }
   if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {

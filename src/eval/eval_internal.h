@@ -14,6 +14,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "spin/lab/advise.h"
 #include "spin/lab/calibrate.h"
 #include "spin/lab/eval.h"
 #include "spin/lab/metrics.h"
@@ -61,6 +62,7 @@ struct JobResult {
   double predictor_seconds = 0;
   double overhead_seconds = 0;       // select/observe/commit of the counted steps, probe excluded
   double indexer_entry_seconds = 0;  // the unit that turns it into indexer work
+  std::vector<RequestQuality> per_request;  // each request's own mean recall and p99 miss, in order
   double overhead_fraction() const;
 };
 
@@ -173,6 +175,10 @@ struct Results {
   std::map<std::string, ScenarioFacts> scenarios;
   std::map<std::string, ScenarioTiming> timing;
   std::vector<RealModelResult> real_model;
+  // The verdict the report opens with: the sweep's "spin" rows per request (scenarios and recorded
+  // traces), by target sparsity > 0, and the advice built from them (eval_verdict).
+  std::map<double, std::vector<RequestQuality>> verdict_requests;
+  std::optional<Advice> verdict;
 };
 
 void add_results(const ScenarioRun& run, int requests, const std::map<std::string, CalibrationTarget>& targets,
@@ -182,6 +188,10 @@ void add_real_results(const RealRun& rr, Results* res);
 // The indexer work levels of the equal-cost table, and every sweep predictor read at them.
 const std::vector<double>& equal_cost_levels();
 std::vector<EqualCostRow> equal_cost_rows(const std::vector<QualityRow>& sweep);
+
+// `spin advise`'s rule over the sweep's "spin" requests, for advise's default deployment (the
+// report says so, and points at `spin advise` for the reader's own); none without such rows.
+Result<std::optional<Advice>> eval_verdict(const Results& res);
 
 // The whole results.json; `threads` and the CPU are written beside the times they explain.
 nlohmann::json results_json(const EvalOptions& o, const Results& res, double total_s, int threads);

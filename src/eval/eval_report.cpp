@@ -221,6 +221,7 @@ std::string render_recorded_traces(const std::map<std::string, ScenarioFacts>& s
 
 std::string render_report(const EvalOptions& o, int requests, const Results& res) {
   std::string md = "# spin eval report\n\n";
+  if (res.verdict) md += advice_markdown(*res.verdict);
   md += fmt::format("Seed {}, {} request(s) per scenario{}. Predictor config (sweeps vary target_sparsity): `{}`\n\n", o.seed, requests,
                     o.quick ? ", quick mode" : "", o.base_config.to_string());
   md += "Every number is measured against all-keep (the full indexer) on the same trace; recall is token-level "

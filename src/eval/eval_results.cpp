@@ -144,6 +144,10 @@ void add_results(const ScenarioRun& run, int requests, const std::map<std::strin
         row.oracle_recall_mean = oracle[job.config.target_sparsity];
         row.gap_to_oracle = oracle[job.config.target_sparsity] - q.recall().mean();
         res->sweep.push_back(row);
+        if (job.label == kConfigDefault && job.config.target_sparsity > 0) {
+          auto& requests_at = res->verdict_requests[job.config.target_sparsity];
+          requests_at.insert(requests_at.end(), run.out[j].per_request.begin(), run.out[j].per_request.end());
+        }
         break;
       case Section::kMtp: res->mtp.push_back(row); break;
       case Section::kPooling: res->pooling.push_back(row); break;
@@ -300,8 +304,30 @@ json RealModelResult::to_json() const {
           {"mtp", rows_json(mtp)}};
 }
 
+Result<std::optional<Advice>> eval_verdict(const Results& res) {
+  if (res.verdict_requests.empty()) return std::optional<Advice>();
+  std::vector<double> sparsities;
+  std::vector<std::vector<RequestQuality>> per_sparsity;
+  for (const auto& [s, requests] : res.verdict_requests) {
+    sparsities.push_back(s);
+    per_sparsity.push_back(requests);
+  }
+  auto step = model_step(Deployment{}, sparsities);
+  if (!step.ok()) return step.status();
+  auto advice = recommend(step.value(), quality_points({kConfigDefault}, sparsities, {per_sparsity}), kDefaultTolerance,
+                          "the requests of this report");
+  if (!advice.ok()) return advice.status();
+  for (const QualityRow& r : res.sweep) {  // the scenarios (and traces) that gave "spin" requests
+    auto& names = advice->sources_of_quality;
+    if (r.label == kConfigDefault && std::find(names.begin(), names.end(), r.scenario) == names.end()) names.push_back(r.scenario);
+  }
+  return std::optional<Advice>(std::move(advice).value());
+}
+
 json results_json(const EvalOptions& o, const Results& res, double total_s, int threads) {
   json results = {{"seed", o.seed}, {"quick", o.quick}, {"config", o.base_config.to_string()}};
+  // The same fields `spin advise --json` prints (indexer_share, recommended_sparsity, verdict, ...).
+  if (res.verdict) results["verdict"] = json::parse(advice_json(*res.verdict));
   if (!res.scenarios.empty()) {
     for (const auto& [name, facts] : res.scenarios) results["scenarios"][name] = facts.to_json();
   }

@@ -75,7 +75,7 @@ Status run_jobs(const EvalOptions& o, const Trace* trace, const ScoredTrace& sco
     ro.open_loop = jobs[j].open_loop;
     auto r = trace != nullptr ? replay(*trace, scored, ro) : replay(scored, ro);
     if (r.ok()) {
-      part[j] = {r->quality, r->predictor_seconds, r->overhead_seconds, r->indexer_entry_seconds};
+      part[j] = {r->quality, r->predictor_seconds, r->overhead_seconds, r->indexer_entry_seconds, {}};
     } else {
       errors[j] = r.status();
     }
@@ -91,6 +91,8 @@ Status run_jobs(const EvalOptions& o, const Trace* trace, const ScoredTrace& sco
       return Status(errors[j].code(), fmt::format("{} / {}: {}", run->name, jobs[j].label, errors[j].message()));
     }
     run->out[j].quality.merge(part[j].quality);
+    run->out[j].per_request.push_back({part[j].quality.recall().mean(), part[j].quality.miss().percentile(99),
+                                       part[j].quality.sparsity().mean()});
     run->out[j].predictor_seconds += part[j].predictor_seconds;
     run->out[j].overhead_seconds += part[j].overhead_seconds;
     run->out[j].indexer_entry_seconds = part[j].indexer_entry_seconds;  // one per process and shape
@@ -360,6 +362,9 @@ Result<EvalSummary> run_eval(const EvalOptions& o) {
     for (const RealRun& rr : runs.value()) add_real_results(rr, &res);
   }
   res.equal_cost = equal_cost_rows(res.sweep);
+  auto verdict = eval_verdict(res);
+  if (!verdict.ok()) return verdict.status();
+  res.verdict = std::move(verdict).value();
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const nlohmann::json results = results_json(o, res, total_s, threads);
 

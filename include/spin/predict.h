@@ -83,7 +83,7 @@ struct PredictorConfig {
   double combine_weight = 0.8;          // w of Combine::kWeighted
   int32_t topk_first = 1;               // spin: the last top-k's blocks rank first, most hits first
   int32_t recent_blocks = 16;           // spin: the newest blocks rank next, newest first (0 = none)
-  int32_t adapt_rank = 0;               // spin: 1 = a layer drops the two above while they rank its top-k worse
+  int32_t adapt = 0;                    // spin: 1 = per layer, exploration by its yield, additions by their gain
   Pooling pooling = Pooling::kMax;      // how a block's entry scores become one observation x[b]
   double pool_depth = 0.2;              // spin, max pooling: x = the m-th best, m from this share (pool_rank)
   MtpUpdate mtp_update = MtpUpdate::kPrefix;  // which rows of an MTP step update the state
@@ -102,7 +102,7 @@ struct PredictorConfig {
   int32_t block_entries() const { return page_size * block_pages; }
 
   // Ranges: target_sparsity in [0,1), explore_ratio, explore_churn and combine_weight in [0,1],
-  // alpha and beta in (0,1], topk_first and adapt_rank 0 or 1, recent_blocks in [0, kMaxRecentBlocks],
+  // alpha and beta in (0,1], topk_first and adapt 0 or 1, recent_blocks in [0, kMaxRecentBlocks],
   // pool_depth in [0, 1],
   // page_size, block_pages, topk > 0, page_size·block_pages ≤ 2^20, sink/local ≥ 0,
   // explicit_budget_blocks ≥ -1, enums known.

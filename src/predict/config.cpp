@@ -220,10 +220,10 @@ const Field kFields[] = {
                   ? ok_status()
                   : invalid_argument("recent_blocks {} is outside [0, {}]", c.recent_blocks, kMaxRecentBlocks);
      }},
-    {"adapt_rank", print_value<&Config::adapt_rank>, set_int<&Config::adapt_rank>,
+    {"adapt", print_value<&Config::adapt>, set_int<&Config::adapt>,
      [](const Config& c, const char*) {
-       return c.adapt_rank == 0 || c.adapt_rank == 1 ? ok_status()
-                                                     : invalid_argument("adapt_rank {} must be 0 or 1", c.adapt_rank);
+       return c.adapt == 0 || c.adapt == 1 ? ok_status()
+                                                     : invalid_argument("adapt {} must be 0 or 1", c.adapt);
      }},
     {"pooling", print_enum<&Config::pooling, kPoolingNames>, set_enum<&Config::pooling, kPoolingNames>,
      check_enum<&Config::pooling, kPoolingNames>},
@@ -330,7 +330,7 @@ constexpr Preset kPresets[] = {
     {"default", ""},
     {"paper",
      "alpha=0.5 explore_ratio=0.05 explore_churn=0 explore_policy=uniform pooling=max pool_depth=0 "
-     "topk_first=0 recent_blocks=0 adapt_rank=0 budget_moves=none"},
+     "topk_first=0 recent_blocks=0 adapt=0 budget_moves=none"},
 };
 
 std::string preset_list() {

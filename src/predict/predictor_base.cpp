@@ -287,12 +287,14 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
     left -= n_explore;
     *explored = static_cast<int32_t>(n_explore);
   }
+  const bool record_yield = config_.adapt && explores() && ctx.row == 0 && n_explore > 0;
 
   // 3. Prediction: the highest p first, then the probe's quota from what is left.
   const int64_t n_history = left - n_probe;
   if (n_history > 0) {
     SPIN_RETURN_IF_ERROR(rank_once());
     mark_ranked(p, n_explore, n_cand - n_explore, n_history, 3);
+    if (record_yield) record_exploration(ctx.layer, p, n_explore, n_history);
   }
   if (n_probe > 0) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -302,7 +304,8 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
     mark_ranked(q_.data(), n_explore + n_history, n_cand - n_explore - n_history, n_probe, 4);
     *explored = static_cast<int32_t>(n_probe);  // the probe spends the exploration share
     if (config_.probe_adapt && ctx.row == 0 && n_history > 0)
-      layers_[static_cast<size_t>(ctx.layer)].share.record(keys_.data(), n_explore, n_history, n_probe, &margin_);
+      layers_[static_cast<size_t>(ctx.layer)].share.record(keys_.data() + n_explore + n_history, n_probe, n_probe,
+                                                           keys_.data() + n_explore, n_history, &margin_);
   }
 
   blocks->resize(static_cast<size_t>(n));
@@ -315,6 +318,23 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
   }
   blocks->resize(static_cast<size_t>(count));
   return ok_status();
+}
+
+// adapt: what exploration found against as many of history's lowest-ranked picks. An explored
+// block history would have picked anyway (ranked above its lowest pick) found nothing new: it is
+// left out of the yield but its slot still counts. keys_[0, n_explore) hold the explored blocks,
+// keys_[n_explore, + n_history) history's picks.
+void PredictorBase::record_exploration(int32_t layer, const float* p, int64_t n_explore, int64_t n_history) {
+  uint64_t* keys = keys_.data();
+  uint64_t cutoff = 0;  // history's lowest-ranked pick: its largest key
+  for (int64_t i = n_explore; i < n_explore + n_history; ++i) cutoff = std::max(cutoff, keys[i]);
+  novel_.clear();
+  for (int64_t i = 0; i < n_explore; ++i) {
+    const uint64_t b = keys[i] & 0xFFFFFFFFu;
+    if ((static_cast<uint64_t>(~float_order(sanitize(p[b]))) << 32 | b) > cutoff) novel_.push_back(b);
+  }
+  layers_[static_cast<size_t>(layer)].explore.record(novel_.data(), static_cast<int64_t>(novel_.size()), n_explore,
+                                                     keys + n_explore, n_history, &margin_);
 }
 
 int64_t PredictorBase::mark_forced(int64_t n) {
@@ -401,6 +421,7 @@ int64_t PredictorBase::row_budget(const RowContext& row) const {
 }
 
 double PredictorBase::explore_share(int32_t layer) const {
+  if (config_.adapt) return layers_[static_cast<size_t>(layer)].explore.current(config_.explore_ratio);
   const double churn = layers_[static_cast<size_t>(layer)].moves.churn_ema;
   if (config_.explore_churn <= 0) return config_.explore_ratio;
   if (churn < 0) return 0.0;  // not measured yet: the state is fresh from a prefill (or empty)
@@ -477,12 +498,16 @@ Status PredictorBase::commit(int32_t accepted) {
   for (int32_t li = 0; li < num_layers_; ++li) {
     Layer& l = layers_[static_cast<size_t>(li)];
     if (!l.selected) continue;
-    if (config_.adapt_rank) score_rankings(li, last, l.visible_entries[static_cast<size_t>(last)]);
+    if (config_.adapt) score_rankings(li, last, l.visible_entries[static_cast<size_t>(last)]);
     for (int32_t j = first; j <= last; ++j) l.state.apply(l.pending[static_cast<size_t>(j)], step);
     // step-reuse reads the top-k of the newest replayed row: the last token the model kept.
     const PooledRow& newest = l.pending[static_cast<size_t>(last)];
     l.moves.update(l.prev_topk_blocks, newest, config_.budget_move_max);
-    if (config_.probe_adapt) l.share.update(l.pending[0], config_.probe_share);
+    if (config_.probe_adapt)
+      l.share.update(l.pending[0], config_.probe_share, kProbeShareStep, kProbeShareFloor * config_.probe_share,
+                     kProbeShareCeiling);
+    if (config_.adapt) l.explore.update(l.pending[0], config_.explore_ratio, kExploreShareStep * config_.explore_ratio,
+                                        kExploreShareFloor * config_.explore_ratio, kExploreShareCeiling * config_.explore_ratio);
     l.prev_topk_blocks.clear();
     l.prev_topk_hits.clear();
     for (size_t i = 0; i < newest.blocks.size(); ++i) {
@@ -499,7 +524,7 @@ Status PredictorBase::commit(int32_t accepted) {
   return ok_status();
 }
 
-// adapt_rank's measurement. Both rankings are scored on what the step observed: among the blocks
+// adapt's measurement. Both rankings are scored on what the step observed: among the blocks
 // it scored (the forced ones left out, as every ranking keeps them), the m that rank highest by
 // each, m = the blocks that held the row's top-k — the tightest budget that could hold all of
 // it. The ranking whose m blocks held more of the top-k ordered this layer's blocks better; the
@@ -581,6 +606,7 @@ void PredictorBase::reset() {
     l.moves = BudgetMoveState{};
     l.share.reset();
     l.additions_gain = 0;
+    l.explore.reset();
   }
   open_ = false;
   open_step_ = -1;
@@ -629,7 +655,11 @@ Status PredictorBase::reserve(int64_t max_entries, int32_t max_next_n) {
       }
       l.prev_topk_blocks.reserve(n);
       l.prev_topk_hits.reserve(n);
+      l.explore.probe_picked.reserve(n);  // adapt's record of what exploration traded
+      l.explore.margin_picked.reserve(n);
     }
+    margin_.reserve(n);
+    novel_.reserve(n);
     if (p_.size() < n) {
       p_.resize(n);
       q_.resize(n);

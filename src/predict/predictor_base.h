@@ -106,7 +106,7 @@ class PredictorBase : public BlockPredictor {
   virtual void on_reset() {}
   virtual void on_fork(int64_t shared_entries) { (void)shared_entries; }
   virtual size_t extra_memory_bytes() const { return 0; }
-  // adapt_rank (spin, spin-ic2): the row's ranking as configured into `with` and without spin's
+  // adapt (spin, spin-ic2): the row's ranking as configured into `with` and without spin's
   // additions (the last top-k first, the recency window) into `without`, from the state as select
   // saw it; false where the predictor has no such pair for the layer (then nothing is measured).
   virtual bool rank_pair(const RowContext& row, float* with, float* without) {
@@ -115,9 +115,9 @@ class PredictorBase : public BlockPredictor {
     (void)without;
     return false;
   }
-  // adapt_rank: whether `layer` keeps spin's additions (its measured advantage is ≥ 0).
+  // adapt: whether `layer` keeps spin's additions (its measured advantage is ≥ 0).
   bool keeps_additions(int32_t layer) const {
-    return config_.adapt_rank == 0 || layers_[static_cast<size_t>(layer)].additions_gain >= 0.0;
+    return config_.adapt == 0 || layers_[static_cast<size_t>(layer)].additions_gain >= 0.0;
   }
   // reserve() for what a predictor keeps itself (hisa's pooled keys); kInvalidArgument if it
   // cannot promise allocation-free steps.
@@ -180,7 +180,10 @@ class PredictorBase : public BlockPredictor {
     std::vector<int32_t> prev_topk_hits;
     BudgetMoveState moves;  // budget_moves: the layer's churn and loan (budget_moves.h)
     ProbeShareState share;  // probe_adapt: the layer's share now (probe_share.h)
-    // adapt_rank: EMA of how much more of each step's top-k the ranking with spin's additions put
+    // adapt: the layer's exploration share, moved by what exploration found (probe_share.h's
+    // rule: its picks against as many of history's lowest-ranked ones, top-k hits per block).
+    ProbeShareState explore;
+    // adapt: EMA of how much more of each step's top-k the ranking with spin's additions put
     // first than the one without (score_rankings); < 0 = this layer ranks without them.
     double additions_gain = 0;
   };
@@ -195,7 +198,8 @@ class PredictorBase : public BlockPredictor {
   void mark_explored(const RowContext& ctx, Fill f, int64_t n_cand, int64_t n_explore);
   // The `left` highest p among keys_[first, first + n_rest) get mark `tag`.
   void mark_ranked(const float* p, int64_t first, int64_t n_rest, int64_t left, uint8_t tag);
-  // adapt_rank at commit, before the state moves: updates `l`'s additions_gain from its newest
+  void record_exploration(int32_t layer, const float* p, int64_t n_explore, int64_t n_history);
+  // adapt at commit, before the state moves: updates `l`'s additions_gain from its newest
   // replayed row (`row`, `visible` entries), see predictor_base.cpp.
   void score_rankings(int32_t layer, int32_t row, int64_t visible);
   // Top-k entries of `newest` in the `m` observed blocks that rank highest by p (forced excluded).
@@ -219,6 +223,7 @@ class PredictorBase : public BlockPredictor {
   std::vector<float> p_;
   std::vector<float> q_;  // the probe's scores
   std::vector<uint64_t> margin_;  // ProbeShareState::record's scratch
+  std::vector<uint64_t> novel_;   // record_exploration's scratch
   std::vector<uint8_t> mark_;
   std::vector<uint64_t> keys_;  // (ordering key << 32 | block) of the candidates
   PoolScratch pool_scratch_;

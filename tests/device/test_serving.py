@@ -387,8 +387,8 @@ def test_host_only_predictors_and_options_are_refused_by_name():
         device.Serving(2, 1, 1024, "spin", {"pooling": "mean"})
     with pytest.raises(spin_dsa.InvalidArgument, match="budget_moves"):
         device.Serving(2, 1, 1024, "spin", {"budget_moves": "layers"})
-    with pytest.raises(spin_dsa.InvalidArgument, match="adapt_rank=1 is host-only"):
-        device.Serving(2, 1, 1024, "spin", {"adapt_rank": 1})
+    with pytest.raises(spin_dsa.InvalidArgument, match="adapt=1 is host-only"):
+        device.Serving(2, 1, 1024, "spin", {"adapt": 1})
     with pytest.raises(spin_dsa.SpinError):
         device.Serving(2, 1, 0, "spin")  # the library's own size check
     with pytest.raises(spin_dsa.SpinError):

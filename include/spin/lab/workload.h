@@ -118,11 +118,13 @@ struct WorkloadParams {
   int32_t target_period = 0;       // steps per retrieval episode (0 = no targets)
   int32_t target_dwell = 0;        // steps of an episode whose query asks for the target (0 = all)
   double target_query = 8.0;       // weight of the target's direction in the query
-  // Layers whose history predicts nothing (GVR measured ~1.5 % consecutive-step top-k overlap in
-  // DeepSeek-V3.2's layers 0–1): the first volatile_layers layers' query_noise is scaled by
-  // volatile_noise besides layer_volatility's scale. A second quiet group (to_string: as above).
+  // Layers that differ in stability, after calibration (a second quiet group for to_string):
+  // the first volatile_layers layers' query_noise is scaled by volatile_noise (GVR measured ~1.5 %
+  // consecutive-step top-k overlap in DeepSeek-V3.2's layers 0–1), every other layer's by
+  // layer_noise (35–50 % in its middle layers), both besides layer_volatility's scale.
   int32_t volatile_layers = 0;
   double volatile_noise = 1.0;
+  double layer_noise = 1.0;
   uint64_t seed = 1;
 
   Status validate() const;

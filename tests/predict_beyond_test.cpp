@@ -282,6 +282,56 @@ TEST(PredictAdapt, ExplorationFollowsWhatItFinds) {
   EXPECT_TRUE(std::is_sorted(shrank.rbegin(), shrank.rend())) << ::testing::PrintToString(shrank);
 }
 
+// adapt: a layer keeps spin's additions while they rank its top-k better than the EMA alone. 40
+// blocks of 4, top-k 8, budget 20, no exploration; the only addition on is the recency window (16
+// blocks). `old` true: the top-k sits in blocks 5 and 6 at every step — the window ranks them
+// below 16 newer blocks, so the layer drops it and ranks by the EMA; false: the top-k sits in the
+// window's first blocks (36, 37) and the prefill pointed at 5 and 6 — the window ranks as well or
+// better, kept.
+// Returns block 30's rank key at the last step: 2^19 - 9 when the window is on, an EMA value off.
+float window_rank_after(bool old, int32_t adapt) {
+  PredictorConfig c;
+  c.page_size = 4;
+  c.topk = 8;
+  c.target_sparsity = 0.5;
+  c.topk_first = 0;
+  c.recent_blocks = 16;
+  c.explore_ratio = 0;
+  c.adapt = adapt;
+  auto p = make_checked("spin", c, 1, 3);
+  const int64_t entries = 40 * 4;
+  std::vector<float> before(40, 0.0f), after(40, 0.0f);
+  before[5] = before[6] = 100.0f;
+  (old ? after[5] : after[37]) = 100.0f;
+  (old ? after[6] : after[36]) = 99.0f;
+  const std::vector<float> prefill = testing::block_scores(before, 4), truth = testing::block_scores(after, 4);
+  std::vector<int32_t> all(40);
+  for (int32_t b = 0; b < 40; ++b) all[static_cast<size_t>(b)] = b;
+  RowScores r;
+  r.scores = prefill.data();
+  r.num_cols = r.visible_entries = entries;
+  r.scored_blocks = all.data();
+  r.num_scored_blocks = 40;
+  EXPECT_TRUE(p->observe_prefill(0, 0, r).ok());
+  Selection sel;
+  for (int64_t step = 1; step <= 8; ++step) {
+    StepInput in{step, entries, 1};
+    in.want_scores = true;
+    EXPECT_TRUE(p->select(0, in, &sel).ok());
+    EXPECT_TRUE(observe_union(*p, 0, sel, {truth}, entries, 1).ok());
+    EXPECT_TRUE(p->commit(0).ok());
+  }
+  return sel.row_scores[0][30];
+}
+
+TEST(PredictAdapt, AdditionsStayWhileTheyRankBetter) {
+  constexpr float kWindowed = 524288.0f - 9.0f;  // kRecentBase - distance (predictor_ema.cpp)
+  EXPECT_EQ(window_rank_after(true, 0), kWindowed);
+  EXPECT_EQ(window_rank_after(false, 0), kWindowed);
+  EXPECT_LT(window_rank_after(true, 1), 1000.0f);  // dropped: the EMA ranks the layer
+  EXPECT_EQ(window_rank_after(false, 1), kWindowed);
+}
+
 TEST(PredictHybrid, ConfigRangesAreChecked) {
   PredictorConfig c = hybrid_config();
   for (const char* bad : {"probe_adapt=2", "probe_share=1.5", "probe_interval=0", "probe_entries=3", "probe_blend=-0.1",

@@ -276,9 +276,8 @@ double planned_bytes(const PredictorInfo& info, const PredictorConfig& config, i
 // The predictor names make_predictor accepts, in the registry's order.
 const std::vector<std::string>& predictor_names();
 
-// Whether the predictor reads the keys (PredictorReads::kKeys): hisa, spin-hybrid,
-// spin-hybrid-ic2 replay a score trace only when it carries the probe (spin/trace.h,
-// layer.{l}.probe).
+// Whether the predictor reads the keys (PredictorReads::kKeys): such a predictor replays a score
+// trace only when it carries the probe (spin/trace.h, layer.{l}.probe).
 bool predictor_needs_keys(std::string_view name);
 
 // Creates a predictor by its registry name (predictor_names(); what each does:

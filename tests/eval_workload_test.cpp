@@ -14,6 +14,7 @@
 
 #include <sys/utsname.h>
 
+#include "spin/lab/calibrate.h"
 #include "spin/lab/replay.h"
 #include "spin/lab/workload.h"
 #include "test_util.h"
@@ -234,6 +235,44 @@ TEST(Workload, RejectsBadRetrievalSettings) {
   p.needles = 0;
   EXPECT_FALSE(p.validate().ok());  // distractors without a needle to ask for
   EXPECT_FALSE(refused("needle_similarity", "0.5"));  // and a good value is taken
+}
+
+// The regime scenarios hold the figures they are built to: v4flash-10k the SPIN paper's prev-iter
+// statistics on DeepSeek-V4 Flash at 9.7K (the calibration's own measure, its three seeds), and
+// layers-68k GVR's per-layer overlap on V3.2 (near zero in the first two layers, 35–50 % after).
+TEST(Workload, RegimeScenariosHoldTheirPublishedFigures) {
+  const auto v4 = measure_calibration(scenario_params("v4flash-10k").value(), 3);
+  ASSERT_TRUE(v4.ok()) << v4.status().to_string();
+  EXPECT_NEAR(v4->topk_recall, 0.751, 0.02);
+  EXPECT_NEAR(v4->pearson, 0.876, 0.02);
+  WorkloadParams p = scenario_params("layers-68k").value();
+  p.steps = 8;
+  const Trace trace = generate_workload(p).value();
+  const auto scored = score_trace(trace);
+  ASSERT_TRUE(scored.ok());
+  for (int32_t l = 0; l < p.layers; ++l) {
+    const double overlap = trace_facts(*scored.value(), p.page_size, l).prev_step_topk_recall;
+    if (l < 2) {
+      EXPECT_LT(overlap, 0.12) << "layer " << l;
+    } else {
+      EXPECT_GT(overlap, 0.3) << "layer " << l;
+      EXPECT_LT(overlap, 0.6) << "layer " << l;
+    }
+  }
+}
+
+// The per-layer stability fields are a quiet group of their own: off, no scenario's string (or
+// trace) changes; set, all three are printed.
+TEST(Workload, LayerStabilityFieldsPrintOnlyWhenSet) {
+  for (const char* name : {"doc-qa-10k", "niah-mk-128k"})
+    EXPECT_EQ(scenario_params(name).value().to_string().find("volatile"), std::string::npos) << name;
+  const std::string s = scenario_params("layers-68k").value().to_string();
+  for (const char* key : {"volatile_layers=2", "volatile_noise=40", "layer_noise=1.6"})
+    EXPECT_NE(s.find(key), std::string::npos) << s;
+  EXPECT_EQ(s.find("needles"), std::string::npos) << s;
+  WorkloadParams bad = scenario_params("layers-68k").value();
+  EXPECT_TRUE(bad.set("layer_noise", "-1").ok());
+  EXPECT_FALSE(bad.validate().ok());
 }
 
 }  // namespace

@@ -224,6 +224,114 @@ TEST(PredictHybrid, AdaptiveShareMovesTowardTheSourceThatPays) {
   EXPECT_EQ(sel.row_explored[0], explored.front());
 }
 
+// adapt: each layer's exploration share follows what exploration finds against history's
+// lowest-ranked picks. 40 blocks of 4, budget 20 (one sink, one local, 4 explored at the start:
+// explore_ratio 0.2); the prefill shows block b at 100 - b, so history believes blocks 1–16.
+// `moved` true: from then on the top-k (8 entries, 2 blocks) sits in blocks 20–38 alone, which
+// only exploration reaches at first — the share grows; false: the truth stays and the top-k (56
+// entries, 14 blocks) is history's picks, explored blocks below them find nothing while its
+// lowest picks hold the top-k — the share shrinks to its floor (a quarter: 0.05 · 20 = 1 block).
+std::vector<int32_t> explored_per_step(bool moved, int32_t adapt) {
+  PredictorConfig c;
+  c.page_size = 4;
+  c.topk = moved ? 8 : 56;
+  c.target_sparsity = 0.5;
+  c.recent_blocks = 0;
+  c.explore_ratio = 0.2;
+  c.explore_churn = 0;  // without adapt: always round(0.2 · 20) = 4
+  c.adapt = adapt;
+  auto p = make_checked("spin", c, 1, 7);
+  const int64_t entries = 40 * 4;
+  std::vector<float> before(40), after(40);
+  for (int32_t b = 0; b < 40; ++b) {
+    const auto fb = static_cast<float>(b);
+    before[static_cast<size_t>(b)] = b == 0 || b == 39 ? 0.0f : 100.0f - fb;
+    after[static_cast<size_t>(b)] = !moved ? before[static_cast<size_t>(b)] : b >= 20 && b < 39 ? 200.0f - fb : 0.0f;
+  }
+  const std::vector<float> prefill = testing::block_scores(before, 4), truth = testing::block_scores(after, 4);
+  std::vector<int32_t> all(40);
+  for (int32_t b = 0; b < 40; ++b) all[static_cast<size_t>(b)] = b;
+  RowScores r;
+  r.scores = prefill.data();
+  r.num_cols = r.visible_entries = entries;
+  r.scored_blocks = all.data();
+  r.num_scored_blocks = 40;
+  EXPECT_TRUE(p->observe_prefill(0, 0, r).ok());
+  std::vector<int32_t> explored;
+  Selection sel;
+  for (int64_t step = 1; step <= 6; ++step) {
+    EXPECT_TRUE(p->select(0, {step, entries, 1}, &sel).ok());
+    explored.push_back(sel.row_explored[0]);
+    EXPECT_EQ(sel.row_budget[0], 20);
+    EXPECT_TRUE(observe_union(*p, 0, sel, {truth}, entries, 1).ok());
+    EXPECT_TRUE(p->commit(0).ok());
+  }
+  return explored;
+}
+
+TEST(PredictAdapt, ExplorationFollowsWhatItFinds) {
+  const std::vector<int32_t> fixed = {4, 4, 4, 4, 4, 4};
+  EXPECT_EQ(explored_per_step(true, 0), fixed);
+  EXPECT_EQ(explored_per_step(false, 0), fixed);
+  const std::vector<int32_t> grew = explored_per_step(true, 1);
+  EXPECT_EQ(grew[0], 4);
+  EXPECT_GT(*std::max_element(grew.begin(), grew.end()), 4) << ::testing::PrintToString(grew);
+  const std::vector<int32_t> shrank = explored_per_step(false, 1);
+  EXPECT_EQ(shrank[0], 4);
+  EXPECT_EQ(shrank.back(), 1) << ::testing::PrintToString(shrank);  // the floor: llround(0.05 · 20)
+  EXPECT_TRUE(std::is_sorted(shrank.rbegin(), shrank.rend())) << ::testing::PrintToString(shrank);
+}
+
+// adapt: a layer keeps spin's additions while they rank its top-k better than the EMA alone. 40
+// blocks of 4, top-k 8, budget 20, no exploration; the only addition on is the recency window (16
+// blocks). `old` true: the top-k sits in blocks 5 and 6 at every step — the window ranks them
+// below 16 newer blocks, so the layer drops it and ranks by the EMA; false: the top-k sits in the
+// window's first blocks (36, 37) and the prefill pointed at 5 and 6 — the window ranks as well or
+// better, kept.
+// Returns block 30's rank key at the last step: 2^19 - 9 when the window is on, an EMA value off.
+float window_rank_after(bool old, int32_t adapt) {
+  PredictorConfig c;
+  c.page_size = 4;
+  c.topk = 8;
+  c.target_sparsity = 0.5;
+  c.topk_first = 0;
+  c.recent_blocks = 16;
+  c.explore_ratio = 0;
+  c.adapt = adapt;
+  auto p = make_checked("spin", c, 1, 3);
+  const int64_t entries = 40 * 4;
+  std::vector<float> before(40, 0.0f), after(40, 0.0f);
+  before[5] = before[6] = 100.0f;
+  (old ? after[5] : after[37]) = 100.0f;
+  (old ? after[6] : after[36]) = 99.0f;
+  const std::vector<float> prefill = testing::block_scores(before, 4), truth = testing::block_scores(after, 4);
+  std::vector<int32_t> all(40);
+  for (int32_t b = 0; b < 40; ++b) all[static_cast<size_t>(b)] = b;
+  RowScores r;
+  r.scores = prefill.data();
+  r.num_cols = r.visible_entries = entries;
+  r.scored_blocks = all.data();
+  r.num_scored_blocks = 40;
+  EXPECT_TRUE(p->observe_prefill(0, 0, r).ok());
+  Selection sel;
+  for (int64_t step = 1; step <= 8; ++step) {
+    StepInput in{step, entries, 1};
+    in.want_scores = true;
+    EXPECT_TRUE(p->select(0, in, &sel).ok());
+    EXPECT_TRUE(observe_union(*p, 0, sel, {truth}, entries, 1).ok());
+    EXPECT_TRUE(p->commit(0).ok());
+  }
+  return sel.row_scores[0][30];
+}
+
+TEST(PredictAdapt, AdditionsStayWhileTheyRankBetter) {
+  constexpr float kWindowed = 524288.0f - 9.0f;  // kRecentBase - distance (predictor_ema.cpp)
+  EXPECT_EQ(window_rank_after(true, 0), kWindowed);
+  EXPECT_EQ(window_rank_after(false, 0), kWindowed);
+  EXPECT_LT(window_rank_after(true, 1), 1000.0f);  // dropped: the EMA ranks the layer
+  EXPECT_EQ(window_rank_after(false, 1), kWindowed);
+}
+
 TEST(PredictHybrid, ConfigRangesAreChecked) {
   PredictorConfig c = hybrid_config();
   for (const char* bad : {"probe_adapt=2", "probe_share=1.5", "probe_interval=0", "probe_entries=3", "probe_blend=-0.1",

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "spin/predict.h"
 
@@ -81,6 +83,57 @@ TEST(PredictConfig, SetAndParse) {
   EXPECT_NE(s.message().find("max, mean, topk-hits, lse"), std::string::npos) << s.message();
   EXPECT_FALSE(c.parse("alpha").ok());
   EXPECT_FALSE(c.parse("=3").ok());
+}
+
+// The paper's SPIN by name (arXiv 2610.09025): α 0.5, 5 % uniform exploration every step, max
+// pooling of the best score, and none of spin's additions; budget and geometry untouched.
+TEST(PredictConfig, PaperPresetIsThePublishedSpin) {
+  PredictorConfig c;
+  c.target_sparsity = 0.5;
+  c.topk = 512;
+  c.alpha = 0.9;
+  ASSERT_TRUE(c.apply_preset("paper").ok());
+  EXPECT_DOUBLE_EQ(c.alpha, 0.5);
+  EXPECT_DOUBLE_EQ(c.explore_ratio, 0.05);
+  EXPECT_DOUBLE_EQ(c.explore_churn, 0.0);
+  EXPECT_EQ(c.explore_policy, ExplorePolicy::kUniform);
+  EXPECT_EQ(c.pooling, Pooling::kMax);
+  EXPECT_DOUBLE_EQ(c.pool_depth, 0.0);
+  EXPECT_EQ(c.topk_first, 0);
+  EXPECT_EQ(c.recent_blocks, 0);
+  EXPECT_EQ(c.budget_moves, BudgetMoves::kNone);
+  EXPECT_DOUBLE_EQ(c.target_sparsity, 0.5);
+  EXPECT_EQ(c.topk, 512);
+  EXPECT_TRUE(c.validate().ok());
+
+  // "preset=" in a settings string applies in order: later pairs override it, earlier ones not.
+  PredictorConfig d;
+  ASSERT_TRUE(d.parse("explore_ratio=0.3 preset=paper recent_blocks=4").ok());
+  EXPECT_DOUBLE_EQ(d.explore_ratio, 0.05);
+  EXPECT_EQ(d.recent_blocks, 4);
+  // to_string prints fields, not the preset, and reads back the same config.
+  PredictorConfig e;
+  ASSERT_TRUE(e.parse(c.to_string()).ok());
+  EXPECT_EQ(e.to_string(), c.to_string());
+
+  // "default" undoes it: every field back to PredictorConfig{}'s but the ones no preset sets.
+  ASSERT_TRUE(c.apply_preset("default").ok());
+  PredictorConfig expect;
+  expect.target_sparsity = 0.5;
+  expect.topk = 512;
+  EXPECT_EQ(c.to_string(), expect.to_string());
+  EXPECT_EQ(preset_names(), (std::vector<std::string>{"default", "paper"}));
+}
+
+TEST(PredictConfig, UnknownPresetNamesTheKnownOnes) {
+  PredictorConfig c;
+  const std::string before = c.to_string();
+  const Status s = c.set("preset", "papers");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("unknown preset 'papers'; supported: default, paper"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(c.to_string(), before);
+  EXPECT_NE(c.set("nope", "1").message().find("preset, target_sparsity"), std::string::npos);
 }
 
 TEST(PredictConfig, EnumNamesRoundTrip) {

@@ -78,12 +78,29 @@ TEST(PredictPredictors, RegistryRowsMatchWhatTheirPredictorsDo) {
   }
   EXPECT_EQ(find_predictor("nope"), nullptr);
   EXPECT_FALSE(predictor_needs_keys("nope"));
-  // Eval's tables list each predictor once, in the rows' order.
-  for (auto table : {&PredictorInfo::EvalPlaces::open_loop, &PredictorInfo::EvalPlaces::sweep,
-                     &PredictorInfo::EvalPlaces::trace_sweep}) {
-    const std::vector<std::string> listed = eval_predictors(table);
-    for (size_t i = 0; i < listed.size(); ++i) EXPECT_EQ(find_predictor(listed[i])->eval.*table, static_cast<int32_t>(i + 1));
-  }
+}
+
+// planned_bytes is what reserve() holds: the state grows to it and not past it, and the predictors
+// that read keys add their pooled keys (one per block, or per probe_entries for the hybrid).
+TEST(PredictPredictors, PlannedBytesCoverTheStateAndThePooledKeys) {
+  PredictorConfig c = small_config();
+  const int64_t entries = 4096;
+  const double blocks = static_cast<double>(blocks_for_entries(c, entries));
+  auto planned = [&](const char* name, const PredictorConfig& cfg) {
+    return planned_bytes(*find_predictor(name), cfg, 3, entries, 2);
+  };
+  const double spin = planned("spin", c);
+  EXPECT_GE(spin, 3 * blocks * 8);  // at least the slot state of every layer
+  EXPECT_EQ(planned("prev-iter", c), spin);
+  EXPECT_DOUBLE_EQ(planned("hisa", c) - spin, 3 * blocks * (128 * 4 + 4));
+  PredictorConfig fine = c;
+  fine.probe_entries = c.block_entries() / 2;
+  EXPECT_DOUBLE_EQ(planned("spin-hybrid", fine) - planned("spin", fine), 3 * blocks * 2 * (128 * 4 + 4));
+  EXPECT_GT(planned("spin", c), planned_bytes(*find_predictor("spin"), c, 3, entries / 2, 2));
+  EXPECT_GT(planned("spin", c), planned_bytes(*find_predictor("spin"), c, 3, entries, 1));
+  auto p = make("spin", c, 3);
+  ASSERT_TRUE(p->reserve(entries, 2).ok());
+  EXPECT_LE(static_cast<double>(p->memory_bytes()), spin);
 }
 
 TEST(PredictPredictors, PrevIterKeepsOnlyTheLastObservation) {

@@ -268,6 +268,9 @@ TEST(Cli, EveryReportedCaseFailsCleanly) {
       // flags silently ignored or wrong
       {{"replay", "t.st", "--sparsity", "-0.1"}, "--sparsity: target_sparsity -0.1 is outside [0, 1)"},
       {{"replay", "t.st", "--set", "target_sparsity=-0.1"}, "--set: target_sparsity -0.1 is outside [0, 1)"},
+      {{"replay", "t.st", "--preset", "papers"}, "unknown preset 'papers'; supported: default, paper"},
+      {{"eval", "--preset", "Paper", "--quick"}, "unknown preset 'Paper'; supported: default, paper"},
+      {{"replay", "t.st", "--set", "preset=x"}, "--set: unknown preset 'x'; supported: default, paper"},
       {{"replay", "t.st", "--sparsity", "nan"}, "'nan' is not a finite number"},
       {{"replay", "t.st", "--explore", "-1"}, "--explore: explore_ratio -1 is outside [0, 1]"},
       {{"replay", "t.st", "--set", "topk=1024"}, "--set topk=1024 contradicts the trace, whose topk is 4"},

@@ -18,6 +18,7 @@ namespace {
 
 struct EvalArgs {
   EvalOptions options;
+  std::string preset;  // --preset: applied before --set
   std::vector<std::string> sets;
   std::vector<std::string> plot_predictors = default_plot_predictors();
 };
@@ -37,6 +38,9 @@ Status add_plots(const EvalArgs& a, EvalSummary* summary, std::vector<std::strin
 }
 
 int run_eval_command(EvalArgs& a) {
+  if (!a.preset.empty()) {
+    if (Status st = a.options.base_config.apply_preset(a.preset); !st.ok()) return usage_error("--preset: " + st.message());
+  }
   for (const std::string& s : a.sets) {
     if (Status st = a.options.base_config.parse(s); !st.ok()) return usage_error("--set " + s + ": " + st.message());
   }
@@ -95,6 +99,8 @@ int run_calibrate_command(CalibrationOptions& options, const std::string& path) 
 int run_config_command() {
   fmt::print("defaults: {}\npredictors:", PredictorConfig{}.to_string());
   for (const std::string& n : predictor_names()) fmt::print(" {}", n);
+  fmt::print("\npresets:");
+  for (const std::string& n : preset_names()) fmt::print(" {}", n);
   fmt::print("\nscenarios:");
   for (const std::string& n : scenario_names()) fmt::print(" {}", n);
   fmt::print("\n");
@@ -120,6 +126,8 @@ std::vector<Command> add_eval_commands(CLI::App& app) {
   eval_cmd->add_option("--requests", eval->options.requests,
                        "requests (seeds) per scenario (default 3, 1 with --quick)")
       ->check(CLI::Range(1, 64));
+  eval_cmd->add_option("--preset", eval->preset, "predictor config preset, applied before --set: default | paper (SPIN as published)")
+      ->check(one_of(preset_names(), "preset"));
   eval_cmd->add_option("--set", eval->sets, "predictor config overrides, key=value (see `spin config`)");
   eval_cmd->add_option("--plot-predictors", eval->plot_predictors,
                        "sweep labels to plot, or `all` (default: spin spin-hybrid hisa step-reuse prev-iter oracle)")

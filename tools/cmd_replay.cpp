@@ -31,9 +31,13 @@ struct ReplayArgs {
   };
   std::vector<Field> fields;
   std::vector<std::string> sets;
+  std::string preset;  // --preset: applied before every field
 };
 
 Status apply_config(ReplayArgs& a) {
+  if (!a.preset.empty()) {
+    if (Status st = a.options.config.apply_preset(a.preset); !st.ok()) return invalid_argument_status("--preset: " + st.message());
+  }
   for (const std::string& s : a.sets) {
     auto kv = split_setting(s);
     if (!kv.ok()) return invalid_argument_status("--set " + kv.status().message());
@@ -170,6 +174,8 @@ std::vector<Command> add_replay_command(CLI::App& app) {
       ->check(int_range(0, int64_t{1} << 31));
   cmd->add_option("--to-step", a->options.count_to_step, "count samples before this step only")
       ->check(int_range(1, int64_t{1} << 31));
+  cmd->add_option("--preset", a->preset, "config preset, applied before the other fields: default | paper (SPIN as published)")
+      ->check(one_of(preset_names(), "preset"));
   cmd->add_option("--set", a->sets, "other config fields, key=value (see spin config)");
   cmd->add_option("--json", a->json, "write the metrics as one JSON object")->check(output_file());
   cmd->add_option("--dump-topk", a->dump, "write layer.{l}.topk i32 [steps, next_n, topk] (safetensors)")

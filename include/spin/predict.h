@@ -1,9 +1,9 @@
 // spin/predict.h — SPIN's block predictors: which KV blocks the lightning indexer should score.
 //
-// Exposes: the typed predictor config, the budget arithmetic, the row scores a predictor observes,
-// and every predictor (all-keep, random, prev-iter, prev-layer, ema-slot, ema-offset, spin, oracle,
-// step-reuse, hisa, indexcache-2/4, spin-hybrid, spin-ic2, spin-hybrid-ic2) behind one interface: budgeted selection (forced → exploration
-// → prediction), observation, and the speculative-decoding (MTP) pending buffers and their replay.
+// Exposes: the typed predictor config and its presets, the budget arithmetic, the row scores a
+// predictor observes, and every predictor of the registry (predictor_names()) behind one
+// interface: budgeted selection (forced → exploration → prediction), observation, and the
+// speculative-decoding (MTP) pending buffers and their replay.
 // The per-(request, layer) state (slot EMA, last_seen, relative-offset EMA: predict/block_state.h)
 // and the pooling of scores into per-block observations (predict/pooling.h) stay behind src/; what
 // the key- and truth-reading predictors take besides (hisa's cache and query, the oracle's top-k)
@@ -69,108 +69,62 @@ Result<BudgetMoves> budget_moves_from_name(std::string_view name);
 inline constexpr int32_t kMaxRecentBlocks = 1 << 18;
 
 struct PredictorConfig {
-  // Budget. 0.3 = the low end of the 30–40 % block sparsity the SPIN paper reports with quality
-  // preserved, so the default errs toward quality.
+  // One line per field; the measurements behind each default: docs/results.md "Why the defaults".
   double target_sparsity = 0.3;         // [0, 1): budget = ceil((1 - s) · n_blocks)
   int32_t explicit_budget_blocks = -1;  // ≥ 0 overrides target_sparsity; -1 = use sparsity
   int32_t sink_blocks = 1;              // forced: the first blocks (attention sinks)
   int32_t local_blocks = 2;             // forced: the newest blocks (hold never-scored entries)
-  // Exploration (spin only): E = round(explore_ratio · min(1, churn / explore_churn) · budget)
-  // blocks per row, churn = the EMA of the layer's top-k churn (the share of its newest top-k's
-  // entries that lie in blocks which did not hold the top-k before; src/predict/budget_moves.h);
-  // no exploration until a layer has measured one (right after a prefill nothing is stale);
-  // explore_churn 0 = always the full share (the paper's).
-  // Default 0.1, by a measured ablation (closed loop, spin replay / spin eval --quick;
-  // docs/results.md "spin's defaults on real data"): the real SmolLM2 traces churn ≈ 0.03 of their
-  // entries (new top-k blocks are marginal ones), niah-mk-128k and mrcr-256k 0.14–0.21 (the
-  // top-k jumps). A fixed share cost the real traces 0.012–0.025 mean recall at 70 % sparsity;
-  // where the top-k jumps exploration is what keeps p99 miss down. Scaled by churn, both. The
-  // price: a needle that moves rarely (needle-shift, churn 0.014) is explored for less — 0 keeps
-  // its p99 miss at 50 % at 0.545 instead of 0.580.
-  double explore_ratio = 0.1;
-  double explore_churn = 0.1;
-  ExplorePolicy explore_policy = ExplorePolicy::kUniform;
-  // State updates: slot[b] ← (1-alpha)·slot[b] + alpha·x, offset[bucket] likewise with beta.
-  double alpha = 0.5;
-  double beta = 0.1;
-  // p[b] = max(slot, offset) or w·slot + (1-w)·offset. Default weighted 0.8, not the max of the
-  // first definition, by a measured ablation (closed loop, spin replay of `spin trace gen` traces, seed 1):
-  //   doc-qa-94k @30 %: max 0.771 mean recall, weighted 0.8 0.890, weighted 1.0 0.891;
-  //   needle-shift @50 %: max 0.568 / p99 miss 0.551, weighted 0.8 0.607 / 0.471.
-  // With max, the offset prior outranks what a block's own history says (ema-offset alone has a
-  // block-score Pearson of 0.17 on doc-qa-94k), so spin fell below plain prev-iter.
-  Combine combine = Combine::kWeighted;
-  double combine_weight = 0.8;      // w of Combine::kWeighted
-  // 1 (spin, spin-hybrid and their IndexCache stacks): the blocks that held the last committed
-  // step's top-k rank first, most hits first (step-reuse's order), p[b] ranks the rest; 0: p[b]
-  // alone (the paper's). Default 1, by a measured ablation: on the real traces at 70 % sparsity
-  // mean recall 0.9175 → 0.9260 (smollm2-ctx8192-n1); p[b], the EMA of a block's best score,
-  // ranks a block with one strong entry beside one with many, and recall counts entries. Blocks of
-  // equal hits go by p[b] in eighths (PredictorBase::hit_tie_level), not by index: on the real
-  // traces p99 miss 0.301 → 0.285 (smollm2-ctx8192-n2 at 70 %), 0.141 → 0.137 at 50 %.
-  int32_t topk_first = 1;
-  // spin's family: the newest recent_blocks blocks (the forced local ones among them) rank right
-  // after the last top-k's blocks, newest first, above the EMA ranking; 0: none (the paper's).
-  // Default 16, by a measured ablation: on the real traces at 70 % sparsity the EMA of a block's
-  // best score left the blocks 3–16 back unscored (attention's recency: many moderately strong
-  // entries in each), where spin lost to step-reuse's newest-first fill (p99 miss 0.316 vs 0.297 on
-  // smollm2-ctx8192-n1); a fixed window in blocks, because that recency is in tokens.
-  int32_t recent_blocks = 16;
-  Pooling pooling = Pooling::kMax;
-  // spin's family, with max pooling: a block's observation is its m-th best score, not its best,
-  // m = ⌈pool_depth · topk / budget blocks⌉ within [1, block entries] (pool_rank()): the share
-  // pool_depth of the top-k entries a budgeted block holds on average; 0: its best (the paper's).
-  // Default 0.2, by a measured ablation on the real traces (docs/results.md): at top-k 2048 and
-  // 50 % sparsity (m = 7) the best entry ranks a block with one strong entry beside one that holds
-  // a dozen top-k entries, and recall counts entries (mean recall 0.9293 → 0.9318 against
-  // step-reuse's 0.9309); where the budget is far above the top-k's blocks m is 1, max pooling.
-  // The price: one-entry needles at 32K (needle-shift, m = 2 at 50 %) lose 0.008 of p99 miss.
-  double pool_depth = 0.2;
-  MtpUpdate mtp_update = MtpUpdate::kPrefix;
-  // spin-hybrid's probe (the current query against pooled block keys, as hisa keeps them): it
-  // chooses probe_share·budget blocks after history has filled the rest, on every probe_interval-th
-  // step (uniform exploration of the same share in between), pooling keys over probe_entries
-  // entries (0 = one key per block; a divisor of the block: a block then scores as its best pool).
-  double probe_share = 0.5;
-  // On probe steps history's own ranking mixes in the probe: (1 - blend)·z(history) +
-  // blend·z(probe), z standardised over the row's known blocks (0 = history alone).
-  double probe_blend = 0.0;
-  // 1: each layer's probe share moves (by up to 0.15 a step, within [probe_share / 2, 0.95]:
-  // src/predict/probe_share.h's constants)
-  // toward whichever paid more top-k hits per block at the last step: the probe's picks, or
-  // history's as many lowest-ranked picks — the blocks the share trades between them. Off by
-  // default: it lifts mean recall on most scenarios but costs p99 miss where the top-k jumps
-  // (niah-mk-128k at 40 %: 0.312 vs 0.275; mrcr-256k 0.287 vs 0.249), the jumps the probe is for.
-  int32_t probe_adapt = 0;
-  int32_t probe_interval = 1;
-  int32_t probe_entries = 0;
-  // Budgets that move at the same mean (spin, spin-hybrid): between the layers of a step (layers
-  // whose top-k churned more get more), between steps (more after a detected shift, paid back
-  // while predictions hold), or both; budget_move_max bounds a row's budget to
-  // [1 - max, 1 + max] × the fixed one.
-  BudgetMoves budget_moves = BudgetMoves::kNone;
-  double budget_move_max = 0.5;
-  // Geometry.
-  int32_t page_size = kDefaultPageSize;   // entries per cache page
-  int32_t block_pages = 1;  // pages per block
-  int32_t topk = 2048;      // the indexer's top-k (V3.2: 2048)
-  uint64_t seed = 0;        // keys every random draw with (request, layer, step)
+  double explore_ratio = 0.1;           // spin: share of the budget drawn at random (times churn scaling)
+  double explore_churn = 0.1;           // share = ratio·min(1, layer churn EMA / this); 0 = always ratio
+  ExplorePolicy explore_policy = ExplorePolicy::kUniform;  // which unranked blocks exploration draws
+  double alpha = 0.5;                   // slot[b] ← (1-alpha)·slot[b] + alpha·x
+  double beta = 0.1;                    // offset[bucket] ← (1-beta)·offset + beta·x
+  Combine combine = Combine::kWeighted;  // p[b] = max(slot, offset) or w·slot + (1-w)·offset
+  double combine_weight = 0.8;          // w of Combine::kWeighted
+  int32_t topk_first = 1;               // spin: the last top-k's blocks rank first, most hits first
+  int32_t recent_blocks = 16;           // spin: the newest blocks rank next, newest first (0 = none)
+  int32_t adapt = 0;                    // spin: 1 = per layer, exploration by its yield, additions by their gain
+  Pooling pooling = Pooling::kMax;      // how a block's entry scores become one observation x[b]
+  double pool_depth = 0.2;              // spin, max pooling: x = the m-th best, m from this share (pool_rank)
+  MtpUpdate mtp_update = MtpUpdate::kPrefix;  // which rows of an MTP step update the state
+  double probe_share = 0.5;             // spin-hybrid: budget share the pooled-key probe chooses
+  double probe_blend = 0.0;             // spin-hybrid: history's rank mixes in z(probe) by this weight
+  int32_t probe_adapt = 0;              // spin-hybrid: 1 = each layer's probe share follows its hits
+  int32_t probe_interval = 1;           // spin-hybrid: probe every n-th step, explore uniformly between
+  int32_t probe_entries = 0;            // spin-hybrid: entries per pooled key (0 = one key per block)
+  BudgetMoves budget_moves = BudgetMoves::kNone;  // spin: budgets move between layers/steps at equal mean
+  double budget_move_max = 0.5;         // a moved budget stays in [1 - max, 1 + max] × the fixed one
+  int32_t page_size = kDefaultPageSize;  // entries per cache page
+  int32_t block_pages = 1;              // pages per block
+  int32_t topk = 2048;                  // the indexer's top-k (V3.2: 2048)
+  uint64_t seed = 0;                    // keys every random draw with (request, layer, step)
 
   int32_t block_entries() const { return page_size * block_pages; }
 
   // Ranges: target_sparsity in [0,1), explore_ratio, explore_churn and combine_weight in [0,1],
-  // alpha and beta in (0,1], topk_first 0 or 1, recent_blocks in [0, kMaxRecentBlocks], pool_depth
-  // in [0, 1],
+  // alpha and beta in (0,1], topk_first and adapt 0 or 1, recent_blocks in [0, kMaxRecentBlocks],
+  // pool_depth in [0, 1],
   // page_size, block_pages, topk > 0, page_size·block_pages ≤ 2^20, sink/local ≥ 0,
   // explicit_budget_blocks ≥ -1, enums known.
   Status validate() const;
   // One line "key=value key=value ..." in field order; parse() of it gives the same config.
   std::string to_string() const;
-  // Sets one field by name from text (the field names above; enums by their names).
+  // Sets one field by name from text (the field names above; enums by their names); the key
+  // "preset" applies a preset (apply_preset).
   Status set(const std::string& key, const std::string& value);
-  // Applies "key=value" pairs separated by spaces, commas or newlines; stops at the first error.
+  // Applies "key=value" pairs separated by spaces, commas or newlines, in order (so a preset's
+  // fields can be overridden by pairs after it); stops at the first error.
   Status parse(std::string_view pairs);
+  // Sets the fields of a named preset (preset_names()) over this config: "paper" is SPIN as
+  // published (α 0.5, 5 % uniform exploration, max pooling, no additions), "default" sets the same
+  // fields back to their defaults. Budget and geometry fields are left as they are.
+  Status apply_preset(std::string_view name);
 };
+
+// The key set() and parse() read as a preset name ("preset=paper").
+inline constexpr const char* kPresetKey = "preset";
+// The preset names apply_preset accepts: "default", "paper".
+const std::vector<std::string>& preset_names();
 
 // Blocks top-k needs: ceil(topk / block_entries).
 int64_t blocks_for_topk(const PredictorConfig& config);
@@ -305,33 +259,29 @@ struct PredictorInfo {
   // Predicts a step's top-k blocks from the previous step's (prev-iter, step-reuse): replay's open
   // loop reports the previous step's top-k recall beside it, its ceiling.
   bool reuses_previous_topk = false;
-  // Where `spin eval` lists it, 1 = first (0 = not listed): the open-loop comparison, the
-  // closed-loop sweep (after spin itself and its no-exploration ablation), and the sweep over
-  // recorded traces (those reading keys only where the trace carries a probe).
-  struct EvalPlaces {
-    int32_t open_loop = 0, sweep = 0, trace_sweep = 0;
-  } eval;
 };
 
 // Every row, in a fixed order (the order predictor_names() lists).
 const std::vector<PredictorInfo>& predictor_registry();
 // The row of `name`; nullptr for a name make_predictor does not know.
 const PredictorInfo* find_predictor(std::string_view name);
-// The names of the rows listed in one of eval's tables, in that table's order.
-std::vector<std::string> eval_predictors(int32_t PredictorInfo::EvalPlaces::*table);
+
+// Bytes one request's predictor `info` holds once reserve(max_entries, max_next_n) has run: every
+// layer's state, pending rows and last top-k, its scratch, and the pooled keys of those that read
+// keys. Computed without making one (in double, so an absurd size is measured, not overflowed):
+// what the engine and serving plan their memory with.
+double planned_bytes(const PredictorInfo& info, const PredictorConfig& config, int32_t num_layers,
+                     int64_t max_entries, int32_t max_next_n);
 
 // The predictor names make_predictor accepts, in the registry's order.
 const std::vector<std::string>& predictor_names();
 
-// Whether the predictor reads the keys (PredictorReads::kKeys): hisa, spin-hybrid,
-// spin-hybrid-ic2 replay a score trace only when it carries the probe (spin/trace.h,
-// layer.{l}.probe).
+// Whether the predictor reads the keys (PredictorReads::kKeys): such a predictor replays a score
+// trace only when it carries the probe (spin/trace.h, layer.{l}.probe).
 bool predictor_needs_keys(std::string_view name);
 
-// Creates a predictor by name: all-keep, random, prev-iter, prev-layer, ema-slot, ema-offset,
-// spin, oracle, step-reuse, hisa, indexcache-2, indexcache-4, spin-hybrid (spin's history plus the
-// pooled-key probe, config probe_*), spin-ic2 and spin-hybrid-ic2 (stacked on IndexCache's layer
-// sharing: odd layers reuse layer l-1's top-k blocks, even layers predict). Validates the config.
+// Creates a predictor by its registry name (predictor_names(); what each does:
+// src/predict/registry.cpp and ARCHITECTURE.md). Validates the config.
 Result<std::unique_ptr<BlockPredictor>> make_predictor(std::string_view name,
                                                        const PredictorConfig& config,
                                                        int32_t num_layers, int64_t request_id);

@@ -29,7 +29,7 @@ from ._errors import (DataLoss, FailedPrecondition, InvalidArgument, InvalidType
 from ._core import (INDEXER_ENTRY_BYTES, Predictor, ScoredTrace, Serving, Trace, TraceReader,
                     budget_blocks, check_config, cpu_summary, default_config, diagnose, generate_workload,
                     indexer_impls, indexer_scores, make_predictor, make_trace, open_trace, predictor_info,
-                    predictor_names, replay, scenario_names, score_trace, topk, visible_entries,
+                    predictor_names, preset_names, replay, scenario_names, score_trace, topk, visible_entries,
                     workload_params, write_score_trace, write_trace)
 
 __version__ = "0.1.0"
@@ -38,6 +38,7 @@ __all__ = [
     "SpinError", "InvalidArgument", "InvalidType", "OutOfRange", "ResourceExhausted", "FailedPrecondition",
     "DataLoss", "IoError",
     "Predictor", "make_predictor", "predictor_info", "predictor_names", "default_config", "check_config",
+    "preset_names",
     "budget_blocks",
     "Serving",
     "TraceReader", "Trace", "ScoredTrace", "open_trace", "make_trace", "write_trace",

@@ -18,6 +18,11 @@ def predictor_info() -> list[dict[str, str | bool]]:
     The predictor registry, one dict per predictor in predictor_names() order: name, reads ('own-state', 'keys' or 'true-topk'), can_serve (Serving runs it), explores, keeps_all, reuses_previous_topk.
     """
 
+def preset_names() -> list[str]:
+    """
+    The config presets: 'default', 'paper' (SPIN as published). Give one as config key 'preset'.
+    """
+
 def default_config() -> dict:
     """
     The PredictorConfig defaults as a dict (include/spin/predict.h documents each field).

@@ -28,8 +28,12 @@ spin::PredictorConfig config_from(nb::handle obj) {
   if (nb::isinstance<nb::str>(obj)) {
     check(config.parse(nb::cast<std::string>(obj)));
   } else if (nb::isinstance<nb::dict>(obj)) {
-    for (auto [k, v] : nb::borrow<nb::dict>(obj)) {
+    // A dict's "preset" applies first, wherever it stands, so that its other keys override it.
+    const nb::dict d = nb::borrow<nb::dict>(obj);
+    if (d.contains(spin::kPresetKey)) check(config.apply_preset(nb::cast<std::string>(nb::str(d[spin::kPresetKey]))));
+    for (auto [k, v] : d) {
       const std::string key = nb::cast<std::string>(nb::str(k));
+      if (key == spin::kPresetKey) continue;
       std::string value = nb::cast<std::string>(nb::str(v));
       check(config.set(key, value));
     }
@@ -289,6 +293,8 @@ void bind_predict(nb::module_& m) {
       "The predictor registry, one dict per predictor in predictor_names() order: name, reads "
       "('own-state', 'keys' or 'true-topk'), can_serve (Serving runs it), explores, keeps_all, "
       "reuses_previous_topk.");
+  m.def("preset_names", &spin::preset_names,
+        "The config presets: 'default', 'paper' (SPIN as published). Give one as config key 'preset'.");
   m.def("default_config", [] { return config_dict(spin::PredictorConfig{}); },
         "The PredictorConfig defaults as a dict (include/spin/predict.h documents each field).");
   m.def("check_config", [](ConfigArg c) { return config_dict(config_from(c)); }, nb::arg("config").none(),

@@ -152,6 +152,21 @@ def test_config_forms():
         spin_dsa.make_predictor("nope")
 
 
+def test_the_paper_preset_by_name():
+    """'preset' in a dict applies first wherever it stands; in a string, in order."""
+    assert spin_dsa.preset_names() == ["default", "paper"]
+    paper = spin_dsa.check_config({"explore_ratio": 0.2, "preset": "paper"})
+    assert paper["explore_ratio"] == 0.2 and paper["explore_churn"] == 0.0
+    assert paper["topk_first"] == 0 and paper["recent_blocks"] == 0 and paper["pool_depth"] == 0.0
+    assert paper["alpha"] == 0.5 and paper["pooling"] == "max"
+    assert spin_dsa.check_config("preset=paper")["explore_ratio"] == 0.05
+    assert spin_dsa.check_config("preset=paper preset=default") == spin_dsa.default_config()
+    p = spin_dsa.make_predictor("spin", {"preset": "paper"}, 1)
+    assert p.config == spin_dsa.check_config("preset=paper")
+    with pytest.raises(spin_dsa.InvalidArgument, match="unknown preset 'papr'; supported: default, paper"):
+        spin_dsa.check_config({"preset": "papr"})
+
+
 def test_select_observe_commit_and_errors():
     cfg = {"page_size": 16, "topk": 32, "target_sparsity": 0.5}
     p = spin_dsa.make_predictor("spin", cfg, num_layers=1, request_id=1)

@@ -83,9 +83,13 @@ int64_t engine_memory_bytes(const EngineConfig& c, int32_t requests, int64_t max
   const int64_t max_entries = entries_for_tokens(c, max_tokens + c.next_n) + 1;
   const int64_t logits = rows * max_entries * 4 * (c.measure_attn_err ? 2 : 1);
   const int64_t attention = rows * c.model.attn_heads * (kMlaLatentDim * 4 * (c.measure_attn_err ? 2 : 1) + kMlaHeadDim * 2);
-  const int64_t blocks = (max_entries + c.model.page_size - 1) / c.model.page_size;
-  const int64_t predictor = int64_t{requests} * c.layers * blocks * (16 + 516);  // state + hisa's pooled keys
-  return cache + logits + attention + predictor;
+  PredictorConfig pc = c.predictor_config;  // page_size and topk are the model's (create() sets them too)
+  pc.page_size = c.model.page_size;
+  pc.topk = c.model.topk;
+  const PredictorInfo* info = find_predictor(c.predictor);  // create() refuses an unknown name
+  const double predictor =
+      info && !info->keeps_all ? requests * planned_bytes(*info, pc, c.layers, max_entries, c.next_n) : 0.0;
+  return cache + logits + attention + static_cast<int64_t>(predictor);
 }
 
 struct DecodeEngine::Impl {

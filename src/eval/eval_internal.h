@@ -41,6 +41,7 @@ struct Job {
 // The calibration row reads prev-iter's open-loop Pearson: the paper's all-keep statistic that the
 // generator is fitted to (src/eval/calibrate.cpp) is the previous step's block scores.
 inline constexpr const char* kCalibrationPredictor = "prev-iter";
+inline constexpr const char* kPaperSpinLabel = "spin (paper)";  // spin with the "paper" preset
 inline constexpr double kComparisonSparsity = 0.3;  // open-loop block recall is read at this budget
 inline constexpr double kMtpSparsity = 0.5;         // MTP and pooling tables (where misses show)
 

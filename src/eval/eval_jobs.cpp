@@ -11,6 +11,28 @@ namespace spin::eval_internal {
 
 namespace {
 
+// Where `spin eval` lists each predictor, in order: the open-loop comparison, the closed-loop sweep
+// (after spin itself and its ablations), and the sweep over recorded traces (those reading keys
+// only where the trace carries a probe). Names are the registry's (predictor_names()).
+const std::vector<std::string> kOpenLoop = {"prev-iter", "prev-layer", "ema-slot", "ema-offset", "spin",
+                                            "hisa",      "step-reuse", "random",   "oracle"};
+const std::vector<std::string> kSweep = {"spin-hybrid", "step-reuse", "hisa",      "indexcache-2", "indexcache-4",
+                                         "spin-ic2",    "spin-hybrid-ic2", "prev-iter", "random", "oracle"};
+const std::vector<std::string> kTraceSweep = {"step-reuse", "prev-iter", "indexcache-2", "random",         "oracle",
+                                              "hisa",       "spin-hybrid", "spin-ic2",   "spin-hybrid-ic2"};
+
+// spin's ablations beside it in every sweep: without exploration, and the paper's spin
+// (PredictorConfig::apply_preset("paper")).
+void add_spin_rows(const PredictorConfig& c, std::vector<Job>* jobs) {
+  jobs->push_back({Section::kSweep, "spin", "spin", c, false});
+  PredictorConfig no_explore = c;
+  no_explore.explore_ratio = 0.0;
+  jobs->push_back({Section::kSweep, "spin (no explore)", "spin", no_explore, false});
+  PredictorConfig paper = c;
+  (void)paper.apply_preset("paper");  // a built-in preset of valid fields
+  jobs->push_back({Section::kSweep, std::string(kPaperSpinLabel), "spin", paper, false});
+}
+
 // The ablations behind spin-hybrid's and the budget moves' defaults, at the MTP table's
 // sparsity: the probe's share of the budget, its pooling granularity (entries per pooled key),
 // how often it runs, and whether it also re-ranks history; the budget moves against the fixed one.
@@ -65,7 +87,7 @@ Result<std::vector<Job>> jobs_for(bool mtp_scenario, const EvalOptions& o) {
   // Calibration and open-loop comparison (every scenario: the calibration row needs prev-iter).
   const std::vector<std::string> open_loop = mtp_scenario
       ? std::vector<std::string>{kCalibrationPredictor}
-      : eval_predictors(&PredictorInfo::EvalPlaces::open_loop);
+      : kOpenLoop;
   for (const std::string& p : open_loop) jobs.push_back({Section::kPredictors, p, p, with(kComparisonSparsity), true});
   if (mtp_scenario) {
     for (MtpUpdate mode : {MtpUpdate::kPrefix, MtpUpdate::kRow0, MtpUpdate::kAllRows}) {
@@ -78,11 +100,8 @@ Result<std::vector<Job>> jobs_for(bool mtp_scenario, const EvalOptions& o) {
     return jobs;
   }
   for (double s : sweep_sparsities(o.quick)) {
-    jobs.push_back({Section::kSweep, "spin", "spin", with(s), false});
-    PredictorConfig no_explore = with(s);
-    no_explore.explore_ratio = 0.0;
-    jobs.push_back({Section::kSweep, "spin (no explore)", "spin", no_explore, false});
-    for (const std::string& p : eval_predictors(&PredictorInfo::EvalPlaces::sweep)) {
+    add_spin_rows(with(s), &jobs);
+    for (const std::string& p : kSweep) {
       jobs.push_back({Section::kSweep, p, p, with(s), false});
     }
   }
@@ -123,7 +142,7 @@ std::vector<int32_t> real_topks(int32_t trace_topk, int64_t entries) {
   return ks;
 }
 
-// spin (with and without exploration) and the registry's trace_sweep rows, closed loop; MTP traces
+// spin (with its ablations) and kTraceSweep's predictors, closed loop; MTP traces
 // add the update modes. `probe`: the trace carries a block probe (layer.{l}.probe) at the
 // predictors' block size, so the predictors that read keys (hisa, spin-hybrid) run on it too.
 std::vector<Job> real_jobs(bool mtp, bool probe, const EvalOptions& o) {
@@ -134,11 +153,8 @@ std::vector<Job> real_jobs(bool mtp, bool probe, const EvalOptions& o) {
     return c;
   };
   for (double sp : real_sparsities(o.quick)) {
-    jobs.push_back({Section::kSweep, "spin", "spin", with(sp), false});
-    PredictorConfig no_explore = with(sp);
-    no_explore.explore_ratio = 0.0;
-    jobs.push_back({Section::kSweep, "spin (no explore)", "spin", no_explore, false});
-    for (const std::string& p : eval_predictors(&PredictorInfo::EvalPlaces::trace_sweep)) {
+    add_spin_rows(with(sp), &jobs);
+    for (const std::string& p : kTraceSweep) {
       if (predictor_needs_keys(p) && !probe) continue;  // a score trace without the probe they read
       jobs.push_back({Section::kSweep, p, p, with(sp), false});
     }

@@ -140,11 +140,13 @@ struct Field {
   const char* name;
   std::function<std::string(const WorkloadParams&)> get;
   std::function<bool(WorkloadParams&, const std::string&)> put;
-  bool quiet = false;  // to_string() leaves it out while it holds its default
+  // 0: always printed; a quiet group g ≥ 1: to_string() leaves the group out while every field of
+  // it holds its default (fields added after traces were published keep those traces' bytes).
+  int quiet = 0;
 };
 
 template <typename T>
-Field field(const char* name, T WorkloadParams::*member, bool quiet = false) {
+Field field(const char* name, T WorkloadParams::*member, int quiet = 0) {
   return {name,
           [member](const WorkloadParams& p) {
             if constexpr (std::is_same_v<T, std::string>) {
@@ -174,7 +176,12 @@ Field field(const char* name, T WorkloadParams::*member, bool quiet = false) {
 // A field added after traces were published: see WorkloadParams (to_string keeps their bytes).
 template <typename T>
 Field quiet_field(const char* name, T WorkloadParams::*member) {
-  return field(name, member, /*quiet=*/true);
+  return field(name, member, /*quiet=*/1);
+}
+// The second group: the per-layer stability fields (volatile_layers, volatile_noise).
+template <typename T>
+Field layer_field(const char* name, T WorkloadParams::*member) {
+  return field(name, member, /*quiet=*/2);
 }
 
 const std::vector<Field>& fields() {
@@ -205,6 +212,9 @@ const std::vector<Field>& fields() {
       quiet_field("target_period", &WorkloadParams::target_period),
       quiet_field("target_dwell", &WorkloadParams::target_dwell),
       quiet_field("target_query", &WorkloadParams::target_query),
+      layer_field("volatile_layers", &WorkloadParams::volatile_layers),
+      layer_field("volatile_noise", &WorkloadParams::volatile_noise),
+      layer_field("layer_noise", &WorkloadParams::layer_noise),
       field("seed", &WorkloadParams::seed),
   };
   return table;
@@ -228,14 +238,14 @@ Status WorkloadParams::set(const std::string& key, const std::string& value) {
 
 std::string WorkloadParams::to_string() const {
   static const WorkloadParams defaults;
-  // The quiet fields go together: all of them as soon as one is set, so a trace that uses them
-  // says how, and none while all hold their defaults (the traces that predate them).
-  bool any_quiet_set = false;
-  for (const Field& f : fields()) any_quiet_set = any_quiet_set || (f.quiet && f.get(*this) != f.get(defaults));
+  // A quiet group's fields go together: all of them as soon as one is set, so a trace that uses
+  // them says how, and none while all hold their defaults (the traces that predate them).
+  std::array<bool, 3> group_set{};
+  for (const Field& f : fields()) group_set[f.quiet] = group_set[f.quiet] || f.get(*this) != f.get(defaults);
   std::string out;
   for (const Field& f : fields()) {
     const std::string value = f.get(*this);
-    if (f.quiet && !any_quiet_set) continue;
+    if (f.quiet > 0 && !group_set[f.quiet]) continue;
     out += std::string(out.empty() ? "" : " ") + f.name + "=" + value;
   }
   return out;
@@ -307,6 +317,11 @@ Status WorkloadParams::validate() const {
     return invalid_argument("layer_volatility must be in [0, 3], got {}", layer_volatility);
   }
   if (burst_steps < 0 || tool_tokens < 0) return invalid_argument("burst_steps and tool_tokens must be ≥ 0");
+  if (volatile_layers < 0 || !(volatile_noise >= 0 && volatile_noise <= 1000) ||
+      !(layer_noise >= 0 && layer_noise <= 1000)) {
+    return invalid_argument("volatile_layers must be ≥ 0, volatile_noise and layer_noise in [0, 1000], got {}, {} "
+                            "and {}", volatile_layers, volatile_noise, layer_noise);
+  }
   return validate_targets(*this);
 }
 
@@ -318,6 +333,9 @@ namespace {
 struct ScenarioDef {
   const char* name;
   const char* settings;
+  // The calibration entries (data/calibration.json) it takes its knobs from: its own, or else
+  // interpolated between those whose names start with "<family>-" (each model's own points).
+  const char* family = "doc-qa";
 };
 constexpr ScenarioDef kScenarios[] = {
     {"doc-qa-10k", "prompt_tokens=9700 steps=64 layers=4"},  // the paper's ~9.7K prompts
@@ -345,6 +363,19 @@ constexpr ScenarioDef kScenarios[] = {
                   "target_period=4 target_query=28"},
     {"mrcr-1m", "prompt_tokens=1000000 steps=24 layers=2 segment_tokens=4000 num_topics=16 segment_own=0.5 "
                 "target_period=4 target_query=28"},
+    // DeepSeek-V4 Flash, calibrated to the SPIN paper's prev-iter figures on it (Pearson 0.876 /
+    // 0.849, top-k recall 0.751 / 0.577 at 9.7K / 94K prompts): its CSA layers index one entry per
+    // 4 tokens (2425 / 23500 entries) and keep the top 512. Segments in entries, as doc-qa's / 4.
+    {"v4flash-10k", "prompt_tokens=2425 steps=64 layers=4 topk=512 segment_tokens=375 sink_tokens=1", "v4flash"},
+    {"v4flash-94k", "prompt_tokens=23500 steps=32 layers=4 topk=512 segment_tokens=750 num_topics=24 sink_tokens=1 "
+                    "query_noise=9.0 head_spread=9.0", "v4flash"},
+    // Layers that differ as GVR measured DeepSeek-V3.2 decoding a 68,665-token SWE-bench prompt:
+    // ~1.5 % consecutive-step top-k overlap in layers 0–1, 35–50 % in the middle ones. Six layers
+    // on doc-qa's calibration at 68K; measured (seed 1, 16 steps): layers 0–1 0.066 / 0.054 (the
+    // recency and sink entries every query keeps), layers 2–5 0.44–0.50. GVR's ~60 % with a
+    // one-position shift is not modelled: these keys have no per-token diagonal.
+    {"layers-68k", "prompt_tokens=68665 steps=32 layers=6 segment_tokens=3000 num_topics=24 layer_volatility=0 "
+                   "volatile_layers=2 volatile_noise=40 layer_noise=1.6"},
 };
 constexpr const char* kMtpSuffix = "-mtp";
 constexpr const char* kMtpSettings = "next_n=3 acceptance_rate=0.7";
@@ -374,7 +405,7 @@ namespace {
 // paper gives two context lengths, so that is all the data there is.
 // A table that is there but unreadable is an error, not an uncalibrated build: every scenario
 // would silently fall back to the defaults and every report would change.
-Status apply_calibration(const std::string& base, WorkloadParams& p) {
+Status apply_calibration(const std::string& base, const std::string& family, WorkloadParams& p) {
   if (std::string_view(kCalibrationJson).find_first_not_of(" \t\r\n") == std::string_view::npos) {
     return ok_status();  // no table compiled in: the defaults above
   }
@@ -390,6 +421,7 @@ Status apply_calibration(const std::string& base, WorkloadParams& p) {
   std::vector<Point> points;
   for (const auto& [name, entry] : table["scenarios"].items()) {
     if (table["scenarios"].contains(base) && name != base) continue;  // its own calibration wins
+    if (name != base && name.rfind(family + "-", 0) != 0) continue;   // another model's points
     if (!entry.is_object() || !entry.contains("params") || !entry["params"].is_object() ||
         !entry.contains("prompt_tokens") || !entry["prompt_tokens"].is_number())
       return data_loss("data/calibration.json: scenario {} lacks params or prompt_tokens", name);
@@ -440,7 +472,7 @@ Result<WorkloadParams> scenario_params(std::string_view name) {
   p.scenario = std::string(name);
   SPIN_RETURN_IF_ERROR(apply_settings(def->settings, p));
   if (mtp) SPIN_RETURN_IF_ERROR(apply_settings(kMtpSettings, p));
-  SPIN_RETURN_IF_ERROR(apply_calibration(base, p));
+  SPIN_RETURN_IF_ERROR(apply_calibration(base, def->family, p));
   return p;
 }
 
@@ -726,12 +758,12 @@ void make_keys(const WorkloadParams& P, const World& w, const std::vector<const 
 std::vector<double> layer_noise_scales(const WorkloadParams& P) {
   const int32_t L = P.layers;
   std::vector<double> scale(static_cast<size_t>(L), 1.0);
-  if (L < 2) return scale;
-  for (int32_t l = 0; l < L; ++l) {
+  for (int32_t l = 0; l < L && L >= 2; ++l) {
     const int32_t rank = l % 2 == 0 ? l / 2 : L - 1 - l / 2;  // 0, L-1, 1, L-2, ...
     const double z = std::sqrt(3.0) * (2.0 * (rank + 0.5) / L - 1.0);
     scale[l] = std::exp(P.layer_volatility * z);
   }
+  for (int32_t l = 0; l < L; ++l) scale[l] *= l < P.volatile_layers ? P.volatile_noise : P.layer_noise;
   return scale;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "core/errors.h"
 #include "spin/predict.h"
@@ -219,6 +220,11 @@ const Field kFields[] = {
                   ? ok_status()
                   : invalid_argument("recent_blocks {} is outside [0, {}]", c.recent_blocks, kMaxRecentBlocks);
      }},
+    {"adapt", print_value<&Config::adapt>, set_int<&Config::adapt>,
+     [](const Config& c, const char*) {
+       return c.adapt == 0 || c.adapt == 1 ? ok_status()
+                                                     : invalid_argument("adapt {} must be 0 or 1", c.adapt);
+     }},
     {"pooling", print_enum<&Config::pooling, kPoolingNames>, set_enum<&Config::pooling, kPoolingNames>,
      check_enum<&Config::pooling, kPoolingNames>},
     {"pool_depth", print_value<&Config::pool_depth>, set_double<&Config::pool_depth>,
@@ -309,11 +315,71 @@ std::string PredictorConfig::to_string() const {
   return s;
 }
 
+namespace {
+
+// Named presets: fields set in order over the current config. "paper" is SPIN as published
+// (arXiv 2610.09025; ../shared/reference/peers_dec2026.md §1): EMA α 0.5, 5 % uniform random
+// exploration at every step (not scaled by churn), max pooling of a block's best score, and none of
+// spin's additions (the last top-k's blocks first, the recency window, deep pooling, moving budgets).
+// "default" sets the same fields back to PredictorConfig{}'s values, so it undoes any preset.
+struct Preset {
+  const char* name;
+  const char* fields;  // "key=value ..." ("" = the keys of the other presets, at the defaults)
+};
+constexpr Preset kPresets[] = {
+    {"default", ""},
+    {"paper",
+     "alpha=0.5 explore_ratio=0.05 explore_churn=0 explore_policy=uniform pooling=max pool_depth=0 "
+     "topk_first=0 recent_blocks=0 adapt=0 budget_moves=none"},
+};
+
+std::string preset_list() {
+  std::string s;
+  for (const Preset& p : kPresets) s += (s.empty() ? "" : ", ") + std::string(p.name);
+  return s;
+}
+
+// The default config's value of every key some preset sets: what "default" applies.
+std::string default_fields() {
+  const PredictorConfig defaults;
+  std::string out;
+  for (const Preset& p : kPresets) {
+    (void)for_each_setting(p.fields, [&](const std::string& key, const std::string&) {
+      for (const Field& f : kFields)
+        if (key == f.name && out.find(key + "=") == std::string::npos)
+          out += fmt::format("{}{}={}", out.empty() ? "" : " ", key, f.print(defaults));
+      return ok_status();
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& preset_names() {
+  static const std::vector<std::string> kNames = [] {
+    std::vector<std::string> names;
+    for (const Preset& p : kPresets) names.emplace_back(p.name);
+    return names;
+  }();
+  return kNames;
+}
+
+Status PredictorConfig::apply_preset(std::string_view name) {
+  for (const Preset& p : kPresets) {
+    if (name != p.name) continue;
+    const std::string fields = *p.fields != '\0' ? std::string(p.fields) : default_fields();
+    return parse(fields);
+  }
+  return invalid_argument("unknown preset '{}'; supported: {}", name, preset_list());
+}
+
 Status PredictorConfig::set(const std::string& key, const std::string& value) {
+  if (key == kPresetKey) return apply_preset(value);
   for (const Field& f : kFields) {
     if (key == f.name) return f.set(*this, key, value);
   }
-  return invalid_argument("unknown predictor config key '{}'; supported: {}", key, field_names());
+  return invalid_argument("unknown predictor config key '{}'; supported: {}, {}", key, kPresetKey, field_names());
 }
 
 Status PredictorConfig::parse(std::string_view pairs) {

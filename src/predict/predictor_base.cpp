@@ -287,12 +287,14 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
     left -= n_explore;
     *explored = static_cast<int32_t>(n_explore);
   }
+  const bool record_yield = config_.adapt && explores() && ctx.row == 0 && n_explore > 0;
 
   // 3. Prediction: the highest p first, then the probe's quota from what is left.
   const int64_t n_history = left - n_probe;
   if (n_history > 0) {
     SPIN_RETURN_IF_ERROR(rank_once());
     mark_ranked(p, n_explore, n_cand - n_explore, n_history, 3);
+    if (record_yield) record_exploration(ctx.layer, p, n_explore, n_history);
   }
   if (n_probe > 0) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -302,7 +304,8 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
     mark_ranked(q_.data(), n_explore + n_history, n_cand - n_explore - n_history, n_probe, 4);
     *explored = static_cast<int32_t>(n_probe);  // the probe spends the exploration share
     if (config_.probe_adapt && ctx.row == 0 && n_history > 0)
-      layers_[static_cast<size_t>(ctx.layer)].share.record(keys_.data(), n_explore, n_history, n_probe, &margin_);
+      layers_[static_cast<size_t>(ctx.layer)].share.record(keys_.data() + n_explore + n_history, n_probe, n_probe,
+                                                           keys_.data() + n_explore, n_history, &margin_);
   }
 
   blocks->resize(static_cast<size_t>(n));
@@ -315,6 +318,23 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
   }
   blocks->resize(static_cast<size_t>(count));
   return ok_status();
+}
+
+// adapt: what exploration found against as many of history's lowest-ranked picks. An explored
+// block history would have picked anyway (ranked above its lowest pick) found nothing new: it is
+// left out of the yield but its slot still counts. keys_[0, n_explore) hold the explored blocks,
+// keys_[n_explore, + n_history) history's picks.
+void PredictorBase::record_exploration(int32_t layer, const float* p, int64_t n_explore, int64_t n_history) {
+  uint64_t* keys = keys_.data();
+  uint64_t cutoff = 0;  // history's lowest-ranked pick: its largest key
+  for (int64_t i = n_explore; i < n_explore + n_history; ++i) cutoff = std::max(cutoff, keys[i]);
+  novel_.clear();
+  for (int64_t i = 0; i < n_explore; ++i) {
+    const uint64_t b = keys[i] & 0xFFFFFFFFu;
+    if ((static_cast<uint64_t>(~float_order(sanitize(p[b]))) << 32 | b) > cutoff) novel_.push_back(b);
+  }
+  layers_[static_cast<size_t>(layer)].explore.record(novel_.data(), static_cast<int64_t>(novel_.size()), n_explore,
+                                                     keys + n_explore, n_history, &margin_);
 }
 
 int64_t PredictorBase::mark_forced(int64_t n) {
@@ -401,6 +421,7 @@ int64_t PredictorBase::row_budget(const RowContext& row) const {
 }
 
 double PredictorBase::explore_share(int32_t layer) const {
+  if (config_.adapt) return layers_[static_cast<size_t>(layer)].explore.current(config_.explore_ratio);
   const double churn = layers_[static_cast<size_t>(layer)].moves.churn_ema;
   if (config_.explore_churn <= 0) return config_.explore_ratio;
   if (churn < 0) return 0.0;  // not measured yet: the state is fresh from a prefill (or empty)
@@ -474,13 +495,19 @@ Status PredictorBase::commit(int32_t accepted) {
   if (config_.mtp_update == MtpUpdate::kRow0) last = 0;
   if (config_.mtp_update == MtpUpdate::kAllRows) last = open_next_n_ - 1;
   const int32_t step = static_cast<int32_t>(open_step_);
-  for (Layer& l : layers_) {
+  for (int32_t li = 0; li < num_layers_; ++li) {
+    Layer& l = layers_[static_cast<size_t>(li)];
     if (!l.selected) continue;
+    if (config_.adapt) score_rankings(li, last, l.visible_entries[static_cast<size_t>(last)]);
     for (int32_t j = first; j <= last; ++j) l.state.apply(l.pending[static_cast<size_t>(j)], step);
     // step-reuse reads the top-k of the newest replayed row: the last token the model kept.
     const PooledRow& newest = l.pending[static_cast<size_t>(last)];
     l.moves.update(l.prev_topk_blocks, newest, config_.budget_move_max);
-    if (config_.probe_adapt) l.share.update(l.pending[0], config_.probe_share);
+    if (config_.probe_adapt)
+      l.share.update(l.pending[0], config_.probe_share, kProbeShareStep, kProbeShareFloor * config_.probe_share,
+                     kProbeShareCeiling);
+    if (config_.adapt) l.explore.update(l.pending[0], config_.explore_ratio, kExploreShareStep * config_.explore_ratio,
+                                        kExploreShareFloor * config_.explore_ratio, kExploreShareCeiling * config_.explore_ratio);
     l.prev_topk_blocks.clear();
     l.prev_topk_hits.clear();
     for (size_t i = 0; i < newest.blocks.size(); ++i) {
@@ -495,6 +522,49 @@ Status PredictorBase::commit(int32_t accepted) {
   last_committed_ = open_step_;
   last_was_prefill_ = false;
   return ok_status();
+}
+
+// adapt's measurement. Both rankings are scored on what the step observed: among the blocks
+// it scored (the forced ones left out, as every ranking keeps them), the m that rank highest by
+// each, m = the blocks that held the row's top-k — the tightest budget that could hold all of
+// it. The ranking whose m blocks held more of the top-k ordered this layer's blocks better; the
+// gain is their difference over the top-k's entries, averaged with weight kAdaptWeight. Only
+// blocks both rankings could be judged on count, so the one in use is not favoured by having
+// chosen what was scored beyond them.
+void PredictorBase::score_rankings(int32_t layer, int32_t row, int64_t visible) {
+  constexpr double kAdaptWeight = 0.125;  // ~8 steps of memory: a layer's regime, not one step's luck
+  Layer& l = layers_[static_cast<size_t>(layer)];
+  const PooledRow& newest = l.pending[static_cast<size_t>(row)];
+  const int64_t n = blocks_for_entries(config_, visible);
+  if (n == 0) return;
+  const RowContext ctx{layer, row, open_step_, visible, n, nullptr};
+  if (!rank_pair(ctx, p_.data(), q_.data())) return;
+  int64_t m = 0, total = 0;
+  for (size_t i = 0; i < newest.blocks.size(); ++i) {
+    m += newest.topk_hits[i] > 0;
+    total += newest.topk_hits[i];
+  }
+  if (m == 0 || total == 0) return;
+  const int64_t with = hits_in_top(newest, p_.data(), n, m);
+  const int64_t without = hits_in_top(newest, q_.data(), n, m);
+  const double gain = static_cast<double>(with - without) / static_cast<double>(total);
+  l.additions_gain = (1.0 - kAdaptWeight) * l.additions_gain + kAdaptWeight * gain;
+}
+
+int64_t PredictorBase::hits_in_top(const PooledRow& newest, const float* p, int64_t n_blocks, int64_t m) {
+  const int64_t sinks = config_.sink_blocks, first_local = n_blocks - config_.local_blocks;
+  uint64_t* keys = keys_.data();
+  int64_t count = 0;
+  for (size_t i = 0; i < newest.blocks.size(); ++i) {
+    const int64_t b = newest.blocks[i];
+    if (b < sinks || b >= first_local || b >= n_blocks) continue;
+    keys[count++] = static_cast<uint64_t>(~float_order(sanitize(p[b]))) << 32 | static_cast<uint64_t>(i);
+  }
+  const int64_t take = std::min(m, count);
+  select_smallest(keys, count, take);
+  int64_t hits = 0;
+  for (int64_t k = 0; k < take; ++k) hits += newest.topk_hits[keys[k] & 0xFFFFFFFFu];
+  return hits;
 }
 
 Status PredictorBase::observe_prefill(int32_t layer, int64_t step, const RowScores& scores) {
@@ -535,6 +605,8 @@ void PredictorBase::reset() {
     l.prev_topk_hits.clear();
     l.moves = BudgetMoveState{};
     l.share.reset();
+    l.additions_gain = 0;
+    l.explore.reset();
   }
   open_ = false;
   open_step_ = -1;
@@ -542,6 +614,22 @@ void PredictorBase::reset() {
   last_committed_ = -1;
   last_was_prefill_ = false;
   on_reset();
+}
+
+// Mirrors reserve() below: change one, change the other.
+double PredictorBase::planned_bytes(const PredictorConfig& config, int32_t num_layers, int64_t max_entries,
+                                    int32_t max_next_n, double extra_per_block) {
+  const int64_t n_blocks = blocks_for_entries(config, max_entries);
+  const double n = static_cast<double>(n_blocks);
+  const double buckets = static_cast<double>(offset_bucket(std::max<int64_t>(0, n_blocks - 1))) + 1;
+  const double pending_row = n * (sizeof(int32_t) + sizeof(float) + sizeof(int32_t));  // blocks, x, hits
+  const double per_layer = n * kStateBytesPerBlock + buckets * kStateBytesPerOffsetBucket +
+                           max_next_n * pending_row + n * 2 * sizeof(int32_t) + n * extra_per_block;
+  // p_, q_, mark_, keys_, and pool_row's scratch (block_index, the scored values, one block's).
+  const double scratch = n * (2 * sizeof(float) + sizeof(uint8_t) + sizeof(uint64_t) + sizeof(int32_t)) +
+                         static_cast<double>(max_entries) * sizeof(float) +
+                         static_cast<double>(config.block_entries()) * sizeof(float);
+  return num_layers * per_layer + scratch;
 }
 
 Status PredictorBase::reserve(int64_t max_entries, int32_t max_next_n) {
@@ -567,7 +655,11 @@ Status PredictorBase::reserve(int64_t max_entries, int32_t max_next_n) {
       }
       l.prev_topk_blocks.reserve(n);
       l.prev_topk_hits.reserve(n);
+      l.explore.probe_picked.reserve(n);  // adapt's record of what exploration traded
+      l.explore.margin_picked.reserve(n);
     }
+    margin_.reserve(n);
+    novel_.reserve(n);
     if (p_.size() < n) {
       p_.resize(n);
       q_.resize(n);

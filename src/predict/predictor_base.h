@@ -40,6 +40,10 @@ class PredictorBase : public BlockPredictor {
   // A layer's state (tests read it: state_of in tests/predict_testing.h).
   const BlockState& state(int32_t layer) const;
   size_t memory_bytes() const final;
+  // What reserve(max_entries, max_next_n) makes one request hold (spin::planned_bytes), plus
+  // `extra_per_block` bytes per block per layer of a predictor's own (hisa's pooled keys).
+  static double planned_bytes(const PredictorConfig& config, int32_t num_layers, int64_t max_entries,
+                              int32_t max_next_n, double extra_per_block);
 
   // Blocks nothing is known about rank below every observed x (x ≥ -1), newest first: -2 - d is
   // exact in float for distances below 2^24 blocks (2^30 entries at page 64).
@@ -102,6 +106,19 @@ class PredictorBase : public BlockPredictor {
   virtual void on_reset() {}
   virtual void on_fork(int64_t shared_entries) { (void)shared_entries; }
   virtual size_t extra_memory_bytes() const { return 0; }
+  // adapt (spin, spin-ic2): the row's ranking as configured into `with` and without spin's
+  // additions (the last top-k first, the recency window) into `without`, from the state as select
+  // saw it; false where the predictor has no such pair for the layer (then nothing is measured).
+  virtual bool rank_pair(const RowContext& row, float* with, float* without) {
+    (void)row;
+    (void)with;
+    (void)without;
+    return false;
+  }
+  // adapt: whether `layer` keeps spin's additions (its measured advantage is ≥ 0).
+  bool keeps_additions(int32_t layer) const {
+    return config_.adapt == 0 || layers_[static_cast<size_t>(layer)].additions_gain >= 0.0;
+  }
   // reserve() for what a predictor keeps itself (hisa's pooled keys); kInvalidArgument if it
   // cannot promise allocation-free steps.
   virtual Status on_reserve(int64_t max_blocks) {
@@ -163,6 +180,12 @@ class PredictorBase : public BlockPredictor {
     std::vector<int32_t> prev_topk_hits;
     BudgetMoveState moves;  // budget_moves: the layer's churn and loan (budget_moves.h)
     ProbeShareState share;  // probe_adapt: the layer's share now (probe_share.h)
+    // adapt: the layer's exploration share, moved by what exploration found (probe_share.h's
+    // rule: its picks against as many of history's lowest-ranked ones, top-k hits per block).
+    ProbeShareState explore;
+    // adapt: EMA of how much more of each step's top-k the ranking with spin's additions put
+    // first than the one without (score_rankings); < 0 = this layer ranks without them.
+    double additions_gain = 0;
   };
 
   Status check_step_input(int32_t layer, const StepInput& in) const;
@@ -175,6 +198,12 @@ class PredictorBase : public BlockPredictor {
   void mark_explored(const RowContext& ctx, Fill f, int64_t n_cand, int64_t n_explore);
   // The `left` highest p among keys_[first, first + n_rest) get mark `tag`.
   void mark_ranked(const float* p, int64_t first, int64_t n_rest, int64_t left, uint8_t tag);
+  void record_exploration(int32_t layer, const float* p, int64_t n_explore, int64_t n_history);
+  // adapt at commit, before the state moves: updates `l`'s additions_gain from its newest
+  // replayed row (`row`, `visible` entries), see predictor_base.cpp.
+  void score_rankings(int32_t layer, int32_t row, int64_t visible);
+  // Top-k entries of `newest` in the `m` observed blocks that rank highest by p (forced excluded).
+  int64_t hits_in_top(const PooledRow& newest, const float* p, int64_t n_blocks, int64_t m);
 
   std::string name_;
   PredictorConfig config_;
@@ -194,6 +223,7 @@ class PredictorBase : public BlockPredictor {
   std::vector<float> p_;
   std::vector<float> q_;  // the probe's scores
   std::vector<uint64_t> margin_;  // ProbeShareState::record's scratch
+  std::vector<uint64_t> novel_;   // record_exploration's scratch
   std::vector<uint8_t> mark_;
   std::vector<uint64_t> keys_;  // (ordering key << 32 | block) of the candidates
   PoolScratch pool_scratch_;

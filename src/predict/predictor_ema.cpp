@@ -116,11 +116,20 @@ class EmaPredictor final : public PredictorBase {
     }
     ema_rank(layer_state(row.layer), config(), row.n_blocks, parts_.slot, parts_.offset, p);
     if (probes(row) && config().probe_blend > 0) SPIN_RETURN_IF_ERROR(blend_with_probe(row, p));
-    if (parts_.explore) {  // spin's family: the last top-k's blocks, then the newest, then p
-      raise_recent(row.n_blocks, config().recent_blocks, p);
-      if (config().topk_first) raise_previous_topk(row, kTopkFirstBase, HitTies::kRank, p);
-    }
+    if (parts_.explore && keeps_additions(row.layer)) add_additions(row, p);
     return ok_status();
+  }
+  // spin's family: the last top-k's blocks, then the newest, then p.
+  void add_additions(const RowContext& row, float* p) const {
+    raise_recent(row.n_blocks, config().recent_blocks, p);
+    if (config().topk_first) raise_previous_topk(row, kTopkFirstBase, HitTies::kRank, p);
+  }
+  bool rank_pair(const RowContext& row, float* with, float* without) override {
+    if (!parts_.explore || parts_.probe || shared(row.layer)) return false;
+    ema_rank(layer_state(row.layer), config(), row.n_blocks, parts_.slot, parts_.offset, without);
+    std::copy(without, without + row.n_blocks, with);
+    add_additions(row, with);
+    return true;
   }
   bool probes(const RowContext& row) const {
     return parts_.probe && !shared(row.layer) && row.step % config().probe_interval == 0;

@@ -16,21 +16,31 @@ namespace spin {
 inline constexpr double kProbeShareStep = 0.15;     // the largest move of the share per step
 inline constexpr double kProbeShareFloor = 0.5;     // × the configured share: the lowest it goes
 inline constexpr double kProbeShareCeiling = 0.95;  // the highest: history keeps a few blocks
+// PredictorConfig::adapt's exploration share, in units of explore_ratio: it moves by up to half of
+// it per step within [1/4, 4] of it — never so low that a layer stops finding what moved.
+inline constexpr double kExploreShareStep = 0.5;
+inline constexpr double kExploreShareFloor = 0.25;
+inline constexpr double kExploreShareCeiling = 4.0;
 
 struct ProbeShareState {
   std::vector<int32_t> probe_picked, margin_picked;  // row 0's picks of the open step, ascending
+  int64_t slots = 0;                                 // blocks the share spent (probe_picked may hold fewer)
   double share = -1;                                 // -1: the configured share
 
   double current(double configured) const { return share >= 0 ? share : configured; }
-  // After a probing select of row 0: keys[first, first + n_history) hold history's choice (keys
-  // ~order(p) << 32 | block) and the n_probe keys after them the probe's. `scratch` is reused.
-  void record(const uint64_t* keys, int64_t first, int64_t n_history, int64_t n_probe,
+  // After a select of row 0: the share spent n_slots blocks, of which picked[0, n_picked) count
+  // (block in the low 32 bits: the probe's picks, or exploration's that history would not have
+  // made), and history[0, n_history) hold history's choice (keys ~order(p) << 32 | block); the
+  // share is judged against as many of history's lowest-ranked picks. `scratch` is reused.
+  void record(const uint64_t* picked, int64_t n_picked, int64_t n_slots, const uint64_t* history, int64_t n_history,
               std::vector<uint64_t>* scratch);
-  // At commit, with row 0's pooled observation: moves the share and forgets the picks.
-  void update(const PooledRow& row0, double configured);
+  // At commit, with row 0's pooled observation: moves the share by up to `step` toward whichever
+  // side paid more hits per block, within [floor, ceiling], and forgets the picks.
+  void update(const PooledRow& row0, double configured, double step, double floor, double ceiling);
   void reset() {
     probe_picked.clear();
     margin_picked.clear();
+    slots = 0;
     share = -1;
   }
 };

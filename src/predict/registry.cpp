@@ -1,5 +1,5 @@
 // The predictor registry: one row per predictor — its name, what it reads, whether serving can run
-// it, whether it explores, where `spin eval` lists it, and its factory. Every layer asks this
+// it, whether it explores, and its factory. Every layer asks this
 // table (make_predictor, the engine, replay, eval, serving, reserve, the Python package) instead
 // of comparing names. Adding a predictor: its own file (a PredictorBase subclass and a factory
 // function), the factory's declaration and one row below.
@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "predict/hisa.h"
+#include "predict/predictor_base.h"
 #include "predict/registry.h"
 
 namespace spin {
@@ -37,26 +39,25 @@ struct Row {
 
 using R = PredictorReads;
 
-// Columns: name, reads, can_serve, explores, keeps_all, reuses_previous_topk, eval places (open
-// loop, sweep, recorded-trace sweep; 0 = not listed), factory. can_serve: reads only its own state
-// (serving has no key cache and no true top-k) and keeps no per-entry memory that grows.
+// One row per predictor, in predictor_names()' order. can_serve: reads only its own state (serving
+// has no key cache and no true top-k) and keeps no per-entry memory that grows.
 const std::vector<Row>& rows() {
   static const std::vector<Row> kRows = {
-      {{"all-keep", R::kOwnState, true, false, true, false, {0, 0, 0}}, make_all_keep},
-      {{"random", R::kOwnState, true, false, false, false, {8, 9, 4}}, make_random},
-      {{"prev-iter", R::kOwnState, true, false, false, true, {1, 8, 2}}, make_prev_iter},
-      {{"prev-layer", R::kOwnState, true, false, false, false, {2, 0, 0}}, make_prev_layer},
-      {{"ema-slot", R::kOwnState, true, false, false, false, {3, 0, 0}}, make_ema_slot},
-      {{"ema-offset", R::kOwnState, true, false, false, false, {4, 0, 0}}, make_ema_offset},
-      {{"spin", R::kOwnState, true, true, false, false, {5, 0, 0}}, make_spin},  // eval: the headline
-      {{"oracle", R::kTrueTopk, false, false, false, false, {9, 10, 5}}, make_oracle},
-      {{"step-reuse", R::kOwnState, true, false, false, true, {7, 2, 1}}, make_step_reuse},
-      {{"hisa", R::kKeys, false, false, false, false, {6, 3, 6}}, make_hisa},
-      {{"indexcache-2", R::kOwnState, true, false, false, false, {0, 4, 3}}, make_indexcache_2},
-      {{"indexcache-4", R::kOwnState, true, false, false, false, {0, 5, 0}}, make_indexcache_4},
-      {{"spin-hybrid", R::kKeys, false, true, false, false, {0, 1, 7}}, make_spin_hybrid},
-      {{"spin-ic2", R::kOwnState, true, true, false, false, {0, 6, 8}}, make_spin_ic2},
-      {{"spin-hybrid-ic2", R::kKeys, false, true, false, false, {0, 7, 9}}, make_spin_hybrid_ic2},
+      {{.name = "all-keep", .can_serve = true, .keeps_all = true}, make_all_keep},
+      {{.name = "random", .can_serve = true}, make_random},
+      {{.name = "prev-iter", .can_serve = true, .reuses_previous_topk = true}, make_prev_iter},
+      {{.name = "prev-layer", .can_serve = true}, make_prev_layer},
+      {{.name = "ema-slot", .can_serve = true}, make_ema_slot},
+      {{.name = "ema-offset", .can_serve = true}, make_ema_offset},
+      {{.name = "spin", .can_serve = true, .explores = true}, make_spin},
+      {{.name = "oracle", .reads = R::kTrueTopk}, make_oracle},
+      {{.name = "step-reuse", .can_serve = true, .reuses_previous_topk = true}, make_step_reuse},
+      {{.name = "hisa", .reads = R::kKeys}, make_hisa},
+      {{.name = "indexcache-2", .can_serve = true}, make_indexcache_2},
+      {{.name = "indexcache-4", .can_serve = true}, make_indexcache_4},
+      {{.name = "spin-hybrid", .reads = R::kKeys, .explores = true}, make_spin_hybrid},
+      {{.name = "spin-ic2", .can_serve = true, .explores = true}, make_spin_ic2},
+      {{.name = "spin-hybrid-ic2", .reads = R::kKeys, .explores = true}, make_spin_hybrid_ic2},
   };
   return kRows;
 }
@@ -109,16 +110,18 @@ bool predictor_needs_keys(std::string_view name) {
   return info != nullptr && info->reads == PredictorReads::kKeys;
 }
 
-std::vector<std::string> eval_predictors(int32_t PredictorInfo::EvalPlaces::*table) {
-  std::vector<const PredictorInfo*> listed;
-  for (const PredictorInfo& info : predictor_registry()) {
-    if (info.eval.*table > 0) listed.push_back(&info);
+double planned_bytes(const PredictorInfo& info, const PredictorConfig& config, int32_t num_layers,
+                     int64_t max_entries, int32_t max_next_n) {
+  // The pooled keys of hisa (one per block) and of the hybrid's probe (one per probe_entries).
+  double keys_per_block = 0;
+  if (info.reads == PredictorReads::kKeys) {
+    const bool hybrid = info.explores;
+    keys_per_block = hybrid && config.probe_entries > 0
+                         ? static_cast<double>(config.block_entries() / config.probe_entries)
+                         : 1.0;
   }
-  std::stable_sort(listed.begin(), listed.end(),
-                   [table](const PredictorInfo* a, const PredictorInfo* b) { return a->eval.*table < b->eval.*table; });
-  std::vector<std::string> names;
-  for (const PredictorInfo* info : listed) names.push_back(info->name);
-  return names;
+  return PredictorBase::planned_bytes(config, num_layers, max_entries, max_next_n,
+                                      keys_per_block * static_cast<double>(kHisaBytesPerBlock));
 }
 
 Result<std::unique_ptr<BlockPredictor>> make_predictor(std::string_view name,

@@ -13,7 +13,6 @@
 
 #include "core/errors.h"
 #include "spin/memory.h"
-#include "predict/block_state.h"
 
 namespace spin {
 
@@ -40,21 +39,16 @@ Status ServingOptions::validate() const {
 
 namespace {
 
-// What create() reserves (capacities, not the sizes in use): per slot and layer the block state,
-// the offset EMA, max_next_n pending rows (block, x, top-k hits) and the last top-k's blocks; per
-// slot the predictor's scratch and the Selection; once the scatter row and the block list. In
-// double, so that an absurd request is measured (and refused) instead of overflowing.
+// What create() reserves (capacities, not the sizes in use): per slot its predictor's own
+// (spin::planned_bytes: state, pending rows, scratch) and the Selection; once the scatter row and
+// the block list. In double, so that an absurd request is measured (and refused) instead of
+// overflowing.
 double planned_bytes(const ServingOptions& o, int64_t max_blocks) {
   const double n = static_cast<double>(max_blocks);
   const double entries = static_cast<double>(o.max_entries);
-  const double rows = static_cast<double>(o.max_next_n);
-  const double buckets = static_cast<double>(offset_bucket(std::max<int64_t>(0, max_blocks - 1))) + 1;
-  const double per_layer = n * kStateBytesPerBlock + buckets * kStateBytesPerOffsetBucket +
-                           rows * n * (sizeof(int32_t) + sizeof(float) + sizeof(int32_t)) +
-                           n * 2 * sizeof(int32_t);
-  const double per_slot = o.num_layers * per_layer +
-                          n * (sizeof(float) + sizeof(uint8_t) + sizeof(uint64_t) + sizeof(int32_t)) +
-                          entries * sizeof(float) + n * sizeof(int32_t) * (1 + rows);
+  const PredictorInfo* info = find_predictor(o.predictor);  // validate() checked the name
+  const double predictor = spin::planned_bytes(*info, o.config, o.num_layers, o.max_entries, o.max_next_n);
+  const double per_slot = predictor + n * sizeof(int32_t) * (1 + o.max_next_n);
   return o.max_requests * per_slot + entries * sizeof(float) + n * sizeof(int32_t);
 }
 

@@ -205,6 +205,7 @@ def test_every_device_predictor_matches_the_library(predictor):
     {"pooling": "topk-hits", "alpha": 0.25, "beta": 0.5, "seed": 12345},
     {"explicit_budget_blocks": 9, "block_pages": 2},
     {"topk_first": 0, "explore_churn": 0.0, "recent_blocks": 0, "pool_depth": 0.0},  # the paper's
+    {"preset": "paper"},  # the paper's, as the library's preset spells it (5 % exploration)
     {"recent_blocks": 40, "explore_churn": 0.5},
     {"pool_depth": 1.0},  # m up to E: every block observed by a deep entry
 ])
@@ -228,6 +229,7 @@ def test_compressed_rows_match_the_library():
     ("step-reuse", {}, 2), ("random", {}, 1), ("ema-offset", {}, 1), ("all-keep", {}, 2),
     ("spin", {"pooling": "topk-hits", "mtp_update": "all-rows"}, 2),
     ("spin", {"topk_first": 0, "explore_churn": 0.0, "recent_blocks": 0, "pool_depth": 0.0}, 1),
+    ("spin", {"preset": "paper"}, 2),
     ("spin", {"pool_depth": 1.0}, 2),
 ])
 def test_the_triton_kernels_match_the_library(predictor, config, next_n):
@@ -385,6 +387,8 @@ def test_host_only_predictors_and_options_are_refused_by_name():
         device.Serving(2, 1, 1024, "spin", {"pooling": "mean"})
     with pytest.raises(spin_dsa.InvalidArgument, match="budget_moves"):
         device.Serving(2, 1, 1024, "spin", {"budget_moves": "layers"})
+    with pytest.raises(spin_dsa.InvalidArgument, match="adapt=1 is host-only"):
+        device.Serving(2, 1, 1024, "spin", {"adapt": 1})
     with pytest.raises(spin_dsa.SpinError):
         device.Serving(2, 1, 0, "spin")  # the library's own size check
     with pytest.raises(spin_dsa.SpinError):

@@ -30,7 +30,8 @@ struct CalibrationTarget {
   double pearson = 0;
   double topk_recall = 0;
 };
-// The paper's two points: doc-qa-10k and doc-qa-94k.
+// The paper's points: doc-qa-10k and doc-qa-94k (DeepSeek-V3.2), v4flash-10k and v4flash-94k
+// (DeepSeek-V4 Flash).
 const std::vector<CalibrationTarget>& paper_targets();
 
 struct CalibrationMeasurement {

@@ -118,6 +118,13 @@ struct WorkloadParams {
   int32_t target_period = 0;       // steps per retrieval episode (0 = no targets)
   int32_t target_dwell = 0;        // steps of an episode whose query asks for the target (0 = all)
   double target_query = 8.0;       // weight of the target's direction in the query
+  // Layers that differ in stability, after calibration (a second quiet group for to_string):
+  // the first volatile_layers layers' query_noise is scaled by volatile_noise (GVR measured ~1.5 %
+  // consecutive-step top-k overlap in DeepSeek-V3.2's layers 0–1), every other layer's by
+  // layer_noise (35–50 % in its middle layers), both besides layer_volatility's scale.
+  int32_t volatile_layers = 0;
+  double volatile_noise = 1.0;
+  double layer_noise = 1.0;
   uint64_t seed = 1;
 
   Status validate() const;
@@ -129,7 +136,9 @@ struct WorkloadParams {
 };
 
 // The built-in scenarios: doc-qa-10k, doc-qa-94k, agentic, needle-shift, cached-507k, niah-mk-128k
-// (multi-key needles), mrcr-256k and mrcr-1m (multi-round co-reference), each also with an "-mtp"
+// (multi-key needles), mrcr-256k and mrcr-1m (multi-round co-reference), v4flash-10k and
+// v4flash-94k (DeepSeek-V4 Flash's statistics), layers-68k (layers of very different stability,
+// as GVR measured on V3.2), each also with an "-mtp"
 // suffix (next_n 3, acceptance 0.7). Parameters come from the calibration table
 // that `spin calibrate` writes (data/calibration.json, compiled in).
 const std::vector<std::string>& scenario_names();

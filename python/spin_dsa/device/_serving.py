@@ -214,6 +214,10 @@ class Serving:
         if c["budget_moves"] != "none":
             raise spin_dsa.InvalidArgument(
                 f"spin_dsa.device: budget_moves={c['budget_moves']} is host-only; use none")
+        if c["adapt"] != 0:
+            raise spin_dsa.InvalidArgument(
+                "spin_dsa.device: adapt=1 is host-only (the commit kernel does not measure a "
+                "layer's exploration yield and ranking gain yet); use 0")
 
     def _build_tables(self):
         """Per block count n (0..max_blocks): the budget, the forced blocks, the exploration and

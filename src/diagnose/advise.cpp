@@ -22,11 +22,11 @@ extern const char* const kGpuGridJson;  // generated from SPIN_GPU_GRID_FILE (sr
 // ---- Configurations ------------------------------------------------------------------------------
 
 PredictorConfig paper_spin_config() {
-  // The four measured additions of spin's default (spin/predict.h: topk_first, explore_churn,
-  // recent_blocks, pool_depth) off; α 0.5, max pooling and exploration stay as they are.
+  // The library's "paper" preset (PredictorConfig::apply_preset): the SPIN paper's predictor as
+  // published, without spin's additions.
   PredictorConfig c;
-  const Status s = c.parse("topk_first=0 explore_churn=0 recent_blocks=0 pool_depth=0");
-  (void)s;  // constant text over known fields: cannot fail (tested)
+  const Status s = c.apply_preset("paper");
+  (void)s;  // a known preset: cannot fail (tested)
   return c;
 }
 
@@ -347,11 +347,7 @@ std::string hf_model_id(const std::string& model) {
 std::string vllm_line(const Deployment& d, const std::string& config, double sparsity) {
   // target_sparsity always (even at its default), then the fields the config changes.
   nlohmann::ordered_json fields = {{"target_sparsity", sparsity}};
-  const PredictorConfig c = config == kConfigPaper ? paper_spin_config() : PredictorConfig{};
-  for (const auto& [k, v] : config_overrides(c)) {
-    const auto parsed = nlohmann::json::parse(v, nullptr, /*allow_exceptions=*/false);
-    fields[k] = parsed.is_discarded() ? nlohmann::json(v) : parsed;
-  }
+  if (config == kConfigPaper) fields["preset"] = "paper";  // the plugin applies it first
   const nlohmann::ordered_json spin = {{"spin", {{"config", fields}}}};
   return fmt::format("vllm serve {} --tensor-parallel-size {}{} --additional-config '{}'", hf_model_id(d.model),
                      d.tensor_parallel, d.next_n > 1 ? fmt::format(" --speculative-config '{{\"method\": \"mtp\", "

@@ -35,10 +35,8 @@ namespace spin {
 
 // ---- Configurations compared -------------------------------------------------------------------
 
-// The paper's spin (arXiv 2610.09025 as summarised in reference/peers_dec2026.md: slot + offset
-// EMAs, α 0.5, max pooling, uniform exploration at a fixed share) expressed on spin's config: the
-// default with the four measured additions switched off. The one place that names it (issue 30
-// adds a `paper` preset to spin/predict.h; switch this to it then).
+// The paper's spin (arXiv 2610.09025 as summarised in reference/peers_dec2026.md): the library's
+// "paper" preset (PredictorConfig::apply_preset).
 PredictorConfig paper_spin_config();
 // "key=value" pairs of `config` that differ from the defaults, in field order.
 std::vector<std::pair<std::string, std::string>> config_overrides(const PredictorConfig& config);

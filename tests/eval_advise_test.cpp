@@ -148,7 +148,7 @@ TEST(AdviseRule, RecommendsTheHighestSparsityWithinToleranceAndItsVllmLine) {
   EXPECT_EQ(a->verdict.rfind("run spin at 0.6", 0), 0u) << a->verdict;
   EXPECT_NE(a->vllm_line.find("\"target_sparsity\":0.6"), std::string::npos) << a->vllm_line;
   EXPECT_NE(a->vllm_line.find("deepseek-ai/DeepSeek-V3.2"), std::string::npos);
-  // At the default sparsity the line still names it; the paper's spin names its four fields.
+  // At the default sparsity the line still names it; the paper's spin names its preset.
   auto at_default = recommend(step.value(), quality, 0.15);
   ASSERT_TRUE(at_default.ok());
   EXPECT_DOUBLE_EQ(at_default->recommended_sparsity.value_or(-1), PredictorConfig{}.target_sparsity);
@@ -157,7 +157,7 @@ TEST(AdviseRule, RecommendsTheHighestSparsityWithinToleranceAndItsVllmLine) {
   for (QualityPoint& q : paper_only) q.config = kConfigPaper;
   auto paper = recommend(step.value(), paper_only, 0.3);
   ASSERT_TRUE(paper.ok());
-  EXPECT_NE(paper->vllm_line.find("\"topk_first\":0"), std::string::npos) << paper->vllm_line;
+  EXPECT_NE(paper->vllm_line.find("\"preset\":\"paper\""), std::string::npos) << paper->vllm_line;
   EXPECT_NE(paper->verdict.find("the paper's config"), std::string::npos) << paper->verdict;
   const auto j = nlohmann::json::parse(advice_json(a.value()));
   EXPECT_DOUBLE_EQ(j["recommended_sparsity"].get<double>(), 0.6);

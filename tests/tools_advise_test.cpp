@@ -3,7 +3,6 @@
 // indexer, and one error line each for an unknown model or GPU, a tolerance outside (0, 1) and a
 // trace of another geometry than the named model.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <array>
@@ -16,31 +15,10 @@
 
 #include "spin/lab/workload.h"
 #include "spin/trace.h"
+#include "cli_run.h"
 #include "test_util.h"
 
 namespace {
-
-struct CliRun {
-  int code = -1;
-  std::string out;
-};
-
-CliRun run_spin(const std::string& args) {
-  CliRun r;
-#ifdef SPIN_EMULATOR  // the cross build: the binary runs through qemu-user
-  const std::string cmd = std::string(SPIN_EMULATOR) + " " + SPIN_BINARY + " " + args + " 2>&1";
-#else
-  const std::string cmd = std::string(SPIN_BINARY) + " " + args + " 2>&1";
-#endif
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 // A small generated trace at `topk` (2048 = DeepSeek-V3.2's geometry, 512 = V4-Flash's top-k).
 std::string write_small_trace(const spin::testing::TempDir& dir, const std::string& name, int32_t topk) {

@@ -7,35 +7,13 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
 
+#include "cli_run.h"
 #include "test_util.h"
 
 namespace {
-
-struct CliRun {
-  int code = -1;
-  std::string out;
-};
-
-CliRun run_spin(const std::string& args) {
-  CliRun r;
-#ifdef SPIN_EMULATOR  // the cross build: the binary runs through qemu-user
-  const std::string cmd = std::string(SPIN_EMULATOR) + " " + SPIN_BINARY + " " + args + " 2>&1";
-#else
-  const std::string cmd = std::string(SPIN_BINARY) + " " + args + " 2>&1";
-#endif
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 TEST(ToolsDiagnose, TableJsonAndOut) {
   CliRun t = run_spin("diagnose --gpu h200 --context 65536 --batch 64");

@@ -224,6 +224,18 @@ TEST(PredictHybrid, AdaptiveShareMovesTowardTheSourceThatPays) {
   EXPECT_EQ(sel.row_explored[0], explored.front());
 }
 
+// Slot 0's prefill over all 40 blocks (of 4 entries) of `entries`: `scores` per entry.
+void observe_full_prefill(BlockPredictor& p, const std::vector<float>& scores, int64_t entries) {
+  std::vector<int32_t> all(40);
+  for (int32_t b = 0; b < 40; ++b) all[static_cast<size_t>(b)] = b;
+  RowScores r;
+  r.scores = scores.data();
+  r.num_cols = r.visible_entries = entries;
+  r.scored_blocks = all.data();
+  r.num_scored_blocks = 40;
+  EXPECT_TRUE(p.observe_prefill(0, 0, r).ok());
+}
+
 // adapt: each layer's exploration share follows what exploration finds against history's
 // lowest-ranked picks. 40 blocks of 4, budget 20 (one sink, one local, 4 explored at the start:
 // explore_ratio 0.2); the prefill shows block b at 100 - b, so history believes blocks 1–16.
@@ -249,14 +261,7 @@ std::vector<int32_t> explored_per_step(bool moved, int32_t adapt) {
     after[static_cast<size_t>(b)] = !moved ? before[static_cast<size_t>(b)] : b >= 20 && b < 39 ? 200.0f - fb : 0.0f;
   }
   const std::vector<float> prefill = testing::block_scores(before, 4), truth = testing::block_scores(after, 4);
-  std::vector<int32_t> all(40);
-  for (int32_t b = 0; b < 40; ++b) all[static_cast<size_t>(b)] = b;
-  RowScores r;
-  r.scores = prefill.data();
-  r.num_cols = r.visible_entries = entries;
-  r.scored_blocks = all.data();
-  r.num_scored_blocks = 40;
-  EXPECT_TRUE(p->observe_prefill(0, 0, r).ok());
+  observe_full_prefill(*p, prefill, entries);
   std::vector<int32_t> explored;
   Selection sel;
   for (int64_t step = 1; step <= 6; ++step) {
@@ -305,14 +310,7 @@ float window_rank_after(bool old, int32_t adapt) {
   (old ? after[5] : after[37]) = 100.0f;
   (old ? after[6] : after[36]) = 99.0f;
   const std::vector<float> prefill = testing::block_scores(before, 4), truth = testing::block_scores(after, 4);
-  std::vector<int32_t> all(40);
-  for (int32_t b = 0; b < 40; ++b) all[static_cast<size_t>(b)] = b;
-  RowScores r;
-  r.scores = prefill.data();
-  r.num_cols = r.visible_entries = entries;
-  r.scored_blocks = all.data();
-  r.num_scored_blocks = 40;
-  EXPECT_TRUE(p->observe_prefill(0, 0, r).ok());
+  observe_full_prefill(*p, prefill, entries);
   Selection sel;
   for (int64_t step = 1; step <= 8; ++step) {
     StepInput in{step, entries, 1};

@@ -73,22 +73,21 @@ vllm_plugin() {
 # line per release; every listed test file must run (no file may skip as a whole).
 vllm_cuda() {
   echo "=== spin tests: vllm cuda path (each CUDA release's own Python, kernels stood in) ==="
-  local start env_out py version dir log counts must=() failed=0 summaries=()
+  local start env_out py version dir log counts files=() must=() failed=0 summaries=()
   start=$SECONDS
   env_out="$(./scripts/vllm-cuda-env.sh)"
   py="$(tail -n1 <<<"$env_out")"  # the venv's python; the lines before: "<release> <folder>"
   echo "vllm cuda: virtualenv ready in $((SECONDS - start)) s ($py)"
   "$py" -m pip install --quiet --disable-pip-version-check --no-deps .
   for t in test_cuda_path test_device_path test_device_layouts test_parity; do
+    files+=("tests/integration/$t.py")
     must+=(--must-run "tests/integration/$t.py")
   done
   while read -r version dir; do
     log="$(mktemp)"
     start=$SECONDS
     if ! PYTHONPATH="$dir:$PWD/scripts" "$py" -m pytest -q -rs -p pytest_must_run "${must[@]}" \
-        tests/integration/test_cuda_path.py tests/integration/test_device_path.py \
-        tests/integration/test_device_layouts.py tests/integration/test_parity.py \
-        2>&1 | tee "$log"; then
+        "${files[@]}" 2>&1 | tee "$log"; then
       failed=1
     fi
     # pytest's last count line ("54 passed, 1 xfailed in 231.67s ..."), without its timing; none

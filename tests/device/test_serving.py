@@ -113,7 +113,13 @@ def run_both(predictor, config, *, seed, next_n, steps=14, layers=3, max_request
                     compress_ratio)
         accepted = rng.integers(0, next_n, size=slots.size).astype(np.int32)
         lib.commit(slots, accepted)
-        dev.commit(t_slots, torch.from_numpy(accepted))
+        if step % 2:  # an engine's form: the next step's lengths say what was accepted
+            query = rng.integers(1, 4, size=slots.size)
+            cached = seq - next_n + 1 + accepted
+            dev.commit(t_slots, seq_lens=torch.from_numpy(cached + query).to(torch.int32),
+                       query_lens=torch.from_numpy(query))
+        else:
+            dev.commit(t_slots, torch.from_numpy(accepted))
         for s, a in zip(slots, accepted):  # rejected drafts leave the cache
             live[s][1] -= next_n - 1 - int(a)
     assert selects >= steps  # the trace really ran
@@ -319,6 +325,56 @@ def test_commit_leaves_a_slot_without_an_open_step_alone(impl):
     for name, t in before.items():
         assert torch.equal(getattr(dev, name), t), name
     assert dev._step.tolist()[:2] == [1, 0]
+
+
+def test_the_kernels_keep_the_state_the_torch_path_keeps():
+    """select_layers' and commit's launches do the step's bookkeeping inside the kernels (the
+    pending rows emptied, flags, each slot's rows, visibility and blocks, acceptance read off the
+    lengths): every state tensor equals the torch path's after each call, pad rows included."""
+    pytest.importorskip("triton")
+    cfg = {"page_size": E, "topk": 32, "target_sparsity": 0.5}
+    pair = [device.Serving(3, 3, 1024, "spin", cfg, 2, impl=impl) for impl in ("torch", "triton")]
+    gen = torch.Generator().manual_seed(5)
+    for dev in pair:
+        dev.add(0, 7)
+        dev.add(2, 8)
+    slots = torch.tensor([2, 0, pair[0].pad_slot, pair[0].pad_slot])
+    seq = torch.tensor([600, 900, 1024, 5], dtype=torch.int32)
+
+    def same_state(when):
+        a, b = pair
+        for name in ("slot_ema", "last_seen", "offset_ema", "offset_count", "prev_hits",
+                     "churn_ema", "explore_share", "_pending_x", "_pending_hits", "_selected",
+                     "_open_next_n", "_opened", "_step", "_prefill_open"):
+            x, y = getattr(a, name)[:3], getattr(b, name)[:3]  # the pad slot's rows race
+            assert torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)), f"{name} after {when}"
+        for name in ("_visible", "_sel_blocks"):
+            assert torch.equal(getattr(a, name)[[0, 2]], getattr(b, name)[[0, 2]]), name
+
+    for step in range(3):
+        got = [dev.select_layers(slots, seq + 2 * step, 2) for dev in pair]
+        assert all(torch.equal(x, y) for x, y in zip(*got))
+        same_state(f"select {step}")
+        for layer in range(3):
+            scored = torch.randn(8, pair[0].width * E, generator=gen)
+            for dev in pair:
+                dev.observe_scored(slots, layer, scored.clone())
+        query = torch.tensor([2, 2, 1, 1])
+        lengths = dict(seq_lens=seq + 2 * step + 1 + query, query_lens=query)  # 1 accepted
+        for dev in pair:
+            dev.commit(slots, **lengths)
+        same_state(f"commit {step}")
+    assert pair[1]._step.tolist()[:3] == [3, 0, 3]
+
+
+def test_commit_takes_accepted_or_lengths_not_both():
+    dev = device.Serving(2, 1, 1024, "spin", {"page_size": E, "topk": 32})
+    S, n = torch.tensor([0]), torch.tensor([5])
+    for kwargs in (dict(seq_lens=n), dict(query_lens=n), dict(accepted=n, seq_lens=n, query_lens=n)):
+        with pytest.raises(spin_dsa.InvalidArgument, match="accepted, or seq_lens and query_lens"):
+            dev.commit(S, **kwargs)
+    with pytest.raises(ValueError, match="query_lens: expected 1 rows"):
+        dev.commit(S, seq_lens=n, query_lens=torch.tensor([1, 2]))
 
 
 def test_dense_blocks_keeps_short_rows_whole_and_leaves_long_rows_to_the_budget():

@@ -42,16 +42,42 @@ def _offset_update(OFFSET_EMA, OFFSET_COUNT, at, fixed_sum, count, beta, one_min
     tl.store(OFFSET_COUNT + at, n + 1, mask=touched)
 
 
+# mtp_update's rule for the last row a commit replays, as _last_row's MODE.
+_MODES = {"prefix": 0, "all-rows": 1, "row0": 2}
+
+
+@triton.jit
+def _last_row(i, s, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, MODE: tl.constexpr,
+              FROM_LENGTHS: tl.constexpr):
+    """The last pending row of batch row i (slot s) that commit replays: the accepted draft
+    tokens under mtp_update=prefix — given, or read off the engine's lengths (the tokens cached
+    before this step's rows, less those before the open step's rows, less its sampled token) —
+    every row or row 0 under the other modes; within the rows the step opened."""
+    rows = tl.load(OPEN_NEXT_N + s)
+    if MODE == 0:
+        if FROM_LENGTHS:
+            last = (tl.load(SEQ_LENS + i).to(tl.int64) - tl.load(QUERY_LENS + i).to(tl.int64)
+                    - tl.load(OPENED + s) - 1)
+        else:
+            last = tl.load(ACCEPTED + i).to(tl.int64)
+    elif MODE == 1:
+        last = rows - 1
+    else:
+        last = rows * 0
+    return tl.minimum(tl.maximum(last, 0), rows - 1)
+
+
 @triton.jit(do_not_specialize=["batch"])
-def commit_kernel(SLOT, LAST, SELECTED, STEP, PENDING_X, PENDING_NEWEST, SLOT_EMA, LAST_SEEN,
+def commit_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELECTED, STEP, PENDING_X, PENDING_NEWEST, SLOT_EMA, LAST_SEEN,
                   OFFSET_EMA, OFFSET_COUNT, DIST_LO, DIST_HI, batch, num_layers, max_next_n,
                   n_blocks, n_buckets, alpha, one_minus_alpha, beta, one_minus_beta,
-                  BLOCK: tl.constexpr):
+                  BLOCK: tl.constexpr, MODE: tl.constexpr, FROM_LENGTHS: tl.constexpr):
     i = tl.program_id(0)
     layer = tl.program_id(1)
     s = tl.load(SLOT + i)
     selected = tl.load(SELECTED + s * num_layers + layer) != 0
-    last = tl.where(selected, tl.load(LAST + i), -1)  # rows 0..last replay, in order
+    last = _last_row(i, s, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, MODE, FROM_LENGTHS)
+    last = tl.where(selected, last, -1)  # rows 0..last replay, in order
     step = tl.load(STEP + s).to(tl.int32)
     state = (s * num_layers + layer) * n_blocks
     offsets = (s * num_layers + layer) * n_buckets
@@ -103,20 +129,34 @@ def _per_slot_and_layer(kernel, owner, S, *args, **constexprs):
         enable_fp_fusion=False, **constexprs)
 
 
-def launch(owner, S, last):
-    """commit_kernel over the batch's slots S (int64 [batch]) and every layer, rows 0..last[i]."""
+def _rows_args(owner, rows):
+    """The kernels' arguments for the last replayed rows: rows = (accepted, seq_lens,
+    query_lens), the unused ones None (Serving.commit checked them)."""
+    accepted, seq_lens, query_lens = rows
+    from_lengths = accepted is None
+    given = seq_lens if from_lengths else accepted
+    args = (given, given if seq_lens is None else seq_lens,
+            given if query_lens is None else query_lens, owner._opened, owner._open_next_n)
+    constexprs = dict(MODE=_MODES[owner.config["mtp_update"]], FROM_LENGTHS=from_lengths)
+    return args, constexprs
+
+
+def launch(owner, S, rows):
+    """commit_kernel over the batch's slots S (int64 [batch]) and every layer, rows 0..last."""
     o = owner
+    row_args, constexprs = _rows_args(o, rows)
     _per_slot_and_layer(
-        commit_kernel, o, S, S, last.contiguous(), o._selected.view(torch.uint8), o._step, o._pending_x,
-        o._pending_newest, o.slot_ema, o.last_seen, o.offset_ema, o.offset_count, o._dist_lo, o._dist_hi,
-        S.shape[0], o.num_layers, o.max_next_n, o.max_blocks, o._n_buckets, o._alpha_host,
-        o._one_minus_alpha_host, o._beta_host, o._one_minus_beta_host)
+        commit_kernel, o, S, S, *row_args, o._selected.view(torch.uint8), o._step, o._pending_x,
+        o._pending_newest, o.slot_ema, o.last_seen, o.offset_ema, o.offset_count, o._dist_lo,
+        o._dist_hi, S.shape[0], o.num_layers, o.max_next_n, o.max_blocks, o._n_buckets,
+        o._alpha_host, o._one_minus_alpha_host, o._beta_host, o._one_minus_beta_host, **constexprs)
 
 
 @triton.jit
-def close_kernel(SLOT, LAST, SELECTED, PREFILL_OPEN, PENDING_HITS, PREV_HITS, CHURN_EMA,
-                 EXPLORE_SHARE, CONSTANTS, num_layers, max_next_n, n_blocks,
-                 EXPLORE_CHURN: tl.constexpr, BLOCK: tl.constexpr):
+def close_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELECTED, PREFILL_OPEN,
+                 PENDING_HITS, PREV_HITS, CHURN_EMA, EXPLORE_SHARE, CONSTANTS, num_layers,
+                 max_next_n, n_blocks, EXPLORE_CHURN: tl.constexpr, BLOCK: tl.constexpr,
+                 MODE: tl.constexpr, FROM_LENGTHS: tl.constexpr):
     """The end of commit for one (slot, layer): the newest replayed row's top-k hits become the
     layer's last top-k (prev_hits) where it was selected and, with explore_churn, the churn EMA
     and the exploration share it gives — Serving._close / _measure_churn's torch ops, whose
@@ -127,7 +167,8 @@ def close_kernel(SLOT, LAST, SELECTED, PREFILL_OPEN, PENDING_HITS, PREV_HITS, CH
     s = tl.load(SLOT + i)
     group = s * num_layers + layer
     selected = tl.load(SELECTED + group) != 0
-    newest = PENDING_HITS + (group * max_next_n + tl.load(LAST + i)) * (n_blocks + 1)
+    last = _last_row(i, s, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, MODE, FROM_LENGTHS)
+    newest = PENDING_HITS + (group * max_next_n + last) * (n_blocks + 1)
     prev = PREV_HITS + group * n_blocks
     now = tl.zeros((), tl.int64)
     kept = tl.zeros((), tl.int64)
@@ -154,13 +195,15 @@ def close_kernel(SLOT, LAST, SELECTED, PREFILL_OPEN, PENDING_HITS, PREV_HITS, CH
         tl.store(EXPLORE_SHARE + group, tl.where(ema < 0, 0.0, ratio * scale))
 
 
-def close(owner, S, last):
+def close(owner, S, rows):
     """close_kernel over the batch's slots S and every layer (needs the hits kept: _keeps_topk)."""
     o = owner
+    row_args, constexprs = _rows_args(o, rows)
     _per_slot_and_layer(
-        close_kernel, o, S, S, last.contiguous(), o._selected.view(torch.uint8),
+        close_kernel, o, S, S, *row_args, o._selected.view(torch.uint8),
         o._prefill_open.view(torch.uint8), o._pending_hits, o.prev_hits, o.churn_ema, o.explore_share,
-        o._churn_constants, o.num_layers, o.max_next_n, o.max_blocks, EXPLORE_CHURN=o._explore_churn)
+        o._churn_constants, o.num_layers, o.max_next_n, o.max_blocks, EXPLORE_CHURN=o._explore_churn,
+        **constexprs)
 
 
 @triton.jit

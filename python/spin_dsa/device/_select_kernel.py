@@ -13,6 +13,7 @@ row), every key below it is in, and the ties at it go to the lowest blocks (a pr
 exactly k keys, the same set as the library's quickselect.
 """
 
+import torch
 import triton
 import triton.language as tl
 
@@ -62,22 +63,27 @@ def _rank_value(p):
     return order ^ ones
 
 
-@triton.jit
-def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COUNT, PREV_HITS,
+@triton.jit(do_not_specialize=["batch", "pad_slot"])
+def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COUNT, PREV_HITS,
                   REQ_KEY, STEP, N_EXPLORE, N_HISTORY, KEEP_ALL, BUCKET, COUNTER, SHARE, BUDGET,
-                  LEFT, OUT, COUNTS, num_layers, n_blocks, n_buckets, width, sink, local, recent,
-                  w, one_minus_w, NEXT_N: tl.constexpr, BLOCK: tl.constexpr, RANKED: tl.constexpr,
+                  LEFT, OUT, COUNTS, SELECTED, OPEN_NEXT_N, OPENED, VISIBLE, SEL_BLOCKS, PENDING_X,
+                  PENDING_HITS, batch, pad_slot, num_layers, n_blocks, n_buckets, width, max_next_n,
+                  compress_ratio, block_entries, max_entries, sink, local, recent, w, one_minus_w,
+                  NEXT_N: tl.constexpr, BLOCK: tl.constexpr, RANKED: tl.constexpr,
                   RANDOM: tl.constexpr, EXPLORES: tl.constexpr, STALEST: tl.constexpr,
                   USE_SLOT: tl.constexpr, USE_OFFSET: tl.constexpr, STEP_REUSE: tl.constexpr,
                   COMBINE_MAX: tl.constexpr, TOPK_FIRST: tl.constexpr,
-                  EXPLORE_CHURN: tl.constexpr):
-    g = tl.program_id(0)
-    s = tl.load(SLOT + g)
-    layer = tl.load(LAYER + g)
+                  EXPLORE_CHURN: tl.constexpr, HITS: tl.constexpr):
+    g = tl.program_id(0)  # group g = (layer LAYER[g // batch], batch row g % batch), layer-major
+    i = g % batch
+    s = tl.load(SLOT + i)
+    layer = tl.load(LAYER + g // batch)
     b = tl.arange(0, BLOCK).to(tl.int64)
     inside = b < n_blocks
-    state = (s * num_layers + layer) * n_blocks
-    offsets = (s * num_layers + layer) * n_buckets
+    group = s * num_layers + layer
+    state = group * n_blocks
+    offsets = group * n_buckets
+    seq_len = tl.load(SEQ_LENS + i).to(tl.int64)
 
     if RANDOM or EXPLORES:  # the step's draw, the same for every row of the request
         if STALEST and not RANDOM:
@@ -101,7 +107,11 @@ def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COU
 
     union = b < 0
     for j in range(NEXT_N):
-        n = tl.load(NROW + g * NEXT_N + j)
+        # Entries row j sees (_paging.visible_entries, capped at max_entries), in blocks.
+        visible = tl.minimum(tl.maximum(seq_len - NEXT_N + 1 + j, 0) // compress_ratio,
+                             max_entries)
+        tl.store(VISIBLE + group * max_next_n + j, visible)
+        n = (visible + block_entries - 1) // block_entries
         valid = b < n
         forced = valid & ((b < sink) | (b >= n - local))
         candidate = valid & ~forced
@@ -152,32 +162,72 @@ def select_kernel(SLOT, LAYER, NROW, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COU
         chosen = tl.where(keep_all, valid, chosen)
         union = union | chosen
 
-    # The union's ids, ascending, -1 after them.
+    # The union's ids, ascending, -1 after them: every row of the request carries them, and
+    # the (slot, layer)'s copy is what observe reads.
     count = tl.sum(union.to(tl.int32), axis=0)
     position = tl.cumsum(union.to(tl.int32), axis=0) - 1
-    tl.store(OUT + g * width + position, b.to(tl.int32), mask=union & (position < width))
-    tl.store(OUT + g * width + b, tl.full([BLOCK], -1, tl.int32), mask=(b >= count) & (b < width))
-    tl.store(COUNTS + g, count)
+    pad = tl.full([BLOCK], -1, tl.int32)
+    for j in range(NEXT_N):
+        row = g * NEXT_N + j
+        tl.store(OUT + row * width + position, b.to(tl.int32), mask=union & (position < width))
+        tl.store(OUT + row * width + b, pad, mask=(b >= count) & (b < width))
+        tl.store(COUNTS + row, count)
+    tl.store(SEL_BLOCKS + group * width + position, b.to(tl.int32), mask=union & (position < width))
+    tl.store(SEL_BLOCKS + group * width + b, pad, mask=(b >= count) & (b < width))
+    _open_step(s, group, seq_len, g < batch, SELECTED, OPEN_NEXT_N, OPENED, PENDING_X,
+               PENDING_HITS, pad_slot, n_blocks, max_next_n, NEXT_N, BLOCK, HITS)
 
 
-def launch(owner, S_g, L_g, n_rows, out, counts):
-    """select_kernel over the groups (S_g[g], L_g[g]) with n_rows [groups, next_n] blocks each
-    row sees; writes out [groups, width] int32 and counts [groups] int32."""
+@triton.jit
+def _open_step(s, group, seq_len, first_layer, SELECTED, OPEN_NEXT_N, OPENED, PENDING_X,
+               PENDING_HITS, pad_slot, n_blocks, max_next_n, NEXT_N: tl.constexpr,
+               BLOCK: tl.constexpr, HITS: tl.constexpr):
+    """The step opened for (slot, layer): its pending rows emptied (observe writes only the
+    blocks it observes: NaN / 0 elsewhere, the last column included), the layer flagged selected
+    but on the pad slot, which never opens a step (its rows would update one state in a racy
+    order); once per slot, its rows and the tokens cached before them (commit's acceptance)."""
+    b = tl.arange(0, BLOCK).to(tl.int64)
+    for j in range(max_next_n):
+        row = group * max_next_n + j
+        tl.store(PENDING_X + row * (n_blocks + 1) + b, tl.full([BLOCK], float("nan"), tl.float32),
+                 mask=b < n_blocks)
+        tl.store(PENDING_X + row * (n_blocks + 1) + n_blocks, float("nan"))
+        if HITS:
+            tl.store(PENDING_HITS + row * (n_blocks + 1) + b, tl.zeros([BLOCK], tl.int32),
+                     mask=b < n_blocks)
+            tl.store(PENDING_HITS + row * (n_blocks + 1) + n_blocks, 0)
+    tl.store(SELECTED + group, (s != pad_slot).to(tl.uint8))
+    if first_layer & (s != pad_slot):
+        tl.store(OPEN_NEXT_N + s, NEXT_N)
+        tl.store(OPENED + s, seq_len - NEXT_N)
+
+
+def launch(owner, S, layers, seq_lens, next_n, out, counts):
+    """select_kernel over every (layer of `layers`, slot of S) group, layer-major: S int64
+    [batch], layers int64 [n_layers] (device), seq_lens int [batch]; writes out [n_layers ·
+    batch · next_n, width] int32 (every row of a request the same), counts [n_layers · batch ·
+    next_n] int32, and opens the step (Serving._open_step's bookkeeping) — the select's one
+    launch."""
     o = owner
-    groups, next_n = n_rows.shape
+    batch = S.shape[0]
+    groups = layers.shape[0] * batch
+    if groups == 0:
+        return
     block = triton.next_power_of_2(max(o.max_blocks, 16))
     c = o.config
     select_kernel[(groups,)](
-        S_g, L_g, n_rows.contiguous(), o.slot_ema, o.last_seen, o.offset_ema, o.offset_count,
+        S, layers, seq_lens, o.slot_ema, o.last_seen, o.offset_ema, o.offset_count,
         o.prev_hits, o._req_key, o._step, o._n_explore, o._n_history, o._keep_all_i32,
         o._bucket, o._counter, o.explore_share, o._budget, o._left, out, counts,
-        o.num_layers, o.max_blocks, o._n_buckets, o.width, int(c["sink_blocks"]),
-        int(c["local_blocks"]), o._recent, o._w_host, o._one_minus_w_host,
+        o._selected.view(torch.uint8), o._open_next_n, o._opened, o._visible, o._sel_blocks,
+        o._pending_x, o._pending_hits, batch, o.pad_slot, o.num_layers, o.max_blocks,
+        o._n_buckets, o.width, o.max_next_n, o.compress_ratio, o.block_entries, o.max_entries,
+        int(c["sink_blocks"]), int(c["local_blocks"]), o._recent, o._w_host, o._one_minus_w_host,
         NEXT_N=next_n, BLOCK=block, RANKED=o._fill == "ranked", RANDOM=o._fill == "random",
         EXPLORES=o._explores, STALEST=c["explore_policy"] == "stalest",
         USE_SLOT=o._use_slot, USE_OFFSET=o._use_offset, STEP_REUSE=o._step_reuse,
         COMBINE_MAX=c["combine"] == "max", TOPK_FIRST=o._topk_first,
-        EXPLORE_CHURN=o._explore_churn,
+        EXPLORE_CHURN=o._explore_churn, HITS=o._needs_hits,
         # ptxas on sm_90a (NEXT_N 2): 2048 blocks at 4 warps 162 registers, 4096 at 8 189, 8192
         # at 16 128 (a 52-byte spill); at 8 warps 8192 would take 255 and spill more.
         num_warps=16 if block >= 8192 else 8 if block >= 4096 else 4, enable_fp_fusion=False)

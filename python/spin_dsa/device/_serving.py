@@ -310,6 +310,9 @@ class Serving:
         self._pending_newest = torch.zeros(R, L, J, dtype=torch.int64, device=dev)
         self._selected = torch.zeros(R, L, dtype=torch.bool, device=dev)
         self._open_next_n = torch.ones(R, dtype=torch.int64, device=dev)
+        # Tokens cached before the open step's rows (commit reads acceptance off an engine's
+        # lengths against it); the pad slot's stays 0.
+        self._opened = torch.zeros(R, dtype=torch.int64, device=dev)
         self._visible = torch.zeros(R, L, J, dtype=torch.int64, device=dev)
         self._sel_blocks = torch.full((R, L, self.width), -1, dtype=torch.int32, device=dev)
         self._step = torch.zeros(R, dtype=torch.int64, device=dev)
@@ -407,20 +410,31 @@ class Serving:
             raise spin_dsa.InvalidArgument(
                 f"serving: {call}: next_n {next_n!r} is outside 1..max_next_n = {self.max_next_n}")
         next_n, batch, n_layers = int(next_n), S.shape[0], len(layers)
+        shape = (n_layers, batch * next_n, self.width)
+        if self._kernel is not None:  # one fused launch, the step's bookkeeping in it
+            blocks = torch.empty(shape, dtype=torch.int32, device=self.device)
+            counts = torch.empty(shape[:2], dtype=torch.int32, device=self.device)
+            self._kernel.launch(self, S, self._layer_tensor(layers), seq_lens, next_n, blocks,
+                                counts)
+            return blocks, counts
         visible = self._row_visible(seq_lens, next_n).clamp(max=self.max_entries)
         n = blocks_for_entries(visible, self.block_entries)  # [batch, next_n] blocks each row sees
         # Groups g = (layer, slot), layer-major: every layer's rows in one batch.
         S_g = S.repeat(n_layers)
-        L_g = self._layer_groups(layers, batch)
-        if self._kernel is not None:  # one fused launch (_select_kernel.py)
-            blocks = torch.empty(len(layers) * batch, self.width, dtype=torch.int32,
-                                 device=self.device)
-            counts = torch.empty(len(layers) * batch, dtype=torch.int32, device=self.device)
-            self._kernel.launch(self, S_g, L_g, n.repeat(n_layers, 1), blocks, counts)
-        else:
-            chosen = self._choose(S_g, L_g, n.repeat(n_layers, 1))
-            union = chosen.any(dim=1)  # [groups, N]: a request's blocks, scored once for all rows
-            blocks, counts = self._compact_ids(union)
+        L_g = self._layer_tensor(layers).repeat_interleave(batch)
+        chosen = self._choose(S_g, L_g, n.repeat(n_layers, 1))
+        union = chosen.any(dim=1)  # [groups, N]: a request's blocks, scored once for all rows
+        blocks, counts = self._compact_ids(union)
+        self._open_step(S, S_g, L_g, seq_lens, next_n, visible.repeat(n_layers, 1), blocks)
+        if next_n == 1:  # one row a request: the groups are the rows (no copy)
+            return blocks.reshape(shape), counts.reshape(shape[:2])
+        return (blocks.repeat_interleave(next_n, dim=0).view(shape),
+                counts.repeat_interleave(next_n, dim=0).view(shape[:2]))
+
+    def _open_step(self, S, S_g, L_g, seq_lens, next_n, visible, blocks):
+        """The torch path's bookkeeping of a select (the select kernel's _open_step): the
+        groups' pending rows emptied and flagged selected, their rows' visibility and blocks,
+        each slot's rows and the tokens cached before them."""
         self._mark_selected(S_g, L_g)
         # The open step's pending rows start empty, reset here once for every layer selected (the
         # observe kernel writes only the blocks it observes). The values are device scalars: a
@@ -429,22 +443,19 @@ class Serving:
         if self._needs_hits:
             self._pending_hits.index_put_((S_g, L_g), self._zero_hits)
         self._open_next_n.index_fill_(0, S, next_n)
-        self._visible[S_g, L_g, :next_n] = visible.repeat(n_layers, 1)
+        self._opened[S] = seq_lens.long() - next_n
+        self._opened[self.pad_slot:].fill_(0)
+        self._visible[S_g, L_g, :next_n] = visible
         self._sel_blocks[S_g, L_g] = blocks
-        shape = (n_layers, batch * next_n, self.width)
-        if next_n == 1:  # one row a request: the groups are the rows (no copy)
-            return blocks.reshape(shape), counts.reshape(shape[:2])
-        return (blocks.repeat_interleave(next_n, dim=0).view(shape),
-                counts.repeat_interleave(next_n, dim=0).view(shape[:2]))
 
     # Under CUDA-graph capture nothing may copy from the host: layer ids come from a device
     # arange, flags are set with index_fill_ (the value is a kernel argument, not a tensor).
-    def _layer_groups(self, layers, batch):
-        """int64 [len(layers) · batch]: each layer id repeated for the batch, layer-major."""
+    def _layer_tensor(self, layers):
+        """int64 [len(layers)] on the device: a view of the layer ids where they are a range."""
         first = layers[0]
         if layers == list(range(first, first + len(layers))):
-            return self._layer_ids[first:first + len(layers)].repeat_interleave(batch)
-        return torch.cat([self._layer_ids[l:l + 1].expand(batch) for l in layers])
+            return self._layer_ids[first:first + len(layers)]
+        return torch.cat([self._layer_ids[l:l + 1] for l in layers])
 
     def _mark_selected(self, S, L):
         self._selected.index_put_((S, L), self._true)
@@ -625,6 +636,8 @@ class Serving:
         self._mark_selected(S, torch.full_like(S, layer))
         self._prefill_open.index_fill_(0, S, True)  # its commit measures no churn (the library's)
         self._open_next_n.index_fill_(0, S, 1)
+        self._opened[S] = seq_lens.long() - 1
+        self._opened[self.pad_slot:].fill_(0)
         self._visible[S, layer, 0] = visible
         self._store_pending(S, layer, 1, blocks, x, hits, visible)
 
@@ -652,10 +665,15 @@ class Serving:
         newest = blocks_for_entries(visible, self.block_entries) - 1
         self._pending_newest[S, layer, :next_n] = newest.reshape(batch, next_n)
 
-    def commit(self, slots, accepted=None):
+    def commit(self, slots, accepted=None, *, seq_lens=None, query_lens=None):
         """Closes the open step of every slot: accepted (int tensor [batch], None = zeros) draft
         tokens kept; replays each selected layer's rows per mtp_update (prefix: rows 0..accepted
         in order) into the state, as the library's commit does.
+
+        Or, in place of accepted, the next step's seq_lens and query_lens (int tensors [batch]):
+        an engine's lengths say what was accepted — the tokens cached before the next step's
+        rows (seq_lens - query_lens) are those before the open step's rows, its sampled token
+        and the accepted drafts — read inside the kernels (nothing computed between launches).
 
         A slot with no open step (nothing selected or prefilled since its last commit) is left
         as it is, where the library refuses: inside a captured step nothing can refuse, and an
@@ -664,17 +682,22 @@ class Serving:
         _check_tensor(slots, "slots", self.device, 1, "int")
         S = slots.long()
         batch = S.shape[0]
-        if accepted is None:
+        if (seq_lens is None) != (query_lens is None) or (accepted is not None and seq_lens is not None):
+            raise spin_dsa.InvalidArgument(
+                "serving: commit: pass accepted, or seq_lens and query_lens, not both")
+        for name, t in (("accepted", accepted), ("seq_lens", seq_lens), ("query_lens", query_lens)):
+            if t is not None:
+                _check_tensor(t, name, self.device, 1, "int", rows=batch)
+        if accepted is None and seq_lens is None:
             accepted = torch.zeros(batch, dtype=torch.int64, device=self.device)
-        _check_tensor(accepted, "accepted", self.device, 1, "int", rows=batch)
-        rows = self._open_next_n[S]
-        mode = self.config["mtp_update"]  # the last row replayed: prefix, row 0 or every row
-        last = accepted.long() if mode == "prefix" else rows - 1 if mode == "all-rows" else rows * 0
-        last = last.clamp(min=0).minimum(rows - 1)
-        if self._commit_kernel is not None:  # one fused launch (_commit_kernel.py)
-            self._commit_kernel.launch(self, S, last)
-            self._close(S, last)
+        rows = (accepted, seq_lens, query_lens)
+        if self._commit_kernel is not None:  # three launches (_commit_kernel.py)
+            self._commit_kernel.launch(self, S, rows)
+            if self._keeps_topk:
+                self._commit_kernel.close(self, S, rows)
+            self._commit_kernel.finish(self, S)
             return
+        last = self._last_rows(S, rows)
         state = _SlotState(self, S)
         for j in range(self.max_next_n):
             use = self._selected[S] & (j <= last).unsqueeze(1)  # [batch, L]
@@ -683,14 +706,27 @@ class Serving:
         state.store()
         self._close(S, last)
 
+    def _last_rows(self, S, rows):
+        """Each slot's last replayed row (_commit_kernel._last_row's reference)."""
+        accepted, seq_lens, query_lens = rows
+        opened_rows = self._open_next_n[S]
+        if accepted is None:
+            accepted = seq_lens.long() - query_lens.long() - self._opened[S] - 1
+        mode = self.config["mtp_update"]  # the last row replayed: prefix, row 0 or every row
+        last = (accepted.long() if mode == "prefix" else opened_rows - 1 if mode == "all-rows"
+                else opened_rows * 0)
+        return last.clamp(min=0).minimum(opened_rows - 1)
+
+    def accepted_tokens(self, slots, seq_lens, query_lens):
+        """The accepted draft tokens commit(slots, seq_lens=, query_lens=) reads off the
+        lengths, before it runs (int64 [batch]; 0 where nothing was accepted) — for an engine
+        that reports them (a recorder)."""
+        S = slots.long()
+        return (seq_lens.long() - query_lens.long() - self._opened[S] - 1).clamp(min=0)
+
     def _close(self, S, last):
-        """After the replay: the churn of the top-k and its blocks from the newest replayed row,
-        the step closed and counted."""
-        if self._commit_kernel is not None:  # the kernel path: two launches (_commit_kernel.py)
-            if self._keeps_topk:
-                self._commit_kernel.close(self, S, last)
-            self._commit_kernel.finish(self, S)
-            return
+        """After the replay (the torch path): the churn of the top-k and its blocks from the
+        newest replayed row, the step closed and counted."""
         if self._keeps_topk:  # the newest replayed row's top-k blocks, per selected layer
             batch, N = S.shape[0], self.max_blocks
             newest = torch.gather(self._pending_hits[S, :, :, :N], 2,

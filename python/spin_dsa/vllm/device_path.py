@@ -3,8 +3,9 @@
 For every indexer layer with decode rows, around vLLM's own ``sparse_attn_indexer``:
 
 1. commit (first spin layer of a step): every batch request's open step is closed on the device,
-   its accepted drafts read from the seq_len delta (``(L − q) − opened_at − 1``: tokens cached
-   before this step's rows, minus those before the open step's rows, minus the bonus token);
+   its accepted drafts read inside the commit kernels from vLLM's lengths (``Serving.commit``'s
+   ``seq_lens``/``query_lens``: tokens cached before this step's rows, minus those before the
+   open step's rows, minus the bonus token);
 2. at the step's first spin layer, ``Serving.select_layers`` chooses every layer's blocks for
    each decode request in one call (the step's plan; later layers slice it); per layer,
    ``compact`` turns vLLM's block table into the chosen pages and the per-row compacted lengths;
@@ -85,7 +86,6 @@ class DeviceRuntime:
         self._staging = _Staging((2, self.max_batch), torch.int64, self.device)
         self._prompt_index = torch.zeros((2, self.max_batch), **i64)  # warm start's rows, a step's
         self._prompt_staging = _Staging((2, self.max_batch), torch.int64, self.device)
-        self._opened_at = torch.zeros(pad + 1, **i64)            # L − q of its open step
         # [decode rows, blocks scored, blocks visible]: device counters, added to by compact's own
         # launch, read only by stats().
         self._counters = torch.zeros(3, **i64)
@@ -234,12 +234,14 @@ class DeviceRuntime:
         return True
 
     def _commit(self, md):
+        """Closes the batch's open steps; acceptance is read off vLLM's lengths inside the
+        commit kernels. Returns the accepted counts only in record mode (host reads)."""
         n = md.num_decodes + md.num_prefills
         if n == 0:
-            return
-        S, L = self._rows[:n], md.seq_lens[:n].long()
-        accepted = ((L - self._qlen[:n]) - self._opened_at[S] - 1).clamp(min=0)
-        self.serving.commit(S, accepted)
+            return None
+        S, L, Q = self._rows[:n], md.seq_lens[:n], self._qlen[:n]
+        accepted = self.serving.accepted_tokens(S, L, Q) if self._recorded else None
+        self.serving.commit(S, seq_lens=L, query_lens=Q)
         return accepted
 
     def _sparse_decode(self, layer, md, plan, call):
@@ -266,7 +268,6 @@ class DeviceRuntime:
         """Once per step, at its first spin layer: every layer's blocks in one select (the
         layers then only slice them) and the step's opening lengths."""
         self._step_blocks = self.serving.select_layers(S, seq_lens, next_n)
-        self._opened_at[S] = seq_lens.long() - next_n
         if self.cfg.verify_ranks and not _capturing(self.device):
             verify_ranks(*self._step_blocks, self.rank_group(), self.steps)
 
@@ -280,7 +281,6 @@ class DeviceRuntime:
         logits = _full_rows(q, w, cache, table, entries, self.page_size)
         S = self._rows[rows]
         self.serving.prefill(S, layer, L, logits)
-        self._opened_at[S] = L - 1
 
     # -- record mode (eager only: refused with FULL CUDA graphs) -----------------------------
 

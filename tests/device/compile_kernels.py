@@ -23,17 +23,21 @@ from spin_dsa.device import _commit_kernel, _observe_kernel, _paging_kernel, _se
 HOPPER = GPUTarget("cuda", 90, 32)
 
 SELECT_POINTERS = dict(
-    SLOT="*i64", LAYER="*i64", NROW="*i64", SLOT_EMA="*fp32", LAST_SEEN="*i32",
-    OFFSET_EMA="*fp32", OFFSET_COUNT="*i32", PREV_HITS="*i32", REQ_KEY="*i64", STEP="*i64",
+    SLOT="*i64", LAYER="*i64", SEQ_LENS="*i32", SLOT_EMA="*fp32", LAST_SEEN="*i32",
+    OFFSET_EMA="*fp32", OFFSET_COUNT="*i32", PREV_HITS="*u8", REQ_KEY="*i64", STEP="*i64",
     N_EXPLORE="*i64", N_HISTORY="*i64", KEEP_ALL="*i32", BUCKET="*i64", COUNTER="*i64",
-    SHARE="*fp64", BUDGET="*i64", LEFT="*i64", OUT="*i32", COUNTS="*i32", w="fp32",
-    one_minus_w="fp32")
+    SHARE="*fp64", BUDGET="*i64", LEFT="*i64", OUT="*i32", COUNTS="*i32", SELECTED="*u8",
+    OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", SEL_BLOCKS="*i32", PENDING_X="*fp32",
+    PENDING_HITS="*i32", w="fp32", one_minus_w="fp32")
+# The last replayed row's inputs: an engine's int32 lengths, its int64 query lengths.
+ROWS_POINTERS = dict(SLOT="*i64", ACCEPTED="*i32", SEQ_LENS="*i32", QUERY_LENS="*i64",
+                     OPENED="*i64", OPEN_NEXT_N="*i64")
 OBSERVE_POINTERS = dict(
     SCORED="*fp32", TOPK="*i32", SEL_BLOCKS="*i32", SEL_VISIBLE="*i64", SLOT="*i64", RANK="*i32",
     PENDING_X="*fp32", PENDING_HITS="*i32", PENDING_NEWEST="*i64", POSITIONS="*i32",
     ROW_BLOCKS="*i32")
 COMMIT_POINTERS = dict(
-    SLOT="*i64", LAST="*i64", SELECTED="*u8", STEP="*i64", PENDING_X="*fp32",
+    ROWS_POINTERS, SELECTED="*u8", STEP="*i64", PENDING_X="*fp32",
     PENDING_NEWEST="*i64", SLOT_EMA="*fp32", LAST_SEEN="*i32", OFFSET_EMA="*fp32",
     OFFSET_COUNT="*i32", DIST_LO="*i64", DIST_HI="*i64", alpha="fp32", one_minus_alpha="fp32",
     beta="fp32", one_minus_beta="fp32")
@@ -80,7 +84,8 @@ def main():
             ptx = compile_ptx(_select_kernel.select_kernel, SELECT_POINTERS,
                               dict(dict(TOPK_FIRST=False, EXPLORE_CHURN=False), **flags,
                                    STALEST=stalest, COMBINE_MAX=combine_max, NEXT_N=next_n,
-                                   BLOCK=block),
+                                   BLOCK=block, HITS=flags["STEP_REUSE"] or
+                                   flags.get("TOPK_FIRST", False)),
                               num_warps=8, enable_fp_fusion=False)
             assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, \
                 f"select ({name}): a fused multiply-add"
@@ -108,17 +113,19 @@ def main():
     compiled += 1
     for churn in (False, True):
         ptx = compile_ptx(_commit_kernel.close_kernel,
-                          dict(SLOT="*i64", LAST="*i64", SELECTED="*u8", PREFILL_OPEN="*u8",
-                               PENDING_HITS="*i32", PREV_HITS="*i32", CHURN_EMA="*fp64",
+                          dict(ROWS_POINTERS, SELECTED="*u8", PREFILL_OPEN="*u8",
+                               PENDING_HITS="*i32", PREV_HITS="*u8", CHURN_EMA="*fp64",
                                EXPLORE_SHARE="*fp64", CONSTANTS="*fp64"),
-                          dict(EXPLORE_CHURN=churn, BLOCK=1024), num_warps=4, enable_fp_fusion=False)
+                          dict(EXPLORE_CHURN=churn, BLOCK=1024, MODE=0, FROM_LENGTHS=churn),
+                          num_warps=4, enable_fp_fusion=False)
         assert "fma.rn.f64" not in ptx and "div.approx" not in ptx, "close: FMA or approximate division"
         compiled += 1
     compile_ptx(_commit_kernel.finish_kernel, dict(SLOT="*i64", SELECTED="*u8", PREFILL_OPEN="*u8",
                                                    STEP="*i64"), dict(L_PAD=64), num_warps=1)
     compiled += 1
-    ptx = compile_ptx(_commit_kernel.commit_kernel, COMMIT_POINTERS, dict(BLOCK=1024),
-                      num_warps=4, enable_fp_fusion=False)
+    ptx = compile_ptx(_commit_kernel.commit_kernel, COMMIT_POINTERS,
+                      dict(BLOCK=1024, MODE=0, FROM_LENGTHS=True), num_warps=4,
+                      enable_fp_fusion=False)
     assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, "commit: a fused multiply-add"
     assert "div.rn.f64" in ptx and "div.approx" not in ptx, "commit: not IEEE division"
     compiled += 1

@@ -177,11 +177,12 @@ def close_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELE
         b = b0 + tl.arange(0, BLOCK)
         inside = b < n_blocks
         hits = tl.load(newest + b, mask=inside, other=0)
-        before = tl.load(prev + b, mask=inside, other=0)
+        before = tl.load(prev + b, mask=inside, other=0).to(tl.int32)
         now += tl.sum(hits.to(tl.int64), axis=0)
         kept += tl.sum(tl.where(before > 0, hits, 0).to(tl.int64), axis=0)
         had = tl.maximum(had, tl.max((before > 0).to(tl.int32), axis=0))
-        tl.store(prev + b, hits, mask=inside & selected)   # each program reads its own row first
+        # Each program reads its own row first; the hits fit PREV_HITS' narrower integer.
+        tl.store(prev + b, hits.to(PREV_HITS.dtype.element_ty), mask=inside & selected)
     if EXPLORE_CHURN:
         use = selected & (tl.load(PREFILL_OPEN + s) == 0) & (now > 0) & (had > 0)
         measured = 1.0 - kept.to(tl.float64) / tl.maximum(now, 1).to(tl.float64)

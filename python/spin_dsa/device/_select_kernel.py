@@ -84,6 +84,9 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
     state = group * n_blocks
     offsets = group * n_buckets
     seq_len = tl.load(SEQ_LENS + i).to(tl.int64)
+    # First, while no row is live in registers (the select proper does not read what it writes).
+    _open_step(s, group, seq_len, g < batch, SELECTED, OPEN_NEXT_N, OPENED, PENDING_X,
+               PENDING_HITS, pad_slot, n_blocks, max_next_n, NEXT_N, BLOCK, HITS)
 
     if RANDOM or EXPLORES:  # the step's draw, the same for every row of the request
         if STALEST and not RANDOM:
@@ -100,7 +103,7 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
         share = tl.load(SHARE + s * num_layers + layer)
     if RANKED:
         if STEP_REUSE or TOPK_FIRST:
-            hits = tl.load(PREV_HITS + state + b, mask=inside, other=0)
+            hits = tl.load(PREV_HITS + state + b, mask=inside, other=0).to(tl.int32)
         if not STEP_REUSE:
             slot = tl.load(SLOT_EMA + state + b, mask=inside, other=0.0)
             known_slot = tl.load(LAST_SEEN + state + b, mask=inside, other=-1) != -1
@@ -174,8 +177,6 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
         tl.store(COUNTS + row, count)
     tl.store(SEL_BLOCKS + group * width + position, b.to(tl.int32), mask=union & (position < width))
     tl.store(SEL_BLOCKS + group * width + b, pad, mask=(b >= count) & (b < width))
-    _open_step(s, group, seq_len, g < batch, SELECTED, OPEN_NEXT_N, OPENED, PENDING_X,
-               PENDING_HITS, pad_slot, n_blocks, max_next_n, NEXT_N, BLOCK, HITS)
 
 
 @triton.jit

@@ -291,7 +291,12 @@ class Serving:
         # Top-k hits per block: read by step-reuse, spin's topk_first and explore_churn, and
         # topk-hits pooling.
         hits_blocks = N if self._needs_hits else 0
-        self.prev_hits = torch.zeros(R, L, hits_blocks, dtype=torch.int32, device=dev)
+        # A block holds at most min(topk, block entries) of a top-k: the narrowest integer that
+        # counts them (uint8 at spin's defaults: a quarter of int32's bytes, the same values).
+        most = min(int(self.config["topk"]), self.block_entries)
+        hits_dtype = (torch.uint8 if most <= 255 else torch.int16 if most <= 32767
+                      else torch.int32)
+        self.prev_hits = torch.zeros(R, L, hits_blocks, dtype=hits_dtype, device=dev)
         # explore_churn: each layer's top-k churn EMA (-1: not measured; budget_moves.h) and the
         # exploration share it gives (explore_share in predictor_base.cpp), float64 as there.
         self.churn_ema = torch.full((R, L), -1.0, dtype=torch.float64, device=dev)
@@ -509,7 +514,7 @@ class Serving:
         d = (n.unsqueeze(-1) - 1 - self._block_ids).clamp(min=0)
         unknown = -2.0 - d.to(torch.float32)
         if self._keeps_topk:
-            hits = self.prev_hits[S, layer].unsqueeze(1)
+            hits = self.prev_hits[S, layer].unsqueeze(1).int()
         if self._step_reuse:
             return torch.where(hits > 0, hits.to(torch.float32), unknown)
         p = unknown
@@ -735,7 +740,8 @@ class Serving:
             selected = self._selected[S]
             if self._explore_churn:
                 self._measure_churn(S, newest, selected & ~self._prefill_open[S].unsqueeze(1))
-            self.prev_hits[S] = torch.where(selected.unsqueeze(-1), newest, self.prev_hits[S])
+            self.prev_hits[S] = torch.where(selected.unsqueeze(-1), newest,
+                                            self.prev_hits[S].int()).to(self.prev_hits.dtype)
         opened = self._selected[S].any(dim=1)
         self._selected.index_fill_(0, S, False)
         self._prefill_open.index_fill_(0, S, False)

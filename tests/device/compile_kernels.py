@@ -38,7 +38,7 @@ OBSERVE_POINTERS = dict(
     ROW_BLOCKS="*i32")
 COMMIT_POINTERS = dict(
     ROWS_POINTERS, SELECTED="*u8", STEP="*i64", PENDING_X="*fp32",
-    PENDING_NEWEST="*i64", SLOT_EMA="*fp32", LAST_SEEN="*i32", OFFSET_EMA="*fp32",
+    PENDING_NEWEST="*i64", SLOT_EMA="*fp32", LAST_SEEN="*i8", OFFSET_EMA="*fp32",
     OFFSET_COUNT="*i32", DIST_LO="*i64", DIST_HI="*i64", alpha="fp32", one_minus_alpha="fp32",
     beta="fp32", one_minus_beta="fp32")
 
@@ -124,7 +124,7 @@ def main():
                                                    STEP="*i64"), dict(L_PAD=64), num_warps=1)
     compiled += 1
     ptx = compile_ptx(_commit_kernel.commit_kernel, COMMIT_POINTERS,
-                      dict(BLOCK=1024, MODE=0, FROM_LENGTHS=True), num_warps=4,
+                      dict(BLOCK=1024, MODE=0, FROM_LENGTHS=True, AGES=False), num_warps=4,
                       enable_fp_fusion=False)
     assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, "commit: a fused multiply-add"
     assert "div.rn.f64" in ptx and "div.approx" not in ptx, "commit: not IEEE division"

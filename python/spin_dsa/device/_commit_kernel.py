@@ -71,7 +71,8 @@ def _last_row(i, s, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, MODE: t
 def commit_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELECTED, STEP, PENDING_X, PENDING_NEWEST, SLOT_EMA, LAST_SEEN,
                   OFFSET_EMA, OFFSET_COUNT, DIST_LO, DIST_HI, batch, num_layers, max_next_n,
                   n_blocks, n_buckets, alpha, one_minus_alpha, beta, one_minus_beta,
-                  BLOCK: tl.constexpr, MODE: tl.constexpr, FROM_LENGTHS: tl.constexpr):
+                  BLOCK: tl.constexpr, MODE: tl.constexpr, FROM_LENGTHS: tl.constexpr,
+                  AGES: tl.constexpr):
     i = tl.program_id(0)
     layer = tl.program_id(1)
     s = tl.load(SLOT + i)
@@ -79,6 +80,8 @@ def commit_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SEL
     last = _last_row(i, s, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, MODE, FROM_LENGTHS)
     last = tl.where(selected, last, -1)  # rows 0..last replay, in order
     step = tl.load(STEP + s).to(tl.int32)
+    if not AGES:  # LAST_SEEN is int8, -1 never observed, 0 observed (Serving._ages)
+        step = step * 0
     state = (s * num_layers + layer) * n_blocks
     offsets = (s * num_layers + layer) * n_buckets
     near = tl.arange(0, 64).to(tl.int64)
@@ -94,7 +97,7 @@ def commit_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SEL
             seen = tl.load(LAST_SEEN + state + b, mask=fresh, other=-1)
             new = tl.where(seen == -1, xs, one_minus_alpha * old + alpha * xs)
             tl.store(SLOT_EMA + state + b, new, mask=fresh)
-            tl.store(LAST_SEEN + state + b, tl.zeros_like(seen) + step, mask=fresh)
+            tl.store(LAST_SEEN + state + b, (tl.zeros_like(seen) + step).to(seen.dtype), mask=fresh)
         # Buckets 0..63: one block each, at distance d.
         nb = newest - near
         xn = tl.load(PENDING_X + pending + nb, mask=nb >= 0, other=float("nan"))
@@ -149,7 +152,8 @@ def launch(owner, S, rows):
         commit_kernel, o, S, S, *row_args, o._selected.view(torch.uint8), o._step, o._pending_x,
         o._pending_newest, o.slot_ema, o.last_seen, o.offset_ema, o.offset_count, o._dist_lo,
         o._dist_hi, S.shape[0], o.num_layers, o.max_next_n, o.max_blocks, o._n_buckets,
-        o._alpha_host, o._one_minus_alpha_host, o._beta_host, o._one_minus_beta_host, **constexprs)
+        o._alpha_host, o._one_minus_alpha_host, o._beta_host, o._one_minus_beta_host,
+        AGES=o._ages, **constexprs)
 
 
 @triton.jit

@@ -285,7 +285,12 @@ class Serving:
                                                       float(np.float32(1) - np.float32(beta)))
         # Persistent state per (slot, layer): the library's BlockState, and step-reuse's hits.
         self.slot_ema = torch.zeros(R, L, N, dtype=f32, device=dev)
-        self.last_seen = torch.full((R, L, N), -1, dtype=torch.int32, device=dev)
+        # last_seen's step orders stalest exploration (the library's int32); every other rule
+        # reads only whether a block was ever observed: int8, -1 never, 0 seen (a quarter of
+        # the bytes, the same selections).
+        self._ages = self._explores and self.config["explore_policy"] == "stalest"
+        self.last_seen = torch.full((R, L, N), -1, dtype=torch.int32 if self._ages else torch.int8,
+                                    device=dev)
         self.offset_ema = torch.zeros(R, L, K, dtype=f32, device=dev)
         self.offset_count = torch.zeros(R, L, K, dtype=torch.int32, device=dev)
         # Top-k hits per block: read by step-reuse, spin's topk_first and explore_churn, and
@@ -776,7 +781,8 @@ class _SlotState:
         self.seen = owner.last_seen[S]
         self.offset = owner.offset_ema[S]
         self.count = owner.offset_count[S]
-        self.step = owner._step[S].to(torch.int32).view(-1, 1, 1)
+        step = owner._step[S] if owner._ages else torch.zeros_like(owner._step[S])  # 0: "seen"
+        self.step = step.to(owner.last_seen.dtype).view(-1, 1, 1)
 
     def apply(self, x, newest, use):
         """BlockState::apply of one pending row per (slot, layer) where `use`: x [batch, L, N]

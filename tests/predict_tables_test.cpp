@@ -137,7 +137,9 @@ TEST(PredictTables, OffsetBucketsAreTheStatesOwn) {
         EXPECT_EQ(t.bucket_hi[k], t.bucket_lo[k + 1]);
       }
       // Every distance of the range is in the bucket, and the ones around it are not.
-      for (int64_t d = t.bucket_lo[k]; d < t.bucket_hi[k]; ++d) ASSERT_EQ(offset_bucket(d), static_cast<int32_t>(k));
+      for (int64_t d = t.bucket_lo[k]; d < t.bucket_hi[k]; ++d) {
+        ASSERT_EQ(offset_bucket(d), static_cast<int32_t>(k));
+      }
       if (k > 0) {
         EXPECT_NE(offset_bucket(t.bucket_lo[k] - 1), static_cast<int32_t>(k));
       }
@@ -174,6 +176,9 @@ TEST(PredictTables, ConstantsAreThePredictorsOwn) {
   EXPECT_EQ(k.topk_first_base, kTopkFirstBase);
   EXPECT_EQ(k.topk_hits_cap, kTopkHitsCap);
   EXPECT_EQ(k.recent_base, kRecentBase);
+  for (const int64_t d : {0, 1, 5, 1 << 20}) {
+    EXPECT_EQ(k.unknown_base - static_cast<float>(d), PredictorBase::unknown_score(d));
+  }
   EXPECT_EQ(k.churn_ema_keep, kChurnEmaKeep);
   EXPECT_EQ(k.churn_ema_weight, kChurnEmaWeight);
   // The offset buckets' constants are the ones offset_bucket() runs.

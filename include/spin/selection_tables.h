@@ -40,6 +40,7 @@ struct SelectionConstants {
   float topk_first_base;            // topk_first: a block with h hits ranks at this + h + tie level
   int32_t topk_hits_cap;            // ... with h capped here
   float recent_base;                // recent_blocks: d blocks behind the newest rank at this - d
+  float unknown_base;               // a block nothing is known about ranks at this - d
   double churn_ema_keep;            // explore_churn's churn EMA: keep · ema + weight · measured
   double churn_ema_weight;
 };

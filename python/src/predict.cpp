@@ -349,13 +349,14 @@ void bind_predict(nb::module_& m) {
         out["topk_first_base"] = static_cast<double>(k.topk_first_base);
         out["topk_hits_cap"] = k.topk_hits_cap;
         out["recent_base"] = static_cast<double>(k.recent_base);
+        out["unknown_base"] = static_cast<double>(k.unknown_base);
         out["churn_ema_keep"] = k.churn_ema_keep;
         out["churn_ema_weight"] = k.churn_ema_weight;
         return out;
       },
       "The ranking's constants (include/spin/selection_tables.h): offset_mean_scale, "
       "offset_exact_distances, offset_buckets_per_octave, topk_first_base, topk_hits_cap, "
-      "recent_base, churn_ema_keep, churn_ema_weight.");
+      "recent_base, unknown_base, churn_ema_keep, churn_ema_weight.");
   m.def("hit_tie_level", &spin::hit_tie_level, nb::arg("p"),
         "spin's topk_first tie level of a float32 ranking value p: p in quarters of [-1, 1], as 0, "
         "1/8, ..., 7/8 (NaN: 0).");

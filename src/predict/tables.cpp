@@ -79,8 +79,17 @@ Result<SelectionTables> selection_tables(const PredictorConfig& config, int64_t 
 }
 
 SelectionConstants selection_constants() {
-  return {kOffsetMeanScale, kOffsetExactDistances, kOffsetBucketsPerOctave, kTopkFirstBase,
-          kTopkHitsCap,     kRecentBase,           kChurnEmaKeep,           kChurnEmaWeight};
+  SelectionConstants k;
+  k.offset_mean_scale = kOffsetMeanScale;
+  k.offset_exact_distances = kOffsetExactDistances;
+  k.offset_buckets_per_octave = kOffsetBucketsPerOctave;
+  k.topk_first_base = kTopkFirstBase;
+  k.topk_hits_cap = kTopkHitsCap;
+  k.recent_base = kRecentBase;
+  k.unknown_base = PredictorBase::unknown_score(0);
+  k.churn_ema_keep = kChurnEmaKeep;
+  k.churn_ema_weight = kChurnEmaWeight;
+  return k;
 }
 
 float hit_tie_level(float p) { return PredictorBase::hit_tie_level(p); }

@@ -138,16 +138,17 @@ def test_serving_builds_its_tensors_from_the_tables(config, predictor, dense_blo
 
 def test_constants_are_the_librarys_and_the_kernels():
     """The Triton kernels (_select_kernel.py, _commit_kernel.py) compile these values in as
-    literals: 2^30, 2^20, 2^20 - 1, 2^19 and the churn EMA's 0.8 / 0.2."""
+    literals: 2^30, 2^20, 2^20 - 1, 2^19, -2 and the bucket layout's 64."""
     k = _core.selection_constants()
     assert k == {"offset_mean_scale": 2.0 ** 30, "offset_exact_distances": 64,
                  "offset_buckets_per_octave": 4, "topk_first_base": 2.0 ** 20,
-                 "topk_hits_cap": (1 << 20) - 1, "recent_base": 2.0 ** 19, "churn_ema_keep": 0.8,
-                 "churn_ema_weight": 0.2}
+                 "topk_hits_cap": (1 << 20) - 1, "recent_base": 2.0 ** 19, "unknown_base": -2.0,
+                 "churn_ema_keep": 0.8, "churn_ema_weight": 0.2}
     assert (_serving._OFFSET_SCALE, _serving._TOPK_FIRST_BASE, _serving._RECENT_BASE,
-            _serving._TOPK_HITS_CAP, _serving._CHURN_KEEP, _serving._CHURN_WEIGHT) == (
-        k["offset_mean_scale"], k["topk_first_base"], k["recent_base"], k["topk_hits_cap"],
-        k["churn_ema_keep"], k["churn_ema_weight"])
+            _serving._UNKNOWN_BASE, _serving._TOPK_HITS_CAP, _serving._CHURN_KEEP,
+            _serving._CHURN_WEIGHT) == (
+        k["offset_mean_scale"], k["topk_first_base"], k["recent_base"], k["unknown_base"],
+        k["topk_hits_cap"], k["churn_ema_keep"], k["churn_ema_weight"])
 
 
 def test_hit_tie_level_is_the_librarys():

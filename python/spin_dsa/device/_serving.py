@@ -59,6 +59,7 @@ _LIB = _core.selection_constants()
 _OFFSET_SCALE = _LIB["offset_mean_scale"]  # the offset EMA's fixed-point scale, 2^30
 _TOPK_FIRST_BASE = _LIB["topk_first_base"]  # topk_first's blocks rank from 2^20
 _RECENT_BASE = _LIB["recent_base"]  # recent_blocks' blocks rank at 2^19 - distance
+_UNKNOWN_BASE = _LIB["unknown_base"]  # a block nothing is known about ranks at -2 - distance
 _TOPK_HITS_CAP = _LIB["topk_hits_cap"]  # hits capped at 2^20 - 1 under topk_first
 _CHURN_KEEP, _CHURN_WEIGHT = _LIB["churn_ema_keep"], _LIB["churn_ema_weight"]  # the churn EMA
 
@@ -460,7 +461,7 @@ class Serving:
     def _rank(self, S, layer, n):
         """[batch, next_n, N] float32 p[b] as the library's ema_rank / step-reuse rank them."""
         d = (n.unsqueeze(-1) - 1 - self._block_ids).clamp(min=0)
-        unknown = -2.0 - d.to(torch.float32)
+        unknown = _UNKNOWN_BASE - d.to(torch.float32)
         if self._keeps_topk:
             hits = self.prev_hits[S, layer].unsqueeze(1)
         if self._step_reuse:

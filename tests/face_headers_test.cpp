@@ -13,6 +13,7 @@
 #include "spin/predict.h"
 #include "spin/predictor_inputs.h"
 #include "spin/rng.h"
+#include "spin/selection_tables.h"
 #include "spin/serving.h"
 #include "spin/settings.h"
 #include "spin/status.h"
@@ -36,6 +37,14 @@ TEST(Face, AnEngineServesSpinFromTheFaceAlone) {
   ASSERT_NE(info, nullptr);
   EXPECT_TRUE(info->can_serve);
   EXPECT_EQ(info->reads, PredictorReads::kOwnState);  // so it needs no PredictorInputs
+}
+
+// A mirror of the predictor on another device takes its per-block-count rules from the face.
+TEST(Face, SelectionTablesLinkFromTheFaceAlone) {
+  auto tables = selection_tables(PredictorConfig{}, 8);
+  ASSERT_TRUE(tables.ok()) << tables.status().to_string();
+  EXPECT_EQ(tables.value().budget.size(), 9u);
+  EXPECT_GT(selection_constants().offset_mean_scale, 0.0);
 }
 
 }  // namespace

@@ -65,7 +65,7 @@ Result<BudgetMoves> budget_moves_from_name(std::string_view name);
 // Config: one typed struct, printed with every result.
 
 // recent_blocks' bound: the window ranks at 2^19 - distance, above every EMA value and exact in
-// float32 (src/predict/predictor_ema.cpp).
+// float32 (src/predict/select_rules.h).
 inline constexpr int32_t kMaxRecentBlocks = 1 << 18;
 
 struct PredictorConfig {

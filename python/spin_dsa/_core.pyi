@@ -38,6 +38,21 @@ def budget_blocks(config: Mapping[str, object] | str | None, n_blocks: int) -> i
     Blocks scored for a row that sees n_blocks blocks: ceil((1 - s)·n), at least what top-k needs.
     """
 
+def selection_tables(config: Mapping[str, object] | str | None, max_blocks: int) -> dict[str, NDArray[numpy.int64]]:
+    """
+    The selection rules that depend on a row's block count alone, as int64 arrays (include/spin/selection_tables.h): by block count n in 0..max_blocks budget, forced, explore (at the fixed explore_ratio), history and pool_rank; by distance d in 0..max(1, max_blocks) - 1 offset_bucket; by offset bucket its distances [bucket_lo, bucket_hi).
+    """
+
+def selection_constants() -> dict[str, int | float]:
+    """
+    The ranking's constants (include/spin/selection_tables.h): offset_mean_scale, offset_exact_distances, offset_buckets_per_octave, topk_first_base, topk_hits_cap, recent_base, unknown_base, churn_ema_keep, churn_ema_weight.
+    """
+
+def hit_tie_level(p: float) -> float:
+    """
+    spin's topk_first tie level of a float32 ranking value p: p in quarters of [-1, 1], as 0, 1/8, ..., 7/8 (NaN: 0).
+    """
+
 class Predictor:
     """
     One request's block predictor over all of its indexer layers (include/spin/predict.h). Per step: select every layer, observe every row, then commit(accepted).

@@ -19,6 +19,7 @@
 #include "spin/indexer.h"
 #include "spin/predict.h"
 #include "spin/predictor_inputs.h"
+#include "spin/selection_tables.h"
 
 namespace spin_py {
 
@@ -307,6 +308,58 @@ void bind_predict(nb::module_& m) {
         },
         nb::arg("config").none(), nb::arg("n_blocks"),
         "Blocks scored for a row that sees n_blocks blocks: ceil((1 - s)·n), at least what top-k needs.");
+  m.def(
+      "selection_tables",
+      [](ConfigArg c, int64_t max_blocks) -> nb::typed<nb::dict, nb::str, nb::ndarray<nb::numpy, int64_t>> {
+        const spin::PredictorConfig config = config_from(c);
+        spin::Result<spin::SelectionTables> r = [&] {
+          nb::gil_scoped_release release;
+          return spin::selection_tables(config, max_blocks);
+        }();
+        if (!r.ok()) raise_status(r.status());
+        spin::SelectionTables t = std::move(r).value();
+        nb::dict out;
+        const auto put = [&out](const char* name, std::vector<int64_t>&& v) {
+          const size_t size = v.size();
+          out[name] = owned_array(std::move(v), {size});
+        };
+        put("budget", std::move(t.budget));
+        put("forced", std::move(t.forced));
+        put("explore", std::move(t.explore));
+        put("history", std::move(t.history));
+        put("pool_rank", std::move(t.pool_rank));
+        put("offset_bucket", std::vector<int64_t>(t.offset_bucket.begin(), t.offset_bucket.end()));
+        put("bucket_lo", std::move(t.bucket_lo));
+        put("bucket_hi", std::move(t.bucket_hi));
+        return out;
+      },
+      nb::arg("config").none(), nb::arg("max_blocks"),
+      "The selection rules that depend on a row's block count alone, as int64 arrays "
+      "(include/spin/selection_tables.h): by block count n in 0..max_blocks budget, forced, explore "
+      "(at the fixed explore_ratio), history and pool_rank; by distance d in 0..max(1, max_blocks) - 1 "
+      "offset_bucket; by offset bucket its distances [bucket_lo, bucket_hi).");
+  m.def(
+      "selection_constants",
+      [] {
+        const spin::SelectionConstants k = spin::selection_constants();
+        nb::typed<nb::dict, nb::str, std::variant<int64_t, double>> out;
+        out["offset_mean_scale"] = k.offset_mean_scale;
+        out["offset_exact_distances"] = k.offset_exact_distances;
+        out["offset_buckets_per_octave"] = k.offset_buckets_per_octave;
+        out["topk_first_base"] = static_cast<double>(k.topk_first_base);
+        out["topk_hits_cap"] = k.topk_hits_cap;
+        out["recent_base"] = static_cast<double>(k.recent_base);
+        out["unknown_base"] = static_cast<double>(k.unknown_base);
+        out["churn_ema_keep"] = k.churn_ema_keep;
+        out["churn_ema_weight"] = k.churn_ema_weight;
+        return out;
+      },
+      "The ranking's constants (include/spin/selection_tables.h): offset_mean_scale, "
+      "offset_exact_distances, offset_buckets_per_octave, topk_first_base, topk_hits_cap, "
+      "recent_base, unknown_base, churn_ema_keep, churn_ema_weight.");
+  m.def("hit_tie_level", &spin::hit_tie_level, nb::arg("p"),
+        "spin's topk_first tie level of a float32 ranking value p: p in quarters of [-1, 1], as 0, "
+        "1/8, ..., 7/8 (NaN: 0).");
 
   nb::class_<Predictor>(m, "Predictor",
                         "One request's block predictor over all of its indexer layers "

@@ -213,6 +213,10 @@ def test_formerly_accepted_inputs_refused():
         raises(spin_dsa.InvalidType, "slots", s.select, bad, 0, [500, 500])
         raises(spin_dsa.InvalidType, "seq_lens", s.select, [0, 1], 0, bad)
     raises(spin_dsa.InvalidArgument, "n_blocks", spin_dsa.budget_blocks, None, -1)
+    raises(spin_dsa.InvalidArgument, "max_blocks", spin_dsa._core.selection_tables, None, -1)
+    raises(spin_dsa.InvalidArgument, "max_blocks", spin_dsa._core.selection_tables, None, (1 << 31) + 1)
+    raises(spin_dsa.InvalidArgument, "target_sparsity", spin_dsa._core.selection_tables,
+           {"target_sparsity": 1.0}, 4)
     raises(spin_dsa.InvalidType, "C-contiguous", spin_dsa.topk, np.broadcast_to(np.float32(0), (3, 1 << 40)), 2)
     # Block ids out of range or past the scored columns.
     cache, table, ctx, q, w = kernel_inputs()

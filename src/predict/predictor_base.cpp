@@ -28,6 +28,7 @@
 
 #include "core/errors.h"
 #include "predict/kselect.h"
+#include "predict/select_rules.h"
 #include "spin/rng.h"
 
 namespace spin {
@@ -96,7 +97,7 @@ void PredictorBase::raise_previous_topk(const RowContext& row, float base, HitTi
     if (ties == HitTies::kIndex) {
       v = base + static_cast<float>(l.prev_topk_hits[i]);
     } else {  // only one block can hold 2^20 hits, so the cap never reorders two
-      v = base + static_cast<float>(std::min(l.prev_topk_hits[i], (1 << 20) - 1)) + hit_tie_level(v);
+      v = base + static_cast<float>(std::min(l.prev_topk_hits[i], kTopkHitsCap)) + hit_tie_level(v);
     }
   }
 }
@@ -280,7 +281,7 @@ Status PredictorBase::select_row(const RowContext& ctx, Fill f, std::vector<int3
   if (f == Fill::kRandom) {
     n_explore = left;
   } else if (explores() && n_probe == 0) {
-    n_explore = std::min<int64_t>(std::llround(explore_share(ctx.layer) * static_cast<double>(budget)), left);
+    n_explore = explore_count(explore_share(ctx.layer), budget, left);
   }
   if (n_explore > 0) {
     mark_explored(ctx, f, n_cand, n_explore);
@@ -340,8 +341,9 @@ void PredictorBase::record_exploration(int32_t layer, const float* p, int64_t n_
 int64_t PredictorBase::mark_forced(int64_t n) {
   uint8_t* mark = mark_.data();
   std::fill(mark, mark + n, uint8_t{0});
-  for (int64_t b = std::max<int64_t>(0, n - config_.local_blocks); b < n; ++b) mark[b] = 1;
-  for (int64_t b = 0; b < std::min<int64_t>(config_.sink_blocks, n); ++b) mark[b] = 1;
+  const ForcedRanges forced = forced_ranges(config_, n);
+  for (int64_t b = forced.local_begin; b < n; ++b) mark[b] = 1;
+  for (int64_t b = 0; b < forced.sink_end; ++b) mark[b] = 1;
   // Candidates as 64-bit keys (ordering value << 32 | block): nth_element then compares plain
   // integers — no indirection, and the block index in the low half is the tie rule.
   uint64_t* keys = keys_.data();

@@ -15,6 +15,7 @@
 #include "predict/hisa.h"
 #include "predict/predictor_base.h"
 #include "predict/registry.h"
+#include "predict/select_rules.h"
 
 namespace spin {
 namespace {
@@ -43,17 +44,7 @@ void ema_rank(const BlockState& st, const PredictorConfig& c, int64_t n_blocks, 
   }
 }
 
-// PredictorConfig::topk_first ranks a block holding h of the last top-k at kTopkFirstBase + h + t:
-// above every EMA value (|x| ≤ 1 + ln 2^20) and blended rank (8 ± a few standard scores). t, the
-// block's own rank in eighths (PredictorBase::hit_tie_level), orders blocks of equal hits by
-// history instead of by index: on the real traces most blocks hold a few of the top-k's entries
-// (1–4 of 256), and the lower-index rule kept old blocks over better ones (docs/results.md).
-// Exact in float32 (the step in [2^20, 2^21) is 1/8), so the device path computes the same bits.
-constexpr float kTopkFirstBase = 1048576.0f;  // 2^20
-// PredictorConfig::recent_blocks ranks a block d blocks behind the newest at kRecentBase - d: below
-// the last top-k's blocks, above every EMA value, exact in float32 (d < kMaxRecentBlocks = 2^18).
-constexpr float kRecentBase = 524288.0f;  // 2^19
-static_assert(kRecentBase - kMaxRecentBlocks > 1024.0f && kRecentBase < kTopkFirstBase);
+// kTopkFirstBase and kRecentBase: predict/select_rules.h.
 
 // The newest `window` blocks at kRecentBase - distance, newest first.
 void raise_recent(int64_t n_blocks, int32_t window, float* p) {

@@ -410,27 +410,7 @@ def test_output_shapes_are_fixed_at_construction():
         dev.commit(torch.tensor([1]))
 
 
-# -- the tables built at construction ------------------------------------------------------
-
-@pytest.mark.parametrize("config", [
-    {}, {"target_sparsity": 0.3, "topk": 2048}, {"target_sparsity": 0.7, "topk": 64},
-    {"explicit_budget_blocks": 17, "sink_blocks": 0, "local_blocks": 5},
-    {"target_sparsity": 0.9, "block_pages": 4, "page_size": 16, "topk": 8}])
-def test_the_budget_table_is_the_librarys(config):
-    from spin_dsa.device._serving import budget_blocks
-    full = spin_dsa.check_config(config)
-    n = np.arange(0, 5000)
-    want = [spin_dsa.budget_blocks(full, int(v)) for v in n]
-    np.testing.assert_array_equal(budget_blocks(full, n), want)
-
-
-def test_offset_buckets_are_the_librarys():
-    """Exact below 64 blocks, then four buckets per octave (src/predict/block_state.h)."""
-    from spin_dsa.device._serving import offset_buckets
-    d = np.array([0, 1, 63, 64, 79, 80, 127, 128, 159, 160, 255, 256, 2**20 - 1, 2**20, 2**30 + 5])
-    want = [0, 1, 63, 64, 64, 65, 67, 68, 68, 69, 71, 72, 4 * 19 + 3 - 24 + 64, 4 * 20 - 24 + 64,
-            4 * 30 - 24 + 64]
-    np.testing.assert_array_equal(offset_buckets(d), want)
+# (the tables built at construction: tests/device/test_tables.py)
 
 
 # -- refusals -------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ algorithm (src/predict/predictor_base.cpp):
   packed into one int64 — so the chosen set does not depend on how it is found (a sort here,
   quickselect there);
 - the budget and forced counts depend only on a row's block count: tables built at construction
-  from the library's own budget_blocks(); so does the exploration count, but for spin's
+  by the library itself (spin_dsa._core.selection_tables, include/spin/selection_tables.h, with
+  the ranking's constants from selection_constants); so does the exploration count, but for spin's
   explore_churn, which scales it by a per-(slot, layer) share kept in float64 as the library
   keeps it (updated at commit from the top-k's entry churn; 0 until measured).
 
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 
 import spin_dsa
+from spin_dsa import _core
 
 from . import _hash
 from ._paging import remap, visible_entries
@@ -51,15 +53,21 @@ PREDICTORS = tuple(_PARTS)
 
 _FLT_MAX = float(np.finfo(np.float32).max)
 _INT64_MAX = (1 << 63) - 1
-_OFFSET_SCALE = 2.0 ** 30  # src/predict/block_state.h kOffsetMeanScale
-_TOPK_FIRST_BASE = 1048576.0  # src/predict/predictor_ema.cpp kTopkFirstBase (2^20)
-_RECENT_BASE = 524288.0  # src/predict/predictor_ema.cpp kRecentBase (2^19)
-_TOPK_HITS_CAP = (1 << 20) - 1  # PredictorBase::raise_previous_topk under HitTies::kRank
-_CHURN_KEEP, _CHURN_WEIGHT = 0.8, 0.2  # src/predict/budget_moves.h kChurnEma{Keep,Weight}
+# The ranking's constants, the library's own (include/spin/selection_tables.h). The Triton
+# kernels compile the same values in as literals (tests/device/test_tables.py checks them).
+_LIB = _core.selection_constants()
+_OFFSET_SCALE = _LIB["offset_mean_scale"]  # the offset EMA's fixed-point scale, 2^30
+_TOPK_FIRST_BASE = _LIB["topk_first_base"]  # topk_first's blocks rank from 2^20
+_RECENT_BASE = _LIB["recent_base"]  # recent_blocks' blocks rank at 2^19 - distance
+_UNKNOWN_BASE = _LIB["unknown_base"]  # a block nothing is known about ranks at -2 - distance
+_TOPK_HITS_CAP = _LIB["topk_hits_cap"]  # hits capped at 2^20 - 1 under topk_first
+_CHURN_KEEP, _CHURN_WEIGHT = _LIB["churn_ema_keep"], _LIB["churn_ema_weight"]  # the churn EMA
 
 
 def _hit_tie_level(p):
-    """PredictorBase::hit_tie_level: p in quarters of [-1, 1], as 0, 1/8, ..., 7/8 (NaN: 0)."""
+    """PredictorBase::hit_tie_level (spin_dsa._core.hit_tie_level) on a float32 tensor: p in
+    quarters of [-1, 1], as 0, 1/8, ..., 7/8 (NaN: 0). tests/device/test_tables.py holds the two
+    equal."""
     quarter = torch.floor((p + 1.0) * 4.0)
     return torch.where(quarter > 0, quarter.clamp(max=7.0), 0.0) * 0.125
 
@@ -68,45 +76,6 @@ def blocks_for_entries(entries, block_entries):
     """The library's blocks_for_entries, ceil(entries / block_entries), for an int, a numpy array
     or a tensor alike."""
     return -(-entries // block_entries)
-
-
-def budget_blocks(config, n):
-    """The library's budget_blocks (src/predict/config.cpp) for every block count in the int64
-    array n at once, with the same float64 arithmetic: ceil((1 - s)·n - 1e-9) or the explicit
-    budget, at least what top-k needs and the forced blocks, at most n."""
-    n = np.asarray(n, dtype=np.int64)
-    if config["explicit_budget_blocks"] >= 0:
-        b = np.full_like(n, int(config["explicit_budget_blocks"]))
-    else:
-        b = np.ceil((1.0 - config["target_sparsity"]) * n.astype(np.float64) - 1e-9).astype(np.int64)
-    entries = int(config["page_size"]) * int(config["block_pages"])
-    for_topk = blocks_for_entries(int(config["topk"]), entries)
-    forced = np.minimum(n, int(config["sink_blocks"]) + int(config["local_blocks"]))
-    b = np.minimum(np.maximum(np.maximum(b, for_topk), forced), n)
-    return np.where(n <= 0, 0, b)
-
-
-def pool_ranks(config, budget, explores):
-    """Max pooling's rank per budget in the int64 array budget (budget_blocks' of each block count;
-    src/predict/pooling.cpp pool_rank; 1 for a predictor outside spin's family):
-    ceil(pool_depth · topk / budget) in float64, within [1, block entries]."""
-    entries = int(config["page_size"]) * int(config["block_pages"])
-    depth = float(config["pool_depth"])
-    if not explores or depth <= 0.0:
-        return np.ones_like(budget)
-    with np.errstate(divide="ignore"):
-        m = np.ceil(depth * float(int(config["topk"])) / budget.astype(np.float64))
-    m = np.where(budget > 0, m, 1.0)
-    return np.clip(m, 1, entries).astype(np.int64)
-
-
-def offset_buckets(d):
-    """src/predict/block_state.cpp offset_bucket for every distance in the int64 array d ≥ 0:
-    exact below 64, four log-spaced buckets per octave above."""
-    d = np.asarray(d, dtype=np.int64)
-    h = np.frexp(np.maximum(d, 1).astype(np.float64))[1].astype(np.int64) - 1  # floor(log2 d)
-    far = 64 + (h - 6) * 4 + ((d >> np.maximum(h - 2, 0)) & 3)
-    return np.where(d < 64, d, far)
 
 
 def _check_tensor(t, name, device, ndim, kinds, rows=None):
@@ -221,20 +190,19 @@ class Serving:
 
     def _build_tables(self):
         """Per block count n (0..max_blocks): the budget, the forced blocks, the exploration and
-        history counts and whether the row keeps everything — all functions of n alone."""
+        history counts and whether the row keeps everything — all functions of n alone, tabulated
+        by the library (spin_dsa._core.selection_tables); here only which of them the predictor
+        uses and the device's own dense_blocks."""
         c, n_max = self.config, self.max_blocks
+        t = _core.selection_tables(c, n_max)
         n = np.arange(n_max + 1, dtype=np.int64)
-        budget = budget_blocks(c, n)
-        sink_part = np.minimum(int(c["sink_blocks"]), n)
-        forced = sink_part + n - np.maximum(np.maximum(0, n - int(c["local_blocks"])), sink_part)
+        budget = t["budget"]
         keep_all = (budget >= n) | (self._fill == "all") | (n <= self.dense_blocks)
-        left = np.where(keep_all, 0, budget - forced)
+        left = np.where(keep_all, 0, budget - t["forced"])
         if self._fill == "random":
             explore = left
-        elif self._explores:  # std::llround(explore_ratio · budget), clamped to what is left
-            x = c["explore_ratio"] * budget.astype(np.float64)
-            whole = np.floor(x)
-            explore = np.minimum((whole + (x - whole >= 0.5)).astype(np.int64), left)
+        elif self._explores:  # llround(explore_ratio · budget), at most what is left
+            explore = np.where(keep_all, 0, t["explore"])
         else:
             explore = np.zeros_like(left)
         history = left - explore
@@ -244,22 +212,19 @@ class Serving:
         self.width = min(n_max, self.max_next_n * widest)
         dev = self.device
         # Max pooling's rank per block count (PredictorConfig::pool_depth; 1 outside spin's family).
-        rank = pool_ranks(c, budget, self._explores)
+        rank = t["pool_rank"] if self._explores else np.ones_like(budget)
         self._pool_rank = torch.from_numpy(rank.astype(np.int32)).to(dev)
         self._deep_pool = self.config["pooling"] == "max" and int(rank.max()) > 1
         self._n_explore = torch.from_numpy(explore).to(dev)
         self._n_history = torch.from_numpy(history).to(dev)
         self._keep_all = torch.from_numpy(keep_all).to(dev)
         self._keep_all_i32 = self._keep_all.to(torch.int32)  # what the select kernel loads
-        self._n_buckets = int(offset_buckets(max(0, n_max - 1))) + 1
-        self._bucket = torch.from_numpy(offset_buckets(np.arange(max(1, n_max)))).to(dev)
-        # Each bucket's distances [lo, hi) (the commit kernel sums a bucket as a block range).
-        k = np.arange(self._n_buckets, dtype=np.int64)
-        octave = 6 + np.maximum(k - 64, 0) // 4
-        quarter = np.maximum(k - 64, 0) % 4
-        far_lo = (1 << octave) + quarter * (1 << (octave - 2))
-        self._dist_lo = torch.from_numpy(np.where(k < 64, k, far_lo)).to(dev)
-        self._dist_hi = torch.from_numpy(np.where(k < 64, k + 1, far_lo + (1 << (octave - 2)))).to(dev)
+        # The offset bucket per distance 0..max(1, max_blocks) - 1, and each bucket's distances
+        # [lo, hi) (the commit kernel sums a bucket as a block range).
+        self._n_buckets = len(t["bucket_lo"])
+        self._bucket = torch.from_numpy(t["offset_bucket"]).to(dev)
+        self._dist_lo = torch.from_numpy(t["bucket_lo"]).to(dev)
+        self._dist_hi = torch.from_numpy(t["bucket_hi"]).to(dev)
         self._block_ids = torch.arange(n_max, dtype=torch.int64, device=dev)
         self._layer_ids = torch.arange(self.num_layers, dtype=torch.int64, device=dev)
         self._counter = _hash.counter_offsets(n_max, dev)
@@ -517,7 +482,7 @@ class Serving:
     def _rank(self, S, layer, n):
         """[batch, next_n, N] float32 p[b] as the library's ema_rank / step-reuse rank them."""
         d = (n.unsqueeze(-1) - 1 - self._block_ids).clamp(min=0)
-        unknown = -2.0 - d.to(torch.float32)
+        unknown = _UNKNOWN_BASE - d.to(torch.float32)
         if self._keeps_topk:
             hits = self.prev_hits[S, layer].unsqueeze(1).int()
         if self._step_reuse:

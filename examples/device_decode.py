@@ -97,7 +97,7 @@ def main():
             ctable, lengths = sd.compact(blocks[l], counts[l], table, seq, 1, page_size=ps)
             compact = logits(cache, ctable, lengths, q(l, s), w(l, s), ps, device)
             cols = sd.topk(compact, lengths, k)
-            serving.observe_scored(slots, l, compact, cols)
+            serving.observe_scored(slots, l, compact, cols, blocks=blocks[l])
             mine = sd.remap(cols, blocks[l], serving.block_entries)
             dense = sd.topk(logits(cache, table, seq, q(l, s), w(l, s), ps, device), seq, k)
             for r in range(a.requests):

@@ -243,7 +243,8 @@ def measure_case(env, ctx, batch, s, nn, max_layers=61):
                                                       page_size=PAGE, use_triton=False))
     per_layer("remap_torch_us", lambda l: P.remap(cols, blocks[l], E, out=positions, use_triton=False))
     if serving is not None:
-        per_layer("observe_us", lambda l: serving.observe_scored(slots, l, compact_out, cols))
+        per_layer("observe_us", lambda l: serving.observe_scored(slots, l, compact_out, cols,
+                                                                 blocks=blocks[l]))
         per_layer("observe_remap_us", lambda l: serving.observe_scored(slots, l, compact_out, cols,
                                                                        positions=positions, blocks=blocks[l]))
         step_plan(env, row, serving, slots, seq_lens, accepted, nn)

@@ -27,13 +27,13 @@ SELECT_POINTERS = dict(
     OFFSET_EMA="*fp32", OFFSET_COUNT="*i32", PREV_HITS="*u8", REQ_KEY="*i64", STEP="*i64",
     N_EXPLORE="*i64", N_HISTORY="*i64", KEEP_ALL="*i32", BUCKET="*i64", COUNTER="*i64",
     SHARE="*fp64", BUDGET="*i64", LEFT="*i64", OUT="*i32", COUNTS="*i32", SELECTED="*u8",
-    OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", SEL_BLOCKS="*i32", PENDING_X="*fp32",
+    OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", PENDING_X="*fp32",
     PENDING_HITS="*i32", w="fp32", one_minus_w="fp32")
 # The last replayed row's inputs: an engine's int32 lengths, its int64 query lengths.
 ROWS_POINTERS = dict(SLOT="*i64", ACCEPTED="*i32", SEQ_LENS="*i32", QUERY_LENS="*i64",
                      OPENED="*i64", OPEN_NEXT_N="*i64")
 OBSERVE_POINTERS = dict(
-    SCORED="*fp32", TOPK="*i32", SEL_BLOCKS="*i32", SEL_VISIBLE="*i64", SLOT="*i64", RANK="*i32",
+    SCORED="*fp32", TOPK="*i32", SEL_VISIBLE="*i64", SLOT="*i64", RANK="*i32",
     PENDING_X="*fp32", PENDING_HITS="*i32", PENDING_NEWEST="*i64", POSITIONS="*i32",
     ROW_BLOCKS="*i32")
 COMMIT_POINTERS = dict(

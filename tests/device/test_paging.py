@@ -381,7 +381,7 @@ def test_end_to_end_with_the_device_serving(next_n, bp):
         got, logits, cols = device_topk(cache, table, seq_lens, q, w, next_n, ps, bp, blocks, counts, k,
                                         "reference")
         assert_same_topk(got, want)
-        serving.observe_scored(slots, 0, logits.to(DEV), cols.to(DEV))
+        serving.observe_scored(slots, 0, logits.to(DEV), cols.to(DEV), blocks=blocks.to(DEV))
         serving.commit(slots, torch.zeros(len(start), dtype=torch.int64, device=DEV))
 
 

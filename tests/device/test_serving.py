@@ -175,7 +175,8 @@ def observe(lib, dev, traffic, live, slots, seq, layer, blocks, counts, next_n, 
     # The engine's top-k buffer filled by the same call (remap fused into observe).
     positions = torch.full((rows, k), 123, dtype=torch.int32)
     dev.observe_scored(torch.from_numpy(slots), layer, torch.from_numpy(scored),
-                       torch.from_numpy(topk_col), positions=positions)
+                       torch.from_numpy(topk_col), positions=positions,
+                       blocks=torch.from_numpy(np.ascontiguousarray(blocks[:, :dev.width])))
     np.testing.assert_array_equal(positions.numpy(), topk_pos)
 
 
@@ -265,11 +266,12 @@ def test_a_decode_step_never_touches_the_host():
                 scored = torch.randn(blocks.shape[0], dev.width * E)
                 topk = torch.topk(scored, 32, dim=1).indices.to(torch.int32)
                 # Layer 1 without a top-k: the k-th score is found on the device.
-                dev.observe_scored(slots, layer, scored, topk if layer == 0 else None)
+                dev.observe_scored(slots, layer, scored, topk if layer == 0 else None,
+                                   blocks=blocks)
             dev.commit(slots, torch.tensor([2, 0, 1], dtype=torch.int32))
         every, _ = dev.select_layers(slots, seq + 3, 3)
         for layer in range(2):
-            dev.observe_scored(slots, layer, torch.randn(9, dev.width * E))
+            dev.observe_scored(slots, layer, torch.randn(9, dev.width * E), blocks=every[layer])
         dev.commit(slots, torch.tensor([0, 1, 2], dtype=torch.int32))
     assert blocks.shape == (9, dev.width) and counts.shape == (9,)
     assert every.shape == (2, 9, dev.width)
@@ -294,8 +296,8 @@ def test_padded_rows_use_the_pad_slot_and_leave_every_request_alone():
         got, _ = padded.select(pad, 0, pad_seq + step)
         assert torch.equal(got[:2], want)
         scored = torch.randn(4, padded.width * E, generator=gen)
-        plain.observe_scored(real, 0, scored[:2].contiguous())
-        padded.observe_scored(pad, 0, scored)
+        plain.observe_scored(real, 0, scored[:2].contiguous(), blocks=want)
+        padded.observe_scored(pad, 0, scored, blocks=got)
         plain.commit(real)
         padded.commit(pad)
     with pytest.raises(spin_dsa.OutOfRange):
@@ -314,9 +316,10 @@ def test_commit_leaves_a_slot_without_an_open_step_alone(impl):
     dev.add(1, 8)
     S, seq = torch.tensor([0]), torch.tensor([700])
     for layer in range(2):
-        dev.select(S, layer, seq)
+        blocks, _ = dev.select(S, layer, seq)
         dev.observe_scored(S, layer, torch.randn(1, dev.width * E,
-                                                 generator=torch.Generator().manual_seed(layer)))
+                                                 generator=torch.Generator().manual_seed(layer)),
+                           blocks=blocks)
     dev.commit(S)
     before = {n: getattr(dev, n).clone() for n in ("slot_ema", "last_seen", "offset_ema",
                                                    "offset_count", "_step", "prev_hits",
@@ -348,8 +351,7 @@ def test_the_kernels_keep_the_state_the_torch_path_keeps():
                      "_open_next_n", "_opened", "_step", "_prefill_open"):
             x, y = getattr(a, name)[:3], getattr(b, name)[:3]  # the pad slot's rows race
             assert torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)), f"{name} after {when}"
-        for name in ("_visible", "_sel_blocks"):
-            assert torch.equal(getattr(a, name)[[0, 2]], getattr(b, name)[[0, 2]]), name
+        assert torch.equal(a._visible[[0, 2]], b._visible[[0, 2]]), "_visible"
 
     for step in range(3):
         got = [dev.select_layers(slots, seq + 2 * step, 2) for dev in pair]
@@ -358,7 +360,7 @@ def test_the_kernels_keep_the_state_the_torch_path_keeps():
         for layer in range(3):
             scored = torch.randn(8, pair[0].width * E, generator=gen)
             for dev in pair:
-                dev.observe_scored(slots, layer, scored.clone())
+                dev.observe_scored(slots, layer, scored.clone(), blocks=got[0][0][layer])
         query = torch.tensor([2, 2, 1, 1])
         lengths = dict(seq_lens=seq + 2 * step + 1 + query, query_lens=query)  # 1 accepted
         for dev in pair:
@@ -406,7 +408,7 @@ def test_output_shapes_are_fixed_at_construction():
     for seq in (2, 70, 4096):
         blocks, counts = dev.select(torch.tensor([1]), 0, torch.tensor([seq]), 2)
         assert blocks.shape == (2, dev.width) and blocks.dtype == torch.int32
-        dev.observe_scored(torch.tensor([1]), 0, torch.zeros(2, dev.width * 64))
+        dev.observe_scored(torch.tensor([1]), 0, torch.zeros(2, dev.width * 64), blocks=blocks)
         dev.commit(torch.tensor([1]))
 
 
@@ -460,7 +462,7 @@ def test_observe_positions_are_checked():
     slots, seq = torch.tensor([0, 1]), torch.tensor([300, 200])
     dev.add(0, 5)
     dev.add(1, 6)
-    dev.select(slots, 0, seq)
+    blocks, _ = dev.select(slots, 0, seq)
     scored = torch.zeros(2, dev.width * E)
     cols = torch.zeros(2, 8, dtype=torch.int32)
     for positions, topk, match in ((torch.zeros(2, 8, dtype=torch.int64), cols, "int32"),
@@ -468,7 +470,10 @@ def test_observe_positions_are_checked():
                                    (cols, cols, "shares memory"),
                                    (torch.zeros(2, 8, dtype=torch.int32), None, "needs topk")):
         with pytest.raises((TypeError, spin_dsa.InvalidArgument), match=match):
-            dev.observe_scored(slots, 0, scored, topk, positions=positions)
+            dev.observe_scored(slots, 0, scored, topk, positions=positions, blocks=blocks)
+    for bad, match in ((blocks.long(), "int32"), (blocks[:, :-1], "width"), (blocks[:1], "rows")):
+        with pytest.raises((ValueError, spin_dsa.InvalidArgument), match=match):
+            dev.observe_scored(slots, 0, scored, cols, blocks=bad)
 
 
 def test_bad_arguments_get_one_line_errors():
@@ -488,11 +493,11 @@ def test_bad_arguments_get_one_line_errors():
         dev.select(torch.tensor([0]), 2, torch.tensor([10]))
     with pytest.raises(spin_dsa.InvalidArgument, match="next_n"):
         dev.select(torch.tensor([0]), 0, torch.tensor([10]), 2)
-    dev.select(torch.tensor([0]), 0, torch.tensor([10]))
+    blocks, _ = dev.select(torch.tensor([0]), 0, torch.tensor([10]))
     with pytest.raises(spin_dsa.InvalidArgument, match="columns"):
-        dev.observe_scored(torch.tensor([0]), 0, torch.zeros(1, 3))
+        dev.observe_scored(torch.tensor([0]), 0, torch.zeros(1, 3), blocks=blocks)
     with pytest.raises(TypeError, match="float32"):
         dev.observe_scored(torch.tensor([0]), 0, torch.zeros(1, dev.width * 64,
-                                                             dtype=torch.float64))
+                                                             dtype=torch.float64), blocks=blocks)
     with pytest.raises(spin_dsa.FailedPrecondition, match="already free"):
         dev.drop(1)

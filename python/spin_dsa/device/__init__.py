@@ -7,7 +7,7 @@ shapes and no host synchronisation, so an engine's CUDA graph can capture the wh
     table, lengths = compact(blocks, counts, block_table, seq_lens, next_n)
     logits = paged_logits(q, weights, kv_cache, table, lengths, next_n=next_n)  # or DeepGEMM's
     cols = topk(logits, lengths, k)                    # over the compact width only
-    serving.observe_scored(slots, layer, logits, cols)
+    serving.observe_scored(slots, layer, logits, cols, blocks=blocks)
     positions = remap(cols, blocks, serving.block_entries)  # the engine's top-k buffer
     ...
     serving.commit(slots, accepted)                    # once per step, after the last layer

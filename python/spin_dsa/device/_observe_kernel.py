@@ -17,7 +17,7 @@ import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["layer", "next_n"])  # one compile for every layer and row count
-def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_BLOCKS, SEL_VISIBLE, SLOT, RANK,
+def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_VISIBLE, SLOT, RANK,
                    PENDING_X, PENDING_HITS, PENDING_NEWEST, POSITIONS, stride_pos, ROW_BLOCKS,
                    stride_row_blocks, layer, num_layers,
                    max_next_n, n_blocks, width, k, next_n, chunk,
@@ -28,9 +28,9 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_BLOCKS, SEL_VIS
     # a row derives the row's k-th score and spread from the top-k itself (2048 loads, no
     # cross-program dependency), program 0 counts the hits. The pending rows were reset to NaN /
     # 0 when the step's blocks were selected (Serving._select).
-    # The selection's blocks and the row's visible entries are read from the open step's state
-    # (Serving._sel_blocks [slots, layers, width], _visible [slots, layers, max_next_n]) here,
-    # not gathered by torch ops before the launch.
+    # The row's blocks are the caller's (the step's plan: rows sharing a slot — an engine's pad
+    # rows — each keep theirs); its visible entries are read from the open step's state
+    # (Serving._visible [slots, layers, max_next_n]) here, not gathered by torch ops.
     r = tl.program_id(0)
     part = tl.program_id(1)
     i = r // next_n
@@ -39,7 +39,7 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_BLOCKS, SEL_VIS
     visible = tl.load(SEL_VISIBLE + group * max_next_n + r % next_n)
     row = (group * max_next_n + r % next_n) * (n_blocks + 1)
     scored = SCORED + r.to(tl.int64) * stride_scored
-    blocks = SEL_BLOCKS + group.to(tl.int64) * width
+    blocks = ROW_BLOCKS + r.to(tl.int64) * stride_row_blocks
 
     # 1. The row's top-k: its k-th and largest score, and the hits per block.
     t = tl.arange(0, BLOCK_K)
@@ -54,11 +54,9 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_BLOCKS, SEL_VIS
         tl.atomic_add(PENDING_HITS + row + hit_block, tl.full([BLOCK_K], 1, tl.int32),
                       mask=valid, sem="relaxed")
     if REMAP and part == 0:  # the engine's top-k buffer: compact column → request position
-        # Through the row's own blocks (rows sharing a slot — an engine's pad rows — each keep
-        # theirs), the slot clamped into the width as remap() does.
+        # The column's block clamped into the width, as remap() does.
         slot_of = tl.minimum(col // E, width - 1)
-        block_of = tl.load(ROW_BLOCKS + r.to(tl.int64) * stride_row_blocks + slot_of, mask=valid,
-                           other=-1).to(tl.int64)
+        block_of = tl.load(blocks + slot_of, mask=valid, other=-1).to(tl.int64)
         position = tl.where(valid & (block_of >= 0), block_of * E + col % E, -1)
         tl.store(POSITIONS + r.to(tl.int64) * stride_pos + t, position.to(tl.int32), mask=t < k)
     kth = tl.where(k_eff > 0, kth32.to(tl.float64), 0.0)
@@ -102,10 +100,11 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_BLOCKS, SEL_VIS
                  (visible + E - 1) // E - 1)
 
 
-def launch(owner, S, layer, next_n, scored, topk, positions=None, row_blocks=None):
+def launch(owner, S, layer, next_n, scored, topk, blocks, positions=None):
     """observe_kernel for the rows of S's open step at `layer`: scored [rows, ≥ width·E] float32,
-    topk [rows, ≥ k] int compact columns; positions: int32 [rows, k] to receive the remapped
-    top-k (request positions) through row_blocks int32 [rows, width], or None."""
+    topk [rows, ≥ k] int compact columns, blocks int32 [rows, ≥ width] the rows' selected blocks
+    (unit column stride); positions: int32 [rows, k] to receive the remapped top-k (request
+    positions), or None."""
     o = owner
     rows = scored.shape[0]
     k = int(o.config["topk"])
@@ -118,12 +117,11 @@ def launch(owner, S, layer, next_n, scored, topk, positions=None, row_blocks=Non
     # over the GPU.
     chunk = o.width if topk_hits else max(1, o.observe_chunk_blocks)
     remap = positions is not None
-    out = positions if remap else topk          # pointers the kernel never touches without REMAP
-    rb = row_blocks if remap else topk
+    out = positions if remap else topk          # a pointer the kernel never touches without REMAP
     observe_kernel[(rows, triton.cdiv(o.width, chunk))](
-        scored, scored.stride(0), topk, topk.stride(0), o._sel_blocks, o._visible, S, o._pool_rank,
-        o._pending_x, o._pending_hits, o._pending_newest, out, out.stride(0), rb, rb.stride(0), layer,
-        o.num_layers,
+        scored, scored.stride(0), topk, topk.stride(0), o._visible, S, o._pool_rank,
+        o._pending_x, o._pending_hits, o._pending_newest, out, out.stride(0), blocks,
+        blocks.stride(0), layer, o.num_layers,
         o.max_next_n, o.max_blocks, o.width, k, next_n, chunk,
         E=o.block_entries, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
         HITS=o._needs_hits, TOPK_HITS=topk_hits, DEEP=o._deep_pool, REMAP=remap, num_warps=4,

@@ -66,9 +66,8 @@ def _rank_value(p):
 @triton.jit(do_not_specialize=["batch", "pad_slot"])
 def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COUNT, PREV_HITS,
                   REQ_KEY, STEP, N_EXPLORE, N_HISTORY, KEEP_ALL, BUCKET, COUNTER, SHARE, BUDGET,
-                  LEFT, OUT, COUNTS, SELECTED, OPEN_NEXT_N, OPENED, VISIBLE, SEL_BLOCKS, PENDING_X,
-                  PENDING_HITS, batch, pad_slot, num_layers, n_blocks, n_buckets, width, max_next_n,
-                  compress_ratio, block_entries, max_entries, sink, local, recent, w, one_minus_w,
+                  LEFT, OUT, COUNTS, SELECTED, OPEN_NEXT_N, OPENED, VISIBLE, PENDING_X, PENDING_HITS,
+                  batch, pad_slot, num_layers, n_blocks, n_buckets, width, max_next_n, compress_ratio, block_entries, max_entries, sink, local, recent, w, one_minus_w,
                   NEXT_N: tl.constexpr, BLOCK: tl.constexpr, RANKED: tl.constexpr,
                   RANDOM: tl.constexpr, EXPLORES: tl.constexpr, STALEST: tl.constexpr,
                   USE_SLOT: tl.constexpr, USE_OFFSET: tl.constexpr, STEP_REUSE: tl.constexpr,
@@ -165,8 +164,7 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
         chosen = tl.where(keep_all, valid, chosen)
         union = union | chosen
 
-    # The union's ids, ascending, -1 after them: every row of the request carries them, and
-    # the (slot, layer)'s copy is what observe reads.
+    # The union's ids, ascending, -1 after them: every row of the request carries them.
     count = tl.sum(union.to(tl.int32), axis=0)
     position = tl.cumsum(union.to(tl.int32), axis=0) - 1
     pad = tl.full([BLOCK], -1, tl.int32)
@@ -175,8 +173,6 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
         tl.store(OUT + row * width + position, b.to(tl.int32), mask=union & (position < width))
         tl.store(OUT + row * width + b, pad, mask=(b >= count) & (b < width))
         tl.store(COUNTS + row, count)
-    tl.store(SEL_BLOCKS + group * width + position, b.to(tl.int32), mask=union & (position < width))
-    tl.store(SEL_BLOCKS + group * width + b, pad, mask=(b >= count) & (b < width))
 
 
 @triton.jit
@@ -220,8 +216,7 @@ def launch(owner, S, layers, seq_lens, next_n, out, counts):
         S, layers, seq_lens, o.slot_ema, o.last_seen, o.offset_ema, o.offset_count,
         o.prev_hits, o._req_key, o._step, o._n_explore, o._n_history, o._keep_all_i32,
         o._bucket, o._counter, o.explore_share, o._budget, o._left, out, counts,
-        o._selected.view(torch.uint8), o._open_next_n, o._opened, o._visible, o._sel_blocks,
-        o._pending_x, o._pending_hits, batch, o.pad_slot, o.num_layers, o.max_blocks,
+        o._selected.view(torch.uint8), o._open_next_n, o._opened, o._visible, o._pending_x, o._pending_hits, batch, o.pad_slot, o.num_layers, o.max_blocks,
         o._n_buckets, o.width, o.max_next_n, o.compress_ratio, o.block_entries, o.max_entries,
         int(c["sink_blocks"]), int(c["local_blocks"]), o._recent, o._w_host, o._one_minus_w_host,
         NEXT_N=next_n, BLOCK=block, RANKED=o._fill == "ranked", RANDOM=o._fill == "random",

@@ -289,7 +289,6 @@ class Serving:
         # lengths against it); the pad slot's stays 0.
         self._opened = torch.zeros(R, dtype=torch.int64, device=dev)
         self._visible = torch.zeros(R, L, J, dtype=torch.int64, device=dev)
-        self._sel_blocks = torch.full((R, L, self.width), -1, dtype=torch.int32, device=dev)
         self._step = torch.zeros(R, dtype=torch.int64, device=dev)
         self._req_key = torch.zeros(R, dtype=torch.int64, device=dev)
 
@@ -298,7 +297,7 @@ class Serving:
         tensors = (self.slot_ema, self.last_seen, self.offset_ema, self.offset_count,
                    self.prev_hits, self.churn_ema, self.explore_share, self._pending_x,
                    self._pending_hits, self._pending_newest,
-                   self._selected, self._visible, self._sel_blocks)
+                   self._selected, self._visible, self._opened, self._open_next_n)
         return sum(t.numel() * t.element_size() for t in tensors)
 
     # -- lifecycle (host calls between steps: they write the device, they never read it) -------
@@ -400,16 +399,16 @@ class Serving:
         chosen = self._choose(S_g, L_g, n.repeat(n_layers, 1))
         union = chosen.any(dim=1)  # [groups, N]: a request's blocks, scored once for all rows
         blocks, counts = self._compact_ids(union)
-        self._open_step(S, S_g, L_g, seq_lens, next_n, visible.repeat(n_layers, 1), blocks)
+        self._open_step(S, S_g, L_g, seq_lens, next_n, visible.repeat(n_layers, 1))
         if next_n == 1:  # one row a request: the groups are the rows (no copy)
             return blocks.reshape(shape), counts.reshape(shape[:2])
         return (blocks.repeat_interleave(next_n, dim=0).view(shape),
                 counts.repeat_interleave(next_n, dim=0).view(shape[:2]))
 
-    def _open_step(self, S, S_g, L_g, seq_lens, next_n, visible, blocks):
+    def _open_step(self, S, S_g, L_g, seq_lens, next_n, visible):
         """The torch path's bookkeeping of a select (the select kernel's _open_step): the
-        groups' pending rows emptied and flagged selected, their rows' visibility and blocks,
-        each slot's rows and the tokens cached before them."""
+        groups' pending rows emptied and flagged selected, their rows' visibility, each slot's
+        rows and the tokens cached before them."""
         self._mark_selected(S_g, L_g)
         # The open step's pending rows start empty, reset here once for every layer selected (the
         # observe kernel writes only the blocks it observes). The values are device scalars: a
@@ -421,7 +420,6 @@ class Serving:
         self._opened[S] = seq_lens.long() - next_n
         self._opened[self.pad_slot:].fill_(0)
         self._visible[S_g, L_g, :next_n] = visible
-        self._sel_blocks[S_g, L_g] = blocks
 
     # Under CUDA-graph capture nothing may copy from the host: layer ids come from a device
     # arange, flags are set with index_fill_ (the value is a kernel argument, not a tensor).
@@ -522,17 +520,17 @@ class Serving:
         out[:, self.width] = -1
         return out[:, :self.width].to(torch.int32), union.sum(dim=1).to(torch.int32)
 
-    def observe_scored(self, slots, layer, scored, topk=None, *, positions=None, blocks=None):
+    def observe_scored(self, slots, layer, scored, topk=None, *, blocks, positions=None):
         """The scored blocks' logits of the open step: float32 [batch·next_n, ≥ width·E], row r's
-        c-th selected block at columns [c·E, (c+1)·E) (what the compacted logits kernel writes),
-        and optionally the rows' top-k as compact column ids (int [rows, ≥ topk], -1 padded;
-        the first `topk` are read). Without topk the k-th score is found here (torch.topk).
+        c-th block of blocks[r] at columns [c·E, (c+1)·E) (what the compacted logits kernel
+        writes); blocks: int32 [rows, ≥ width], unit column stride — the blocks select returned
+        for these rows (the step's plan: the object keeps no copy); optionally the rows' top-k as
+        compact column ids (int [rows, ≥ topk], -1 padded; the first `topk` are read). Without
+        topk the k-th score is found here (torch.topk).
 
         positions: int32 [rows, topk], written with the top-k as request positions (what
         ``remap`` gives): an engine's top-k buffer, filled by the same launch. It must not share
-        memory with ``topk`` (other programs still read the columns). blocks: int32 [rows, ≥
-        width], the blocks select returned for these rows (default: the ones it stored per slot,
-        the same unless rows share a slot, as an engine's pad rows do)."""
+        memory with ``topk`` (other programs still read the columns)."""
         S, layer = self._check_step_args(slots, layer, "observe_scored")
         _check_tensor(scored, "scored", self.device, 2, "float32")
         batch, rows = S.shape[0], scored.shape[0]
@@ -546,6 +544,11 @@ class Serving:
             raise spin_dsa.InvalidArgument(
                 f"serving: observe_scored: scored has {scored.shape[1]} columns, below width · E "
                 f"= {self.width * E}")
+        _check_tensor(blocks, "blocks", self.device, 2, "int", rows=rows)
+        if blocks.dtype != torch.int32 or blocks.shape[1] < self.width or blocks.stride(1) != 1:
+            raise spin_dsa.InvalidArgument(
+                f"serving: observe_scored: blocks must be int32 [rows, >= width = {self.width}] "
+                f"with unit column stride, got {blocks.dtype} {tuple(blocks.shape)}")
         k = int(self.config["topk"])
         if topk is not None:
             _check_tensor(topk, "topk", self.device, 2, "int", rows=rows)
@@ -554,23 +557,16 @@ class Serving:
                     f"serving: observe_scored: topk has {topk.shape[1]} columns, below topk = {k}")
         if positions is not None:
             self._check_positions(positions, topk, rows, k)
-            if blocks is None:
-                blocks = self._sel_blocks[S, layer].repeat_interleave(next_n, dim=0)
-            _check_tensor(blocks, "blocks", self.device, 2, "int", rows=rows)
-            if blocks.dtype != torch.int32 or blocks.shape[1] < self.width or blocks.stride(1) != 1:
-                raise spin_dsa.InvalidArgument(
-                    f"serving: observe_scored: blocks must be int32 [rows, >= width = {self.width}] "
-                    f"with unit column stride, got {blocks.dtype} {tuple(blocks.shape)}")
         E_pow2 = E & (E - 1) == 0
         if self._observe_kernel is not None and topk is not None and E_pow2 and rows > 0:
-            self._observe_kernel.launch(self, S, layer, next_n, scored, topk, positions, blocks)
+            self._observe_kernel.launch(self, S, layer, next_n, scored, topk, blocks, positions)
             return
         visible = self._visible[S, layer, :next_n].reshape(-1)
         if topk is not None:
             topk = topk[:, :k].long()
         if positions is not None:
             remap(topk, blocks[:, :self.width], E, out=positions)
-        blocks = self._sel_blocks[S, layer].long().repeat_interleave(next_n, dim=0)
+        blocks = blocks[:, :self.width].long()
         values = scored[:, :self.width * E].reshape(rows, self.width, E)
         x, hits = _pool(values, blocks, visible, topk, k, E, self.config["pooling"],
                         self._row_rank(visible))

@@ -28,13 +28,13 @@ SELECT_POINTERS = dict(
     N_EXPLORE="*i64", N_HISTORY="*i64", KEEP_ALL="*i32", BUCKET="*i64", COUNTER="*i64",
     SHARE="*fp64", BUDGET="*i64", LEFT="*i64", OUT="*i32", COUNTS="*i32", SELECTED="*u8",
     OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", PENDING_X="*fp32",
-    PENDING_HITS="*i32", w="fp32", one_minus_w="fp32")
+    PENDING_HITS="*u8", w="fp32", one_minus_w="fp32")
 # The last replayed row's inputs: an engine's int32 lengths, its int64 query lengths.
 ROWS_POINTERS = dict(SLOT="*i64", ACCEPTED="*i32", SEQ_LENS="*i32", QUERY_LENS="*i64",
                      OPENED="*i64", OPEN_NEXT_N="*i64")
 OBSERVE_POINTERS = dict(
     SCORED="*fp32", TOPK="*i32", SEL_VISIBLE="*i64", SLOT="*i64", RANK="*i32",
-    PENDING_X="*fp32", PENDING_HITS="*i32", PENDING_NEWEST="*i64", POSITIONS="*i32",
+    PENDING_X="*fp32", PENDING_HITS="*u8", HIT_WORDS="*i32", PENDING_NEWEST="*i64", POSITIONS="*i32",
     ROW_BLOCKS="*i32")
 COMMIT_POINTERS = dict(
     ROWS_POINTERS, SELECTED="*u8", STEP="*i64", PENDING_X="*fp32",
@@ -96,7 +96,7 @@ def main():
                                                     (True, True, "*i32", False, True)):
         ptx = compile_ptx(_observe_kernel.observe_kernel, dict(OBSERVE_POINTERS, TOPK=topk_type),
                           dict(E=64, BLOCK_C=64, BLOCK_K=2048, HITS=hits,
-                               TOPK_HITS=topk_hits, DEEP=deep, REMAP=remap),
+                               TOPK_HITS=topk_hits, DEEP=deep, REMAP=remap, LANES=4),
                           num_warps=4, enable_fp_fusion=False)
         assert "div.rn.f64" in ptx and "div.approx" not in ptx, "observe: not IEEE division"
         assert "fma.rn.f64" not in ptx, "observe: a fused multiply-add"
@@ -114,7 +114,7 @@ def main():
     for churn in (False, True):
         ptx = compile_ptx(_commit_kernel.close_kernel,
                           dict(ROWS_POINTERS, SELECTED="*u8", PREFILL_OPEN="*u8",
-                               PENDING_HITS="*i32", PREV_HITS="*u8", CHURN_EMA="*fp64",
+                               PENDING_HITS="*u8", PREV_HITS="*u8", CHURN_EMA="*fp64",
                                EXPLORE_SHARE="*fp64", CONSTANTS="*fp64"),
                           dict(EXPLORE_CHURN=churn, BLOCK=1024, MODE=0, FROM_LENGTHS=churn),
                           num_warps=4, enable_fp_fusion=False)

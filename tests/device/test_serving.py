@@ -246,6 +246,21 @@ def test_the_triton_kernels_match_the_library(predictor, config, next_n):
              all_layers=True, impl="triton")
 
 
+@pytest.mark.parametrize("block_pages,topk,dtype", [(32, 300, torch.int16), (1, 16, torch.uint8)])
+def test_hit_counts_in_a_wider_integer_match_the_library(block_pages, topk, dtype):
+    """A block holding more than 255 of the top-k (512-entry blocks, top-k 300) keeps its hits
+    in int16, two lanes to each 32-bit atomic word of the observe kernel; the default's uint8
+    takes four."""
+    pytest.importorskip("triton")
+    entries = 24 * E * block_pages
+    config = {"target_sparsity": 0.5, "topk": topk, "block_pages": block_pages}
+    dev = device.Serving(2, 1, entries, "spin", dict(config, page_size=E), 2, impl="triton")
+    assert dev.prev_hits.dtype == dev._pending_hits.dtype == dtype
+    assert dev._pending_hits.shape[-1] % 4 == 0
+    run_both("spin", config, seed=12, next_n=2, steps=4, layers=1, max_requests=2,
+             max_entries=entries, all_layers=True, impl="triton")
+
+
 # -- the host is never touched --------------------------------------------------------------
 
 def test_a_decode_step_never_touches_the_host():
@@ -330,19 +345,26 @@ def test_commit_leaves_a_slot_without_an_open_step_alone(impl):
     assert dev._step.tolist()[:2] == [1, 0]
 
 
-def test_the_kernels_keep_the_state_the_torch_path_keeps():
-    """select_layers' and commit's launches do the step's bookkeeping inside the kernels (the
-    pending rows emptied, flags, each slot's rows, visibility and blocks, acceptance read off the
-    lengths): every state tensor equals the torch path's after each call, pad rows included."""
+@pytest.mark.parametrize("config", [
+    {"topk": 32},
+    {"topk": 300, "block_pages": 32},  # 512-entry blocks: hits in int16, two to an atomic word
+])
+def test_the_kernels_keep_the_state_the_torch_path_keeps(config):
+    """select_layers', observe's and commit's launches do the step's bookkeeping inside the
+    kernels (the pending rows emptied, flags, each slot's rows and visibility, the hits counted
+    in lanes of 32-bit atomic words, acceptance read off the lengths): every state tensor equals
+    the torch path's after each call, pad rows included."""
     pytest.importorskip("triton")
-    cfg = {"page_size": E, "topk": 32, "target_sparsity": 0.5}
-    pair = [device.Serving(3, 3, 1024, "spin", cfg, 2, impl=impl) for impl in ("torch", "triton")]
+    cfg = dict({"page_size": E, "target_sparsity": 0.5}, **config)
+    entries = 64 * E * cfg.get("block_pages", 1)
+    pair = [device.Serving(3, 3, entries, "spin", cfg, 2, impl=impl) for impl in ("torch", "triton")]
+    k, width, bE = int(pair[0].config["topk"]), pair[0].width, pair[0].block_entries
     gen = torch.Generator().manual_seed(5)
     for dev in pair:
         dev.add(0, 7)
         dev.add(2, 8)
     slots = torch.tensor([2, 0, pair[0].pad_slot, pair[0].pad_slot])
-    seq = torch.tensor([600, 900, 1024, 5], dtype=torch.int32)
+    seq = torch.tensor([entries * 5 // 8, entries * 7 // 8, entries, 5], dtype=torch.int32)
 
     def same_state(when):
         a, b = pair
@@ -357,10 +379,19 @@ def test_the_kernels_keep_the_state_the_torch_path_keeps():
         got = [dev.select_layers(slots, seq + 2 * step, 2) for dev in pair]
         assert all(torch.equal(x, y) for x, y in zip(*got))
         same_state(f"select {step}")
+        # Each row's compact length: its blocks' entries up to what it sees (the last block
+        # partly), as an engine's per-row lengths bound its top-k.
+        visible = device.visible_entries(seq + 2 * step, 2)
         for layer in range(3):
-            scored = torch.randn(8, pair[0].width * E, generator=gen)
+            blocks, counts = got[0][0][layer], got[0][1][layer]
+            last = blocks.long().gather(1, (counts.long() - 1).clamp(min=0).unsqueeze(1))[:, 0]
+            lengths = (counts.long() - 1) * bE + (visible - last * bE).clamp(max=bE)
+            scored = torch.randn(8, width * bE, generator=gen)
+            cols = device.topk(scored, lengths, k)
             for dev in pair:
-                dev.observe_scored(slots, layer, scored.clone(), blocks=got[0][0][layer])
+                dev.observe_scored(slots, layer, scored.clone(), cols, blocks=blocks)
+            same_state(f"observe {step}.{layer}")
+        assert int(pair[1]._pending_hits.sum()) > 0  # the hits were counted
         query = torch.tensor([2, 2, 1, 1])
         lengths = dict(seq_lens=seq + 2 * step + 1 + query, query_lens=query)  # 1 accepted
         for dev in pair:

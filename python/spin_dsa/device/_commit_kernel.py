@@ -159,7 +159,7 @@ def launch(owner, S, rows):
 @triton.jit
 def close_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELECTED, PREFILL_OPEN,
                  PENDING_HITS, PREV_HITS, CHURN_EMA, EXPLORE_SHARE, CONSTANTS, num_layers,
-                 max_next_n, n_blocks, EXPLORE_CHURN: tl.constexpr, BLOCK: tl.constexpr,
+                 max_next_n, n_blocks, hits_row, EXPLORE_CHURN: tl.constexpr, BLOCK: tl.constexpr,
                  MODE: tl.constexpr, FROM_LENGTHS: tl.constexpr):
     """The end of commit for one (slot, layer): the newest replayed row's top-k hits become the
     layer's last top-k (prev_hits) where it was selected and, with explore_churn, the churn EMA
@@ -172,7 +172,7 @@ def close_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELE
     group = s * num_layers + layer
     selected = tl.load(SELECTED + group) != 0
     last = _last_row(i, s, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, MODE, FROM_LENGTHS)
-    newest = PENDING_HITS + (group * max_next_n + last) * (n_blocks + 1)
+    newest = PENDING_HITS + (group * max_next_n + last) * hits_row
     prev = PREV_HITS + group * n_blocks
     now = tl.zeros((), tl.int64)
     kept = tl.zeros((), tl.int64)
@@ -180,7 +180,7 @@ def close_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELE
     for b0 in range(0, n_blocks, BLOCK):
         b = b0 + tl.arange(0, BLOCK)
         inside = b < n_blocks
-        hits = tl.load(newest + b, mask=inside, other=0)
+        hits = tl.load(newest + b, mask=inside, other=0).to(tl.int32)
         before = tl.load(prev + b, mask=inside, other=0).to(tl.int32)
         now += tl.sum(hits.to(tl.int64), axis=0)
         kept += tl.sum(tl.where(before > 0, hits, 0).to(tl.int64), axis=0)
@@ -207,7 +207,8 @@ def close(owner, S, rows):
     _per_slot_and_layer(
         close_kernel, o, S, S, *row_args, o._selected.view(torch.uint8),
         o._prefill_open.view(torch.uint8), o._pending_hits, o.prev_hits, o.churn_ema, o.explore_share,
-        o._churn_constants, o.num_layers, o.max_next_n, o.max_blocks, EXPLORE_CHURN=o._explore_churn,
+        o._churn_constants, o.num_layers, o.max_next_n, o.max_blocks, o._hits_row,
+        EXPLORE_CHURN=o._explore_churn,
         **constexprs)
 
 

@@ -12,18 +12,19 @@ times), r = (block max - kth) / spread and r / (1 - r) are single float64 operat
 hits are integer atomics. So the pending rows are bit for bit the reference's.
 """
 
+import torch
 import triton
 import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["layer", "next_n"])  # one compile for every layer and row count
 def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_VISIBLE, SLOT, RANK,
-                   PENDING_X, PENDING_HITS, PENDING_NEWEST, POSITIONS, stride_pos, ROW_BLOCKS,
-                   stride_row_blocks, layer, num_layers,
-                   max_next_n, n_blocks, width, k, next_n, chunk,
+                   PENDING_X, PENDING_HITS, HIT_WORDS, PENDING_NEWEST, POSITIONS, stride_pos,
+                   ROW_BLOCKS, stride_row_blocks, layer, num_layers,
+                   max_next_n, n_blocks, hits_row, width, k, next_n, chunk,
                    E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
                    HITS: tl.constexpr, TOPK_HITS: tl.constexpr, DEEP: tl.constexpr,
-                   REMAP: tl.constexpr):
+                   REMAP: tl.constexpr, LANES: tl.constexpr):
     # Program (r, p): row r's blocks [p·chunk, (p + 1)·chunk) of its selection; every program of
     # a row derives the row's k-th score and spread from the top-k itself (2048 loads, no
     # cross-program dependency), program 0 counts the hits. The pending rows were reset to NaN /
@@ -38,6 +39,7 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_VISIBLE, SLOT, 
     group = s * num_layers + layer
     visible = tl.load(SEL_VISIBLE + group * max_next_n + r % next_n)
     row = (group * max_next_n + r % next_n) * (n_blocks + 1)
+    hits_at = (group * max_next_n + r % next_n) * hits_row  # a whole number of 32-bit words
     scored = SCORED + r.to(tl.int64) * stride_scored
     blocks = ROW_BLOCKS + r.to(tl.int64) * stride_row_blocks
 
@@ -50,9 +52,11 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_VISIBLE, SLOT, 
     kth32 = tl.min(tl.where(valid, score, float("inf")), axis=0)
     row_max = tl.max(tl.where(valid, score, float("-inf")), axis=0)
     if HITS and part == 0:  # integer atomics: the same counts in any order
-        hit_block = tl.load(blocks + col // E, mask=valid, other=0)
-        tl.atomic_add(PENDING_HITS + row + hit_block, tl.full([BLOCK_K], 1, tl.int32),
-                      mask=valid, sem="relaxed")
+        # A block's count is lane hit_block % LANES of its 32-bit word (little-endian, as CUDA
+        # and every CPU torch runs on): one added there never carries out of the lane.
+        lane = (hits_at + tl.load(blocks + col // E, mask=valid, other=0)).to(tl.int64)
+        one = tl.full([BLOCK_K], 1, tl.int32) << ((lane % LANES) * (32 // LANES)).to(tl.int32)
+        tl.atomic_add(HIT_WORDS + lane // LANES, one, mask=valid, sem="relaxed")
     if REMAP and part == 0:  # the engine's top-k buffer: compact column → request position
         # The column's block clamped into the width, as remap() does.
         slot_of = tl.minimum(col // E, width - 1)
@@ -87,7 +91,7 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_VISIBLE, SLOT, 
             after = tl.max(v, axis=1)
             pooled = tl.where(after > float("-inf"), after, pooled)
         if TOPK_HITS:
-            hits = tl.load(PENDING_HITS + row + block, mask=observed, other=0)
+            hits = tl.load(PENDING_HITS + hits_at + block, mask=observed, other=0).to(tl.int32)
             x = (hits.to(tl.float64) / E).to(tl.float32)
         else:
             safe = tl.where(observed, pooled, 0.0)  # unobserved lanes are not stored
@@ -120,9 +124,9 @@ def launch(owner, S, layer, next_n, scored, topk, blocks, positions=None):
     out = positions if remap else topk          # a pointer the kernel never touches without REMAP
     observe_kernel[(rows, triton.cdiv(o.width, chunk))](
         scored, scored.stride(0), topk, topk.stride(0), o._visible, S, o._pool_rank,
-        o._pending_x, o._pending_hits, o._pending_newest, out, out.stride(0), blocks,
-        blocks.stride(0), layer, o.num_layers,
-        o.max_next_n, o.max_blocks, o.width, k, next_n, chunk,
+        o._pending_x, o._pending_hits, o._pending_hits.view(torch.int32), o._pending_newest, out,
+        out.stride(0), blocks, blocks.stride(0), layer, o.num_layers,
+        o.max_next_n, o.max_blocks, o._hits_row, o.width, k, next_n, chunk,
         E=o.block_entries, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
-        HITS=o._needs_hits, TOPK_HITS=topk_hits, DEEP=o._deep_pool, REMAP=remap, num_warps=4,
-        enable_fp_fusion=False)
+        HITS=o._needs_hits, TOPK_HITS=topk_hits, DEEP=o._deep_pool, REMAP=remap,
+        LANES=o._hits_lanes, num_warps=4, enable_fp_fusion=False)

@@ -67,7 +67,8 @@ def _rank_value(p):
 def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COUNT, PREV_HITS,
                   REQ_KEY, STEP, N_EXPLORE, N_HISTORY, KEEP_ALL, BUCKET, COUNTER, SHARE, BUDGET,
                   LEFT, OUT, COUNTS, SELECTED, OPEN_NEXT_N, OPENED, VISIBLE, PENDING_X, PENDING_HITS,
-                  batch, pad_slot, num_layers, n_blocks, n_buckets, width, max_next_n, compress_ratio, block_entries, max_entries, sink, local, recent, w, one_minus_w,
+                  batch, pad_slot, num_layers, n_blocks, n_buckets, width, max_next_n, hits_row,
+                  compress_ratio, block_entries, max_entries, sink, local, recent, w, one_minus_w,
                   NEXT_N: tl.constexpr, BLOCK: tl.constexpr, RANKED: tl.constexpr,
                   RANDOM: tl.constexpr, EXPLORES: tl.constexpr, STALEST: tl.constexpr,
                   USE_SLOT: tl.constexpr, USE_OFFSET: tl.constexpr, STEP_REUSE: tl.constexpr,
@@ -85,7 +86,7 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
     seq_len = tl.load(SEQ_LENS + i).to(tl.int64)
     # First, while no row is live in registers (the select proper does not read what it writes).
     _open_step(s, group, seq_len, g < batch, SELECTED, OPEN_NEXT_N, OPENED, PENDING_X,
-               PENDING_HITS, pad_slot, n_blocks, max_next_n, NEXT_N, BLOCK, HITS)
+               PENDING_HITS, pad_slot, n_blocks, max_next_n, hits_row, NEXT_N, BLOCK, HITS)
 
     if RANDOM or EXPLORES:  # the step's draw, the same for every row of the request
         if STALEST and not RANDOM:
@@ -177,7 +178,7 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
 
 @triton.jit
 def _open_step(s, group, seq_len, first_layer, SELECTED, OPEN_NEXT_N, OPENED, PENDING_X,
-               PENDING_HITS, pad_slot, n_blocks, max_next_n, NEXT_N: tl.constexpr,
+               PENDING_HITS, pad_slot, n_blocks, max_next_n, hits_row, NEXT_N: tl.constexpr,
                BLOCK: tl.constexpr, HITS: tl.constexpr):
     """The step opened for (slot, layer): its pending rows emptied (observe writes only the
     blocks it observes: NaN / 0 elsewhere, the last column included), the layer flagged selected
@@ -189,10 +190,11 @@ def _open_step(s, group, seq_len, first_layer, SELECTED, OPEN_NEXT_N, OPENED, PE
         tl.store(PENDING_X + row * (n_blocks + 1) + b, tl.full([BLOCK], float("nan"), tl.float32),
                  mask=b < n_blocks)
         tl.store(PENDING_X + row * (n_blocks + 1) + n_blocks, float("nan"))
-        if HITS:
-            tl.store(PENDING_HITS + row * (n_blocks + 1) + b, tl.zeros([BLOCK], tl.int32),
-                     mask=b < n_blocks)
-            tl.store(PENDING_HITS + row * (n_blocks + 1) + n_blocks, 0)
+        if HITS:  # rows of hits_row ≥ n_blocks + 1 lanes (the rest of a row is never written)
+            zero = tl.zeros([BLOCK], tl.int32).to(PENDING_HITS.dtype.element_ty)
+            tl.store(PENDING_HITS + row * hits_row + b, zero, mask=b < n_blocks)
+            tl.store(PENDING_HITS + row * hits_row + n_blocks,
+                     tl.zeros((), tl.int32).to(PENDING_HITS.dtype.element_ty))
     tl.store(SELECTED + group, (s != pad_slot).to(tl.uint8))
     if first_layer & (s != pad_slot):
         tl.store(OPEN_NEXT_N + s, NEXT_N)
@@ -216,8 +218,9 @@ def launch(owner, S, layers, seq_lens, next_n, out, counts):
         S, layers, seq_lens, o.slot_ema, o.last_seen, o.offset_ema, o.offset_count,
         o.prev_hits, o._req_key, o._step, o._n_explore, o._n_history, o._keep_all_i32,
         o._bucket, o._counter, o.explore_share, o._budget, o._left, out, counts,
-        o._selected.view(torch.uint8), o._open_next_n, o._opened, o._visible, o._pending_x, o._pending_hits, batch, o.pad_slot, o.num_layers, o.max_blocks,
-        o._n_buckets, o.width, o.max_next_n, o.compress_ratio, o.block_entries, o.max_entries,
+        o._selected.view(torch.uint8), o._open_next_n, o._opened, o._visible, o._pending_x,
+        o._pending_hits, batch, o.pad_slot, o.num_layers, o.max_blocks,
+        o._n_buckets, o.width, o.max_next_n, o._hits_row, o.compress_ratio, o.block_entries, o.max_entries,
         int(c["sink_blocks"]), int(c["local_blocks"]), o._recent, o._w_host, o._one_minus_w_host,
         NEXT_N=next_n, BLOCK=block, RANKED=o._fill == "ranked", RANDOM=o._fill == "random",
         EXPLORES=o._explores, STALEST=c["explore_policy"] == "stalest",

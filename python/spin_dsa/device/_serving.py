@@ -275,13 +275,19 @@ class Serving:
         # The open step: each row's pooled observation (NaN = block not observed; a last column
         # takes the padding's scatter), its newest block, which layers were selected, the rows.
         self._pending_x = torch.full((R, L, J, N + 1), float("nan"), dtype=f32, device=dev)
-        self._pending_hits = torch.zeros(R, L, J, hits_blocks + 1, dtype=torch.int32, device=dev)
+        # Its hits in prev_hits' integer, the row padded to whole 32-bit words: the observe
+        # kernel counts them with 32-bit atomics on the word holding a block's lanes (a block's
+        # count never carries into its neighbour's: it is at most the integer's range).
+        self._hits_row = -(-(hits_blocks + 1) // 4) * 4
+        self._hits_lanes = 4 // self.prev_hits.element_size()
+        self._pending_hits = torch.zeros(R, L, J, self._hits_row, dtype=self.prev_hits.dtype,
+                                         device=dev)
         self._nan = torch.full((), float("nan"), dtype=f32, device=dev)
         self._true = torch.ones((), dtype=torch.bool, device=dev)
         self._churn_constants = torch.tensor(  # the close kernel's float64 operands
             [_CHURN_KEEP, _CHURN_WEIGHT, float(self.config["explore_ratio"]),
              float(self.config["explore_churn"]) or 1.0], dtype=torch.float64, device=dev)
-        self._zero_hits = torch.zeros((), dtype=torch.int32, device=dev)
+        self._zero_hits = torch.zeros((), dtype=self.prev_hits.dtype, device=dev)
         self._pending_newest = torch.zeros(R, L, J, dtype=torch.int64, device=dev)
         self._selected = torch.zeros(R, L, dtype=torch.bool, device=dev)
         self._open_next_n = torch.ones(R, dtype=torch.int64, device=dev)
@@ -632,7 +638,8 @@ class Serving:
             row_hits = torch.zeros(batch * next_n, N + 1, dtype=torch.int32, device=self.device)
             row_hits.scatter_(1, target, hits.to(torch.int32))
             row_hits[:, N] = 0
-            self._pending_hits[S, layer, :next_n] = row_hits.reshape(batch, next_n, N + 1)
+            self._pending_hits[S, layer, :next_n, :N + 1] = (
+                row_hits.reshape(batch, next_n, N + 1).to(self._pending_hits.dtype))
         newest = blocks_for_entries(visible, self.block_entries) - 1
         self._pending_newest[S, layer, :next_n] = newest.reshape(batch, next_n)
 
@@ -702,7 +709,7 @@ class Serving:
             batch, N = S.shape[0], self.max_blocks
             newest = torch.gather(self._pending_hits[S, :, :, :N], 2,
                                   last.view(batch, 1, 1, 1).expand(-1, self.num_layers, 1, N))
-            newest = newest.squeeze(2)
+            newest = newest.squeeze(2).int()
             selected = self._selected[S]
             if self._explore_churn:
                 self._measure_churn(S, newest, selected & ~self._prefill_open[S].unsqueeze(1))

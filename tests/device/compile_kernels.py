@@ -28,16 +28,17 @@ SELECT_POINTERS = dict(
     N_EXPLORE="*i64", N_HISTORY="*i64", KEEP_ALL="*i32", BUCKET="*i64", COUNTER="*i64",
     SHARE="*fp64", BUDGET="*i64", LEFT="*i64", OUT="*i32", COUNTS="*i32", SELECTED="*u8",
     OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", PENDING_X="*fp32",
-    PENDING_HITS="*u8", w="fp32", one_minus_w="fp32")
+    PENDING_HITS="*u8", ROW0_SUM="*i64", ROW0_COUNT="*i32", w="fp32", one_minus_w="fp32")
 # The last replayed row's inputs: an engine's int32 lengths, its int64 query lengths.
 ROWS_POINTERS = dict(SLOT="*i64", ACCEPTED="*i32", SEQ_LENS="*i32", QUERY_LENS="*i64",
                      OPENED="*i64", OPEN_NEXT_N="*i64")
 OBSERVE_POINTERS = dict(
     SCORED="*fp32", TOPK="*i32", SEL_VISIBLE="*i64", SLOT="*i64", RANK="*i32",
     PENDING_X="*fp32", PENDING_HITS="*u8", HIT_WORDS="*i32", PENDING_NEWEST="*i64", POSITIONS="*i32",
-    ROW_BLOCKS="*i32")
+    ROW_BLOCKS="*i32", SLOT_EMA="*fp32", LAST_SEEN="*i8", STEP="*i64", BUCKET="*i64",
+    ROW0_SUM="*i64", ROW0_COUNT="*i32", alpha="fp32", one_minus_alpha="fp32")
 COMMIT_POINTERS = dict(
-    ROWS_POINTERS, SELECTED="*u8", STEP="*i64", PENDING_X="*fp32",
+    ROWS_POINTERS, SELECTED="*u8", ROW0_SUM="*i64", ROW0_COUNT="*i32", STEP="*i64", PENDING_X="*fp32",
     PENDING_NEWEST="*i64", SLOT_EMA="*fp32", LAST_SEEN="*i8", OFFSET_EMA="*fp32",
     OFFSET_COUNT="*i32", DIST_LO="*i64", DIST_HI="*i64", alpha="fp32", one_minus_alpha="fp32",
     beta="fp32", one_minus_beta="fp32")
@@ -96,7 +97,8 @@ def main():
                                                     (True, True, "*i32", False, True)):
         ptx = compile_ptx(_observe_kernel.observe_kernel, dict(OBSERVE_POINTERS, TOPK=topk_type),
                           dict(E=64, BLOCK_C=64, BLOCK_K=2048, HITS=hits,
-                               TOPK_HITS=topk_hits, DEEP=deep, REMAP=remap, LANES=4),
+                               TOPK_HITS=topk_hits, DEEP=deep, REMAP=remap, LANES=4,
+                               AGES=False),
                           num_warps=4, enable_fp_fusion=False)
         assert "div.rn.f64" in ptx and "div.approx" not in ptx, "observe: not IEEE division"
         assert "fma.rn.f64" not in ptx, "observe: a fused multiply-add"
@@ -124,7 +126,8 @@ def main():
                                                    STEP="*i64"), dict(L_PAD=64), num_warps=1)
     compiled += 1
     ptx = compile_ptx(_commit_kernel.commit_kernel, COMMIT_POINTERS,
-                      dict(BLOCK=1024, MODE=0, FROM_LENGTHS=True, AGES=False), num_warps=4,
+                      dict(BLOCK=1024, MODE=0, FROM_LENGTHS=True, AGES=False, K_PAD=128),
+                      num_warps=4,
                       enable_fp_fusion=False)
     assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, "commit: a fused multiply-add"
     assert "div.rn.f64" in ptx and "div.approx" not in ptx, "commit: not IEEE division"

@@ -352,8 +352,9 @@ def test_commit_leaves_a_slot_without_an_open_step_alone(impl):
 def test_the_kernels_keep_the_state_the_torch_path_keeps(config):
     """select_layers', observe's and commit's launches do the step's bookkeeping inside the
     kernels (the pending rows emptied, flags, each slot's rows and visibility, the hits counted
-    in lanes of 32-bit atomic words, acceptance read off the lengths): every state tensor equals
-    the torch path's after each call, pad rows included."""
+    in lanes of 32-bit atomic words, row 0 applied at observe with its offset sums kept for
+    commit, acceptance read off the lengths): every state tensor equals the torch path's after
+    each call, pad rows included."""
     pytest.importorskip("triton")
     cfg = dict({"page_size": E, "target_sparsity": 0.5}, **config)
     entries = 64 * E * cfg.get("block_pages", 1)
@@ -369,8 +370,9 @@ def test_the_kernels_keep_the_state_the_torch_path_keeps(config):
     def same_state(when):
         a, b = pair
         for name in ("slot_ema", "last_seen", "offset_ema", "offset_count", "prev_hits",
-                     "churn_ema", "explore_share", "_pending_x", "_pending_hits", "_selected",
-                     "_open_next_n", "_opened", "_step", "_prefill_open"):
+                     "churn_ema", "explore_share", "_pending_x", "_pending_hits", "_row0_sum",
+                     "_row0_count", "_selected", "_open_next_n", "_opened", "_step",
+                     "_prefill_open"):
             x, y = getattr(a, name)[:3], getattr(b, name)[:3]  # the pad slot's rows race
             assert torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)), f"{name} after {when}"
         assert torch.equal(a._visible[[0, 2]], b._visible[[0, 2]]), "_visible"

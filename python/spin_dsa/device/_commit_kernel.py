@@ -1,8 +1,10 @@
-"""commit fused into two Triton kernels. commit_kernel: one program per (slot, layer) of the batch replays the
-open step's pending rows 0..last in order into that layer's state — the slot EMA and last-seen of
-every observed block, then one offset-EMA update per touched distance bucket with the bucket's
-mean — where the torch reference (_serving._SlotState) runs ~70 kernels over [batch, layers,
-blocks] temporaries.
+"""commit fused into three Triton kernels. commit_kernel: one program per (slot, layer) of the
+batch finishes the open step's replay into that layer's state: row 0's offset-EMA update from the
+per-bucket sums its observe kept (observe applied its slot EMA already), then the accepted draft
+rows 1..last in order from the pending rows — the slot EMA and last-seen of every observed block,
+then one offset-EMA update per touched distance bucket with the bucket's mean — where the torch
+reference (_serving._SlotState) runs ~70 kernels over [batch, layers, blocks] temporaries. The
+last row is read inside the kernels (_last_row: given, or from the engine's lengths).
 
 The arithmetic is the reference's and the library's (src/predict/block_state.cpp): the EMAs as
 separate float32 multiplies and adds (launched without fp fusion), each observation in fixed
@@ -12,6 +14,7 @@ is a sum over a range of blocks: no atomics, and an integer sum is the same in a
 close_kernel (spin's topk_first / explore_churn, step-reuse): the newest replayed row's top-k
 hits become the last top-k, and the churn EMA — where the torch ops gathered [batch, layers,
 blocks] copies of the hits (an H200 measured the commit at 8.7 µs per layer at batch 64).
+finish_kernel: each slot's step counted and its flags cleared.
 """
 
 import torch
@@ -68,11 +71,12 @@ def _last_row(i, s, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, MODE: t
 
 
 @triton.jit(do_not_specialize=["batch"])
-def commit_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELECTED, STEP, PENDING_X, PENDING_NEWEST, SLOT_EMA, LAST_SEEN,
+def commit_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELECTED, ROW0_SUM,
+                  ROW0_COUNT, STEP, PENDING_X, PENDING_NEWEST, SLOT_EMA, LAST_SEEN,
                   OFFSET_EMA, OFFSET_COUNT, DIST_LO, DIST_HI, batch, num_layers, max_next_n,
                   n_blocks, n_buckets, alpha, one_minus_alpha, beta, one_minus_beta,
                   BLOCK: tl.constexpr, MODE: tl.constexpr, FROM_LENGTHS: tl.constexpr,
-                  AGES: tl.constexpr):
+                  AGES: tl.constexpr, K_PAD: tl.constexpr):
     i = tl.program_id(0)
     layer = tl.program_id(1)
     s = tl.load(SLOT + i)
@@ -85,8 +89,17 @@ def commit_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SEL
     state = (s * num_layers + layer) * n_blocks
     offsets = (s * num_layers + layer) * n_buckets
     near = tl.arange(0, 64).to(tl.int64)
-    for j in range(0, last + 1):
-        pending = ((s * num_layers + layer) * max_next_n + j) * (n_blocks + 1)
+    # Row 0 (replayed wherever the layer was selected): observe applied its slot EMA and kept
+    # its offset observations per bucket; their update now, as the library's apply ends row 0.
+    kb = tl.arange(0, K_PAD)
+    row0 = selected & (kb < n_buckets)
+    _offset_update(OFFSET_EMA, OFFSET_COUNT, offsets + kb,
+                   tl.load(ROW0_SUM + offsets + kb, mask=row0, other=0),
+                   tl.load(ROW0_COUNT + offsets + kb, mask=row0, other=0), beta, one_minus_beta,
+                   row0)
+    tl.debug_barrier()
+    for j in range(1, last + 1):  # the accepted draft rows, in order, from the pending rows
+        pending = ((s * num_layers + layer) * (max_next_n - 1) + j - 1) * (n_blocks + 1)
         newest = tl.load(PENDING_NEWEST + (s * num_layers + layer) * max_next_n + j)
         # The slot EMA and last-seen of every observed block.
         for b0 in range(0, n_blocks, BLOCK):
@@ -149,11 +162,12 @@ def launch(owner, S, rows):
     o = owner
     row_args, constexprs = _rows_args(o, rows)
     _per_slot_and_layer(
-        commit_kernel, o, S, S, *row_args, o._selected.view(torch.uint8), o._step, o._pending_x,
+        commit_kernel, o, S, S, *row_args, o._selected.view(torch.uint8), o._row0_sum,
+        o._row0_count, o._step, o._pending_x,
         o._pending_newest, o.slot_ema, o.last_seen, o.offset_ema, o.offset_count, o._dist_lo,
         o._dist_hi, S.shape[0], o.num_layers, o.max_next_n, o.max_blocks, o._n_buckets,
         o._alpha_host, o._one_minus_alpha_host, o._beta_host, o._one_minus_beta_host,
-        AGES=o._ages, **constexprs)
+        AGES=o._ages, K_PAD=triton.next_power_of_2(o._n_buckets), **constexprs)
 
 
 @triton.jit

@@ -1,30 +1,37 @@
 """observe_scored fused into one Triton kernel: programs per row (a chunk of its blocks each) pool
-its compact logits into the open step's pending row — the k-th and largest score from the row's top-k columns, each
-scored block's max, the normalised value x in float64, the top-k hits per block — in one launch
-per layer, where the torch reference (_serving._pool + _store_pending) takes ~40. With
-``positions`` it also writes the row's top-k as request positions (``remap``'s rule, by the
-first program of each row, which has the columns in registers already): the engine's top-k
-buffer is filled by the same launch.
+its compact logits — the k-th and largest score from the row's top-k columns, each scored
+block's max, the normalised value x in float64, the top-k hits per block — in one launch per
+layer, where the torch reference (_serving._pool + _store_pending) takes ~40. Row 0 of a request
+(replayed by commit in every mtp_update mode) goes into the state at once: each observed block's
+slot EMA and last-seen, its value added to its distance bucket's fixed-point sum for commit's
+offset update; draft rows 1.. go to the pending rows that commit replays once acceptance is
+known. With ``positions`` it also writes the row's top-k as request positions (``remap``'s rule,
+by the first program of each row, which has the columns in registers already): the engine's
+top-k buffer is filled by the same launch.
 
-The arithmetic is the reference's (and the library's, src/predict/pooling.cpp): min and max are
-exact in any order (so is a block's rank-th best, found by dropping its best entry rank - 1
-times), r = (block max - kth) / spread and r / (1 - r) are single float64 operations,
-hits are integer atomics. So the pending rows are bit for bit the reference's.
+The arithmetic is the reference's (and the library's, src/predict/pooling.cpp and
+block_state.cpp): min and max are exact in any order (so is a block's rank-th best, found by
+dropping its best entry rank - 1 times), r = (block max - kth) / spread and r / (1 - r) are
+single float64 operations, the EMA separate float32 multiplies and adds, hits and bucket sums
+integer atomics. So the state and the pending rows are bit for bit the reference's.
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from ._commit_kernel import _fixed_point
 
-@triton.jit(do_not_specialize=["layer", "next_n"])  # one compile for every layer and row count
+
+@triton.jit(do_not_specialize=["layer", "next_n", "pad_slot"])  # one compile for every layer and row count
 def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_VISIBLE, SLOT, RANK,
                    PENDING_X, PENDING_HITS, HIT_WORDS, PENDING_NEWEST, POSITIONS, stride_pos,
-                   ROW_BLOCKS, stride_row_blocks, layer, num_layers,
+                   ROW_BLOCKS, stride_row_blocks, SLOT_EMA, LAST_SEEN, STEP, BUCKET, ROW0_SUM,
+                   ROW0_COUNT, layer, num_layers, pad_slot, n_buckets, alpha, one_minus_alpha,
                    max_next_n, n_blocks, hits_row, width, k, next_n, chunk,
                    E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
                    HITS: tl.constexpr, TOPK_HITS: tl.constexpr, DEEP: tl.constexpr,
-                   REMAP: tl.constexpr, LANES: tl.constexpr):
+                   REMAP: tl.constexpr, LANES: tl.constexpr, AGES: tl.constexpr):
     # Program (r, p): row r's blocks [p·chunk, (p + 1)·chunk) of its selection; every program of
     # a row derives the row's k-th score and spread from the top-k itself (2048 loads, no
     # cross-program dependency), program 0 counts the hits. The pending rows were reset to NaN /
@@ -37,8 +44,11 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_VISIBLE, SLOT, 
     i = r // next_n
     s = tl.load(SLOT + i)
     group = s * num_layers + layer
-    visible = tl.load(SEL_VISIBLE + group * max_next_n + r % next_n)
-    row = (group * max_next_n + r % next_n) * (n_blocks + 1)
+    j = r % next_n
+    visible = tl.load(SEL_VISIBLE + group * max_next_n + j)
+    newest = (visible + E - 1) // E - 1
+    # Rows 1.. wait in the pending rows for the acceptance; row 0 updates the state now.
+    row = (group * (max_next_n - 1) + j - 1) * (n_blocks + 1)
     hits_at = (group * max_next_n + r % next_n) * hits_row  # a whole number of 32-bit words
     scored = SCORED + r.to(tl.int64) * stride_scored
     blocks = ROW_BLOCKS + r.to(tl.int64) * stride_row_blocks
@@ -98,10 +108,37 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_VISIBLE, SLOT, 
             ratio = (safe.to(tl.float64) - kth) / spread
             squash = tl.where(ratio >= 0.0, 1.0, 1.0 - ratio)  # r ≥ 0: r; else r / (1 - r)
             x = (ratio / squash).to(tl.float32)
-        tl.store(PENDING_X + row + block, x, mask=observed)
+        if j == 0:
+            _observe_row0(x, block, observed & (s != pad_slot), s, group, newest, SLOT_EMA,
+                          LAST_SEEN, STEP, BUCKET, ROW0_SUM, ROW0_COUNT, n_blocks, n_buckets,
+                          alpha, one_minus_alpha, AGES)
+        else:
+            tl.store(PENDING_X + row + block, x, mask=observed)
     if part == 0:
-        tl.store(PENDING_NEWEST + (s * num_layers + layer) * max_next_n + r % next_n,
-                 (visible + E - 1) // E - 1)
+        tl.store(PENDING_NEWEST + group * max_next_n + j, newest)
+
+
+@triton.jit
+def _observe_row0(x, block, apply, s, group, newest, SLOT_EMA, LAST_SEEN, STEP, BUCKET, ROW0_SUM,
+                  ROW0_COUNT, n_blocks, n_buckets, alpha, one_minus_alpha, AGES: tl.constexpr):
+    """Row 0's share of BlockState::apply at observe (commit replays row 0 in every mtp_update
+    mode, and nothing reads this (slot, layer)'s state in between): each observed block's slot
+    EMA and last-seen — separate float32 multiplies and adds, as commit_kernel — and its value
+    in fixed point added to its distance bucket's sum and count (integer atomics: the same in
+    any order), which commit turns into the offset EMA's update."""
+    at = group.to(tl.int64) * n_blocks + block
+    old = tl.load(SLOT_EMA + at, mask=apply, other=0.0)
+    seen = tl.load(LAST_SEEN + at, mask=apply, other=-1)
+    tl.store(SLOT_EMA + at, tl.where(seen == -1, x, one_minus_alpha * old + alpha * x), mask=apply)
+    mark = tl.load(STEP + s).to(tl.int32)
+    if not AGES:  # LAST_SEEN is int8, -1 never observed, 0 observed (Serving._ages)
+        mark = mark * 0
+    tl.store(LAST_SEEN + at, (tl.zeros_like(seen) + mark).to(seen.dtype), mask=apply)
+    bucket = tl.load(BUCKET + tl.maximum(newest - block, 0), mask=apply, other=0)
+    sums = group.to(tl.int64) * n_buckets + bucket
+    tl.atomic_add(ROW0_SUM + sums, _fixed_point(tl.where(apply, x, 0.0)), mask=apply,
+                  sem="relaxed")
+    tl.atomic_add(ROW0_COUNT + sums, apply.to(tl.int32), mask=apply, sem="relaxed")
 
 
 def launch(owner, S, layer, next_n, scored, topk, blocks, positions=None):
@@ -125,8 +162,10 @@ def launch(owner, S, layer, next_n, scored, topk, blocks, positions=None):
     observe_kernel[(rows, triton.cdiv(o.width, chunk))](
         scored, scored.stride(0), topk, topk.stride(0), o._visible, S, o._pool_rank,
         o._pending_x, o._pending_hits, o._pending_hits.view(torch.int32), o._pending_newest, out,
-        out.stride(0), blocks, blocks.stride(0), layer, o.num_layers,
+        out.stride(0), blocks, blocks.stride(0), o.slot_ema, o.last_seen, o._step, o._bucket,
+        o._row0_sum, o._row0_count, layer, o.num_layers, o.pad_slot, o._n_buckets,
+        o._alpha_host, o._one_minus_alpha_host,
         o.max_next_n, o.max_blocks, o._hits_row, o.width, k, next_n, chunk,
         E=o.block_entries, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
         HITS=o._needs_hits, TOPK_HITS=topk_hits, DEEP=o._deep_pool, REMAP=remap,
-        LANES=o._hits_lanes, num_warps=4, enable_fp_fusion=False)
+        LANES=o._hits_lanes, AGES=o._ages, num_warps=4, enable_fp_fusion=False)

@@ -67,6 +67,7 @@ def _rank_value(p):
 def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET_COUNT, PREV_HITS,
                   REQ_KEY, STEP, N_EXPLORE, N_HISTORY, KEEP_ALL, BUCKET, COUNTER, SHARE, BUDGET,
                   LEFT, OUT, COUNTS, SELECTED, OPEN_NEXT_N, OPENED, VISIBLE, PENDING_X, PENDING_HITS,
+                  ROW0_SUM, ROW0_COUNT,
                   batch, pad_slot, num_layers, n_blocks, n_buckets, width, max_next_n, hits_row,
                   compress_ratio, block_entries, max_entries, sink, local, recent, w, one_minus_w,
                   NEXT_N: tl.constexpr, BLOCK: tl.constexpr, RANKED: tl.constexpr,
@@ -86,7 +87,8 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
     seq_len = tl.load(SEQ_LENS + i).to(tl.int64)
     # First, while no row is live in registers (the select proper does not read what it writes).
     _open_step(s, group, seq_len, g < batch, SELECTED, OPEN_NEXT_N, OPENED, PENDING_X,
-               PENDING_HITS, pad_slot, n_blocks, max_next_n, hits_row, NEXT_N, BLOCK, HITS)
+               PENDING_HITS, ROW0_SUM, ROW0_COUNT, pad_slot, n_blocks, n_buckets, max_next_n,
+               hits_row, NEXT_N, BLOCK, HITS)
 
     if RANDOM or EXPLORES:  # the step's draw, the same for every row of the request
         if STALEST and not RANDOM:
@@ -178,18 +180,25 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
 
 @triton.jit
 def _open_step(s, group, seq_len, first_layer, SELECTED, OPEN_NEXT_N, OPENED, PENDING_X,
-               PENDING_HITS, pad_slot, n_blocks, max_next_n, hits_row, NEXT_N: tl.constexpr,
-               BLOCK: tl.constexpr, HITS: tl.constexpr):
+               PENDING_HITS, ROW0_SUM, ROW0_COUNT, pad_slot, n_blocks, n_buckets, max_next_n,
+               hits_row, NEXT_N: tl.constexpr, BLOCK: tl.constexpr, HITS: tl.constexpr):
     """The step opened for (slot, layer): its pending rows emptied (observe writes only the
     blocks it observes: NaN / 0 elsewhere, the last column included), the layer flagged selected
     but on the pad slot, which never opens a step (its rows would update one state in a racy
     order); once per slot, its rows and the tokens cached before them (commit's acceptance)."""
     b = tl.arange(0, BLOCK).to(tl.int64)
-    for j in range(max_next_n):
-        row = group * max_next_n + j
+    for j in range(max_next_n - 1):  # the draft rows' observations
+        row = group * (max_next_n - 1) + j
         tl.store(PENDING_X + row * (n_blocks + 1) + b, tl.full([BLOCK], float("nan"), tl.float32),
                  mask=b < n_blocks)
         tl.store(PENDING_X + row * (n_blocks + 1) + n_blocks, float("nan"))
+    for k0 in range(0, n_buckets, BLOCK):  # row 0's offset sums
+        k = k0 + b
+        tl.store(ROW0_SUM + group * n_buckets + k, tl.zeros([BLOCK], tl.int64), mask=k < n_buckets)
+        tl.store(ROW0_COUNT + group * n_buckets + k, tl.zeros([BLOCK], tl.int32),
+                 mask=k < n_buckets)
+    for j in range(max_next_n):
+        row = group * max_next_n + j
         if HITS:  # rows of hits_row ≥ n_blocks + 1 lanes (the rest of a row is never written)
             zero = tl.zeros([BLOCK], tl.int32).to(PENDING_HITS.dtype.element_ty)
             tl.store(PENDING_HITS + row * hits_row + b, zero, mask=b < n_blocks)
@@ -219,7 +228,7 @@ def launch(owner, S, layers, seq_lens, next_n, out, counts):
         o.prev_hits, o._req_key, o._step, o._n_explore, o._n_history, o._keep_all_i32,
         o._bucket, o._counter, o.explore_share, o._budget, o._left, out, counts,
         o._selected.view(torch.uint8), o._open_next_n, o._opened, o._visible, o._pending_x,
-        o._pending_hits, batch, o.pad_slot, o.num_layers, o.max_blocks,
+        o._pending_hits, o._row0_sum, o._row0_count, batch, o.pad_slot, o.num_layers, o.max_blocks,
         o._n_buckets, o.width, o.max_next_n, o._hits_row, o.compress_ratio, o.block_entries, o.max_entries,
         int(c["sink_blocks"]), int(c["local_blocks"]), o._recent, o._w_host, o._one_minus_w_host,
         NEXT_N=next_n, BLOCK=block, RANKED=o._fill == "ranked", RANDOM=o._fill == "random",

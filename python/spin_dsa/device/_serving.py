@@ -272,9 +272,15 @@ class Serving:
         self.churn_ema = torch.full((R, L), -1.0, dtype=torch.float64, device=dev)
         self.explore_share = torch.full((R, L), self._share0, dtype=torch.float64, device=dev)
         self._prefill_open = torch.zeros(R, dtype=torch.bool, device=dev)
-        # The open step: each row's pooled observation (NaN = block not observed; a last column
-        # takes the padding's scatter), its newest block, which layers were selected, the rows.
-        self._pending_x = torch.full((R, L, J, N + 1), float("nan"), dtype=f32, device=dev)
+        # The open step. Row 0 is replayed in every mtp_update mode, so observe applies its slot
+        # EMA at once (nothing reads a (slot, layer)'s state between its observe and the commit)
+        # and keeps its offset observations as fixed-point sums per bucket, which commit applies
+        # in the library's order; rows 1.. (MTP drafts) wait for the acceptance: their pooled
+        # observation (NaN = block not observed; a last column takes the padding's scatter).
+        # Then each row's newest block, which layers were selected, the rows.
+        self._row0_sum = torch.zeros(R, L, K, dtype=torch.int64, device=dev)
+        self._row0_count = torch.zeros(R, L, K, dtype=torch.int32, device=dev)
+        self._pending_x = torch.full((R, L, J - 1, N + 1), float("nan"), dtype=f32, device=dev)
         # Its hits in prev_hits' integer, the row padded to whole 32-bit words: the observe
         # kernel counts them with 32-bit atomics on the word holding a block's lanes (a block's
         # count never carries into its neighbour's: it is at most the integer's range).
@@ -288,6 +294,8 @@ class Serving:
             [_CHURN_KEEP, _CHURN_WEIGHT, float(self.config["explore_ratio"]),
              float(self.config["explore_churn"]) or 1.0], dtype=torch.float64, device=dev)
         self._zero_hits = torch.zeros((), dtype=self.prev_hits.dtype, device=dev)
+        self._zero_sum = torch.zeros((), dtype=torch.int64, device=dev)
+        self._zero_count = torch.zeros((), dtype=torch.int32, device=dev)
         self._pending_newest = torch.zeros(R, L, J, dtype=torch.int64, device=dev)
         self._selected = torch.zeros(R, L, dtype=torch.bool, device=dev)
         self._open_next_n = torch.ones(R, dtype=torch.int64, device=dev)
@@ -302,7 +310,7 @@ class Serving:
     def memory_bytes(self):
         tensors = (self.slot_ema, self.last_seen, self.offset_ema, self.offset_count,
                    self.prev_hits, self.churn_ema, self.explore_share, self._pending_x,
-                   self._pending_hits, self._pending_newest,
+                   self._row0_sum, self._row0_count, self._pending_hits, self._pending_newest,
                    self._selected, self._visible, self._opened, self._open_next_n)
         return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -420,6 +428,8 @@ class Serving:
         # observe kernel writes only the blocks it observes). The values are device scalars: a
         # Python number here would be a host-to-device copy, which a CUDA graph cannot capture.
         self._pending_x.index_put_((S_g, L_g), self._nan)
+        self._row0_sum.index_put_((S_g, L_g), self._zero_sum)
+        self._row0_count.index_put_((S_g, L_g), self._zero_count)
         if self._needs_hits:
             self._pending_hits.index_put_((S_g, L_g), self._zero_hits)
         self._open_next_n.index_fill_(0, S, next_n)
@@ -610,7 +620,10 @@ class Serving:
         blocks = self._block_ids[:n_blocks].expand(batch, -1)
         x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None,
                         int(self.config["topk"]), E, self.config["pooling"], self._row_rank(visible))
-        self._mark_selected(S, torch.full_like(S, layer))
+        layers = torch.full_like(S, layer)
+        self._mark_selected(S, layers)
+        self._row0_sum.index_put_((S, layers), self._zero_sum)  # the step opens here
+        self._row0_count.index_put_((S, layers), self._zero_count)
         self._prefill_open.index_fill_(0, S, True)  # its commit measures no churn (the library's)
         self._open_next_n.index_fill_(0, S, 1)
         self._opened[S] = seq_lens.long() - 1
@@ -633,15 +646,30 @@ class Serving:
                            device=self.device)
         row_x.scatter_(1, target, x)
         row_x[:, N] = float("nan")
-        self._pending_x[S, layer, :next_n] = row_x.reshape(batch, next_n, N + 1)
+        row_x = row_x.reshape(batch, next_n, N + 1)
+        newest = (blocks_for_entries(visible, self.block_entries) - 1).reshape(batch, next_n)
+        self._observe_row0(S, layer, row_x[:, 0, :N], newest[:, 0])
+        self._pending_x[S, layer, :next_n - 1] = row_x[:, 1:]
         if self._needs_hits:
             row_hits = torch.zeros(batch * next_n, N + 1, dtype=torch.int32, device=self.device)
             row_hits.scatter_(1, target, hits.to(torch.int32))
             row_hits[:, N] = 0
             self._pending_hits[S, layer, :next_n, :N + 1] = (
                 row_hits.reshape(batch, next_n, N + 1).to(self._pending_hits.dtype))
-        newest = blocks_for_entries(visible, self.block_entries) - 1
-        self._pending_newest[S, layer, :next_n] = newest.reshape(batch, next_n)
+        self._pending_newest[S, layer, :next_n] = newest
+
+    def _observe_row0(self, S, layer, x, newest):
+        """Row 0 of the open step at `layer` (x [batch, N], NaN = not observed): its slot EMA
+        and last-seen now, its offsets as fixed-point sums per bucket for commit — the observe
+        kernel's split of BlockState::apply. The pad slot is left alone."""
+        state = _SlotState(self, S, layer)
+        use = (S != self.pad_slot).unsqueeze(-1)
+        observed = state.apply_slot(x, use)
+        sums, counts = state.bucket_sums(x, newest, observed)
+        self._row0_sum[S, layer] += sums
+        self._row0_count[S, layer] += counts.int()
+        self.slot_ema[S, layer] = state.slot
+        self.last_seen[S, layer] = state.seen
 
     def commit(self, slots, accepted=None, *, seq_lens=None, query_lens=None):
         """Closes the open step of every slot: accepted (int tensor [batch], None = zeros) draft
@@ -677,9 +705,12 @@ class Serving:
             return
         last = self._last_rows(S, rows)
         state = _SlotState(self, S)
-        for j in range(self.max_next_n):
-            use = self._selected[S] & (j <= last).unsqueeze(1)  # [batch, L]
-            state.apply(self._pending_x[S, :, j, :self.max_blocks],
+        selected = self._selected[S]  # row 0 is replayed wherever a layer was selected
+        state.apply_offsets(torch.where(selected.unsqueeze(-1), self._row0_sum[S], 0),
+                            torch.where(selected.unsqueeze(-1), self._row0_count[S], 0))
+        for j in range(1, self.max_next_n):
+            use = selected & (j <= last).unsqueeze(1)  # [batch, L]
+            state.apply(self._pending_x[S, :, j - 1, :self.max_blocks],
                         self._pending_newest[S, :, j], use)
         state.store()
         self._close(S, last)
@@ -741,37 +772,56 @@ class Serving:
 
 
 class _SlotState:
-    """The batch's slots' state gathered once per commit, updated row by row, stored back."""
+    """The batch's slots' state gathered once (every layer, or one), updated row by row, stored
+    back: BlockState::apply as the slot part (each observed block's EMA and last-seen) and the
+    offset part (one EMA update per touched bucket with its mean, from a fixed-point sum)."""
 
-    def __init__(self, owner, S):
+    def __init__(self, owner, S, layer=None):
         self.o, self.S = owner, S
-        self.slot = owner.slot_ema[S]
-        self.seen = owner.last_seen[S]
-        self.offset = owner.offset_ema[S]
-        self.count = owner.offset_count[S]
+        at = S if layer is None else (S, layer)
+        self.slot = owner.slot_ema[at]
+        self.seen = owner.last_seen[at]
+        self.offset = owner.offset_ema[at]
+        self.count = owner.offset_count[at]
         step = owner._step[S] if owner._ages else torch.zeros_like(owner._step[S])  # 0: "seen"
-        self.step = step.to(owner.last_seen.dtype).view(-1, 1, 1)
+        self.step = step.to(owner.last_seen.dtype).view(-1, *([1] * (self.slot.dim() - 1)))
 
     def apply(self, x, newest, use):
-        """BlockState::apply of one pending row per (slot, layer) where `use`: x [batch, L, N]
-        (NaN = not observed), newest [batch, L]."""
+        """One pending row per (slot, layer) where `use`: x [batch, L, N] (NaN = not observed),
+        newest [batch, L]."""
+        observed = self.apply_slot(x, use.unsqueeze(-1))
+        self.apply_offsets(*self.bucket_sums(x, newest, observed))
+
+    def apply_slot(self, x, use):
+        """The slot EMA and last-seen of every observed block where `use` (broadcast over
+        blocks); returns which blocks were observed."""
         o = self.o
-        observed = ~torch.isnan(x) & use.unsqueeze(-1)
+        observed = ~torch.isnan(x) & use
         x0 = torch.where(observed, x, torch.zeros_like(x))
         ema = o._one_minus_alpha * self.slot + o._alpha * x0
         updated = torch.where(self.seen == -1, x0, ema)
         self.slot = torch.where(observed, updated, self.slot)
         self.seen = torch.where(observed, self.step, self.seen)
-        # Offsets: one update per touched bucket with the bucket's mean (fixed-point sum).
+        return observed
+
+    def bucket_sums(self, x, newest, observed):
+        """Per bucket of distance from `newest`: the observed values' fixed-point sum (int64)
+        and count."""
+        o = self.o
         K = o._n_buckets
         d = (newest.unsqueeze(-1) - o._block_ids).clamp(min=0, max=o._bucket.shape[0] - 1)
         bucket = torch.where(observed, o._bucket[d], K)
+        x0 = torch.where(observed, x, torch.zeros_like(x))
         fixed = torch.where(observed, torch.round(x0.double() * _OFFSET_SCALE).long(), 0)
-        shape = (*bucket.shape[:2], K + 1)
-        sums = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(2, bucket, fixed)
+        shape = (*bucket.shape[:-1], K + 1)
+        sums = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(-1, bucket, fixed)
         ns = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(
-            2, bucket, observed.long())
-        sums, ns = sums[..., :K], ns[..., :K]
+            -1, bucket, observed.long())
+        return sums[..., :K], ns[..., :K]
+
+    def apply_offsets(self, sums, ns):
+        """One offset-EMA update per bucket with a count, by the bucket's mean."""
+        o = self.o
         touched = ns > 0
         mean = (sums.double() / _OFFSET_SCALE / ns.clamp(min=1).double()).float()
         ema = o._one_minus_beta * self.offset + o._beta * mean

@@ -318,7 +318,7 @@ TEST(PredictAdapt, ExplorationShareRisesAtOnceFallsSlowlyAndKeepsItsFloor) {
   constexpr double kStep = kExploreShareStep * 0.1;  // 0.05
   // Exploration paid (3 hits against 1): d = 0.5, the whole move up.
   EXPECT_DOUBLE_EQ(share_after(3, 1, 0.1, kExploreShareFall), 0.1 + kStep * 0.5);
-  // History paid (1 against 3): d = -0.5; the target 0.075 is reached by a quarter of the move.
+  // History paid (1 against 3): d = -0.5; of the move to the target 0.075 a quarter is taken.
   EXPECT_DOUBLE_EQ(share_after(1, 3, 0.1, kExploreShareFall), 0.1 + kExploreShareFall * (kStep * -0.5));
   EXPECT_GT(share_after(1, 3, 0.1, kExploreShareFall), share_after(1, 3, 0.1, 1.0));  // stays higher
   // From the floor's neighbourhood a fall stops at the floor, half the ratio (0.05), not below.

@@ -38,10 +38,10 @@ for item in "${items[@]}"; do
     for name in ${RULES:-default paper prev-iter step-reuse adapt}; do
       [[ -n "${rule[$name]:-}" ]] || { echo "regime-table: unknown rule '$name' in RULES (default paper prev-iter step-reuse adapt)" >&2; exit 2; }
       # shellcheck disable=SC2086  # the rule is a list of flags
-      line=$("$spin" replay "$trace" ${rule[$name]} --sparsity "$sparsity" "${topk[@]}" 2>/dev/null |
-             jq -r '"\(.recall_mean) \(.miss_p99)"')
+      read -r mean p99 < <("$spin" replay "$trace" ${rule[$name]} --sparsity "$sparsity" "${topk[@]}" 2>/dev/null |
+                           jq -r '"\(.recall_mean) \(.miss_p99)"')
       printf '%s %s %-10s %.4f %.4f   # spin replay %s %s --sparsity %s %s\n' "$item" "$sparsity" "$name" \
-        $line "$trace" "${rule[$name]}" "$sparsity" "${topk[*]}"
+        "$mean" "$p99" "$trace" "${rule[$name]}" "$sparsity" "${topk[*]}"
     done
   done
 done

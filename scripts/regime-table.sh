@@ -2,10 +2,12 @@
 # Issue 30's table: spin's default against the paper's spin (--preset paper), prev-iter and
 # step-reuse — and the per-layer adaptive rule (--set adapt=1) — closed loop at 30 % and 50 %
 # sparsity, mean recall / p99 miss, one line per cell, each the `spin replay` it ran.
-#   ./scripts/regime-table.sh [SCENARIO|TRACE.safetensors[@TOPK] ...]
+#   [RULES="adapt ..."] ./scripts/regime-table.sh [SCENARIO|TRACE.safetensors[@TOPK]|TRACE.st ...]
 # Scenarios are generated once into build/regime-traces/ (`spin trace gen --scenario S`, the
 # scenario's own steps; S:STEPS for fewer); a recorded trace is replayed at its own top-k, or at
-# TOPK (`--topk`). Default: the built-in scenarios of the table in docs/results.md.
+# TOPK (`--topk`); a .st file is replayed as it is (e.g. `spin trace convert`'s score trace of a
+# generated one: the same figures without scoring the keys at every replay). RULES: the columns to
+# run (default: all five). Default items: the built-in scenarios of the table in docs/results.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 spin=build/release/tools/spin
@@ -20,7 +22,9 @@ declare -A rule=([default]="--predictor spin" [paper]="--predictor spin --preset
                  [adapt]="--predictor spin --set adapt=1")
 for item in "${items[@]}"; do
   topk=()
-  if [[ "$item" == *.safetensors* ]]; then
+  if [[ "$item" == *.st ]]; then
+    trace="$item"
+  elif [[ "$item" == *.safetensors* ]]; then
     trace="${item%@*}"
     [[ "$item" == *@* ]] && topk=(--topk "${item##*@}")
   else
@@ -31,12 +35,13 @@ for item in "${items[@]}"; do
     [[ -f "$trace" ]] || "$spin" trace gen --scenario "$scenario" "${steps[@]}" --out "$trace" >/dev/null
   fi
   for sparsity in 0.3 0.5; do
-    for name in default paper prev-iter step-reuse adapt; do
+    for name in ${RULES:-default paper prev-iter step-reuse adapt}; do
+      [[ -n "${rule[$name]:-}" ]] || { echo "regime-table: unknown rule '$name' in RULES (default paper prev-iter step-reuse adapt)" >&2; exit 2; }
       # shellcheck disable=SC2086  # the rule is a list of flags
-      line=$("$spin" replay "$trace" ${rule[$name]} --sparsity "$sparsity" "${topk[@]}" 2>/dev/null |
-             jq -r '"\(.recall_mean) \(.miss_p99)"')
+      read -r mean p99 < <("$spin" replay "$trace" ${rule[$name]} --sparsity "$sparsity" "${topk[@]}" 2>/dev/null |
+                           jq -r '"\(.recall_mean) \(.miss_p99)"')
       printf '%s %s %-10s %.4f %.4f   # spin replay %s %s --sparsity %s %s\n' "$item" "$sparsity" "$name" \
-        $line "$trace" "${rule[$name]}" "$sparsity" "${topk[*]}"
+        "$mean" "$p99" "$trace" "${rule[$name]}" "$sparsity" "${topk[*]}"
     done
   done
 done

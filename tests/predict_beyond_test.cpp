@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "predict/hisa.h"
+#include "predict/probe_share.h"
 #include "predict_testing.h"
 #include "spin/predict.h"
 #include "spin/predictor_inputs.h"
@@ -242,8 +243,9 @@ void observe_full_prefill(BlockPredictor& p, const std::vector<float>& scores, i
 // `moved` true: from then on the top-k (8 entries, 2 blocks) sits in blocks 20–38 alone, which
 // only exploration reaches at first — the share grows; false: the truth stays and the top-k (56
 // entries, 14 blocks) is history's picks, explored blocks below them find nothing while its
-// lowest picks hold the top-k — the share shrinks to its floor (a quarter: 0.05 · 20 = 1 block).
-std::vector<int32_t> explored_per_step(bool moved, int32_t adapt) {
+// lowest picks hold the top-k — the share shrinks, slowly (a quarter of each move), to its floor
+// (half the ratio: 0.1 · 20 = 2 blocks). `steps` decode steps.
+std::vector<int32_t> explored_per_step(bool moved, int32_t adapt, int64_t steps = 6) {
   PredictorConfig c;
   c.page_size = 4;
   c.topk = moved ? 8 : 56;
@@ -264,7 +266,7 @@ std::vector<int32_t> explored_per_step(bool moved, int32_t adapt) {
   observe_full_prefill(*p, prefill, entries);
   std::vector<int32_t> explored;
   Selection sel;
-  for (int64_t step = 1; step <= 6; ++step) {
+  for (int64_t step = 1; step <= steps; ++step) {
     EXPECT_TRUE(p->select(0, {step, entries, 1}, &sel).ok());
     explored.push_back(sel.row_explored[0]);
     EXPECT_EQ(sel.row_budget[0], 20);
@@ -281,10 +283,51 @@ TEST(PredictAdapt, ExplorationFollowsWhatItFinds) {
   const std::vector<int32_t> grew = explored_per_step(true, 1);
   EXPECT_EQ(grew[0], 4);
   EXPECT_GT(*std::max_element(grew.begin(), grew.end()), 4) << ::testing::PrintToString(grew);
-  const std::vector<int32_t> shrank = explored_per_step(false, 1);
+  const std::vector<int32_t> shrank = explored_per_step(false, 1, 24);
   EXPECT_EQ(shrank[0], 4);
-  EXPECT_EQ(shrank.back(), 1) << ::testing::PrintToString(shrank);  // the floor: llround(0.05 · 20)
   EXPECT_TRUE(std::is_sorted(shrank.rbegin(), shrank.rend())) << ::testing::PrintToString(shrank);
+  // Slowly: a symmetric rule would reach the floor after one step (0.2 - 0.5 · 0.2 = 0.1); this
+  // one takes a quarter of that move per step, so the second step still explores 4 blocks.
+  EXPECT_EQ(shrank[1], 4) << ::testing::PrintToString(shrank);
+  EXPECT_GT(shrank[3], 2) << ::testing::PrintToString(shrank);
+  // ... and never below the floor, half the ratio: llround(0.1 · 20) = 2 (a quarter used to be 1).
+  EXPECT_EQ(shrank.back(), 2) << ::testing::PrintToString(shrank);
+  // Deterministic: the same inputs and seed give the same shares, step by step.
+  EXPECT_EQ(explored_per_step(false, 1, 24), shrank);
+  EXPECT_EQ(explored_per_step(true, 1), grew);
+}
+
+// The share's update rule itself (probe_share.h): history's lowest-ranked pick (block 5) holds
+// `history_hits` top-k entries, exploration's pick (block 9) `explore_hits`, one block each.
+double share_after(int64_t explore_hits, int64_t history_hits, double share, double fall) {
+  ProbeShareState st;
+  st.share = share;
+  const uint64_t picked[] = {9};
+  const uint64_t history[] = {uint64_t{7} << 32 | 3, uint64_t{8} << 32 | 5};  // block 5 ranks lowest
+  std::vector<uint64_t> scratch;
+  st.record(picked, 1, 1, history, 2, &scratch);
+  PooledRow row;
+  row.blocks = {3, 5, 9};
+  row.x = {1, 1, 1};
+  row.topk_hits = {1, static_cast<int32_t>(history_hits), static_cast<int32_t>(explore_hits)};
+  st.update(row, 0.1, kExploreShareStep * 0.1, kExploreShareFloor * 0.1, kExploreShareCeiling * 0.1, fall);
+  return st.current(0.1);
+}
+
+TEST(PredictAdapt, ExplorationShareRisesAtOnceFallsSlowlyAndKeepsItsFloor) {
+  constexpr double kStep = kExploreShareStep * 0.1;  // 0.05
+  // Exploration paid (3 hits against 1): d = 0.5, the whole move up.
+  EXPECT_DOUBLE_EQ(share_after(3, 1, 0.1, kExploreShareFall), 0.1 + kStep * 0.5);
+  // History paid (1 against 3): d = -0.5; of the move to the target 0.075 a quarter is taken.
+  EXPECT_DOUBLE_EQ(share_after(1, 3, 0.1, kExploreShareFall), 0.1 + kExploreShareFall * (kStep * -0.5));
+  EXPECT_GT(share_after(1, 3, 0.1, kExploreShareFall), share_after(1, 3, 0.1, 1.0));  // stays higher
+  // From the floor's neighbourhood a fall stops at the floor, half the ratio (0.05), not below.
+  EXPECT_DOUBLE_EQ(share_after(0, 4, kExploreShareFloor * 0.1, kExploreShareFall), 0.05);
+  EXPECT_EQ(kExploreShareFloor, 0.5);
+  // Ceiling: four times the ratio.
+  EXPECT_DOUBLE_EQ(share_after(4, 0, 0.39, kExploreShareFall), 0.4);
+  // fall 1 (probe_adapt's call) is the symmetric rule, to the bit.
+  EXPECT_EQ(share_after(1, 3, 0.1, 1.0), std::clamp(0.1 + kStep * -0.5, 0.05, 0.4));
 }
 
 // adapt: a layer keeps spin's additions while they rank its top-k better than the EMA alone. 40

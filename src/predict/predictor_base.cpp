@@ -508,8 +508,12 @@ Status PredictorBase::commit(int32_t accepted) {
     if (config_.probe_adapt)
       l.share.update(l.pending[0], config_.probe_share, kProbeShareStep, kProbeShareFloor * config_.probe_share,
                      kProbeShareCeiling);
-    if (config_.adapt) l.explore.update(l.pending[0], config_.explore_ratio, kExploreShareStep * config_.explore_ratio,
-                                        kExploreShareFloor * config_.explore_ratio, kExploreShareCeiling * config_.explore_ratio);
+    // adapt: rises at once when exploration pays, falls a quarter as fast, never below half of
+    // explore_ratio (probe_share.h says why).
+    if (config_.adapt)
+      l.explore.update(l.pending[0], config_.explore_ratio, kExploreShareStep * config_.explore_ratio,
+                       kExploreShareFloor * config_.explore_ratio, kExploreShareCeiling * config_.explore_ratio,
+                       kExploreShareFall);
     l.prev_topk_blocks.clear();
     l.prev_topk_hits.clear();
     for (size_t i = 0; i < newest.blocks.size(); ++i) {

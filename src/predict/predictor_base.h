@@ -78,7 +78,8 @@ class PredictorBase : public BlockPredictor {
   virtual bool moves_budget() const { return false; }
   // The exploration share of `layer`'s budget: explore_ratio · min(1, churn EMA / explore_churn),
   // 0 until the layer has measured its churn; explore_ratio with explore_churn 0
-  // (PredictorConfig::explore_churn).
+  // (PredictorConfig::explore_churn). With adapt: the layer's own share, moved at each commit by
+  // what exploration found, within [1/2, 4] × explore_ratio (probe_share.h).
   double explore_share(int32_t layer) const;
   // Max pooling's rank for an observed row: pool_rank() for spin's family (explores(): its
   // PredictorConfig::pool_depth), 1 (the block's best) for every other predictor.

@@ -24,7 +24,8 @@ void ProbeShareState::record(const uint64_t* picked, int64_t n_picked, int64_t n
   std::sort(margin_picked.begin(), margin_picked.end());
 }
 
-void ProbeShareState::update(const PooledRow& row0, double configured, double step, double floor, double ceiling) {
+void ProbeShareState::update(const PooledRow& row0, double configured, double step, double floor, double ceiling,
+                             double fall) {
   if (slots == 0 || margin_picked.empty()) return;
   const auto hits_in = [&](const std::vector<int32_t>& picked) {
     int64_t hits = 0;
@@ -42,7 +43,8 @@ void ProbeShareState::update(const PooledRow& row0, double configured, double st
   slots = 0;
   if (rp + rm <= 0) return;
   const double s = current(configured);
-  share = std::clamp(s + step * (rp - rm) / (rp + rm), floor, ceiling);
+  const double target = std::clamp(s + step * (rp - rm) / (rp + rm), floor, ceiling);
+  share = target >= s || fall >= 1.0 ? target : s + fall * (target - s);  // fall 1: exactly the target
 }
 
 }  // namespace spin

@@ -16,10 +16,16 @@ namespace spin {
 inline constexpr double kProbeShareStep = 0.15;     // the largest move of the share per step
 inline constexpr double kProbeShareFloor = 0.5;     // × the configured share: the lowest it goes
 inline constexpr double kProbeShareCeiling = 0.95;  // the highest: history keeps a few blocks
-// PredictorConfig::adapt's exploration share, in units of explore_ratio: it moves by up to half of
-// it per step within [1/4, 4] of it — never so low that a layer stops finding what moved.
+// PredictorConfig::adapt's exploration share, in units of explore_ratio: it rises by up to half of
+// it per step within [1/2, 4] of it, and falls by only a quarter of that move (kExploreShareFall).
+// Why the floor is half (the paper's uniform 5 % at the default ratio 0.1) and the fall is slow:
+// exploration's worth is mostly in later steps (an explored block feeds the EMA, so the next
+// steps rank it), which the per-step yield does not see; a layer whose yield dipped for a few
+// stable steps used to drop to a quarter and then missed the next focus shift — doc-qa's worst
+// rows (p99 miss). Measured in docs/results.md ("One default on every regime").
 inline constexpr double kExploreShareStep = 0.5;
-inline constexpr double kExploreShareFloor = 0.25;
+inline constexpr double kExploreShareFall = 0.25;  // the share of a downward move taken per step
+inline constexpr double kExploreShareFloor = 0.5;
 inline constexpr double kExploreShareCeiling = 4.0;
 
 struct ProbeShareState {
@@ -35,8 +41,13 @@ struct ProbeShareState {
   void record(const uint64_t* picked, int64_t n_picked, int64_t n_slots, const uint64_t* history, int64_t n_history,
               std::vector<uint64_t>* scratch);
   // At commit, with row 0's pooled observation: moves the share by up to `step` toward whichever
-  // side paid more hits per block, within [floor, ceiling], and forgets the picks.
-  void update(const PooledRow& row0, double configured, double step, double floor, double ceiling);
+  // side paid more hits per block, within [floor, ceiling] — a fall only by `fall` (in (0, 1]) of
+  // that move — and forgets the picks. With s the share, rp and rm the hits per block of the
+  // share's and history's picks (no move when rp + rm = 0, or nothing was recorded), in double:
+  //   d = (rp - rm) / (rp + rm);  t = clamp(s + step · d, floor, ceiling)
+  //   share = t ≥ s or fall = 1 ? t : s + fall · (t - s)
+  void update(const PooledRow& row0, double configured, double step, double floor, double ceiling,
+              double fall = 1.0);
   void reset() {
     probe_picked.clear();
     margin_picked.clear();

@@ -91,14 +91,18 @@ double experts_touched(const ModelWeights& w, double tokens) {
 // ---- spin's own device cost --------------------------------------------------------------------
 
 // Launches of spin's own per decode step (docs/gpu.md, tests/integration/launch_count.py at
-// 4831433): the first layer 42 (the step's plan and commit glue), every other layer 3 (compact,
-// observe + remap, DeepGEMM's metadata), the last 4: 223 at V3.2's 61 layers.
-constexpr double kFirstLayerLaunches = 42, kLayerLaunches = 3, kLastLayerLaunches = 4;
+// f950c9b): the first layer 7 (the step's commit: replay, close, finish; its plan: one select),
+// every other layer 3 (compact, observe + remap, DeepGEMM's metadata), the last 4: 188 at V3.2's
+// 61 layers.
+constexpr double kFirstLayerLaunches = 7, kLayerLaunches = 3, kLastLayerLaunches = 4;
 // A dependent node inside a CUDA graph costs 1.5–3 µs (reference/device_path_review.md G1,
 // derived): the midpoint.
 constexpr double kLaunchSeconds = 2.25e-6;
-// Bytes per request and block the plan reads and writes (slot EMA, last_seen, offset and flags).
-constexpr double kStateBytesPerBlock = 24;
+// Bytes per request and block the step's own kernels read and write of the state at next_n 1
+// (docs/gpu.md "State", 4335729): select reads the slot EMA, the seen flag and the last top-k's
+// hits (6) and empties the hits row (1); observe reads and writes a scored block's EMA and flag
+// (10); close reads the hits and the last top-k and writes it (3).
+constexpr double kStateBytesPerBlock = 20;
 
 double modelled_own_ms(const Deployment& d, const ModelPreset& m, const GpuPreset& g, double sparsity) {
   PredictorConfig c;

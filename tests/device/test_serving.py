@@ -516,11 +516,11 @@ def test_bad_arguments_get_one_line_errors():
         dev.add(0, 2)
     with pytest.raises(spin_dsa.OutOfRange, match="slot 5"):
         dev.add(5, 2)
-    with pytest.raises(TypeError, match="slots"):
+    with pytest.raises(spin_dsa.InvalidType, match="slots"):  # the package's errors
         dev.select([0], 0, torch.tensor([10]))
     with pytest.raises(TypeError, match="integer"):
         dev.select(torch.tensor([0.0]), 0, torch.tensor([10]))
-    with pytest.raises(ValueError, match="seq_lens"):
+    with pytest.raises(spin_dsa.InvalidArgument, match="seq_lens"):
         dev.select(torch.tensor([0]), 0, torch.tensor([10, 11]))
     with pytest.raises(spin_dsa.OutOfRange, match="layer 2"):
         dev.select(torch.tensor([0]), 2, torch.tensor([10]))

@@ -79,18 +79,20 @@ def blocks_for_entries(entries, block_entries):
 
 
 def _check_tensor(t, name, device, ndim, kinds, rows=None):
+    """Serving's one tensor check (kind, device, rank, dtype kind, rows), before any work: the
+    package's errors (InvalidType is a TypeError, InvalidArgument a ValueError), one line each."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor on {device}, got {type(t).__name__}")
+        raise spin_dsa.InvalidType(f"{name}: expected a torch.Tensor on {device}, got {type(t).__name__}")
     if t.device != device:
-        raise ValueError(f"{name}: on {t.device}, expected {device} (the object's device)")
+        raise spin_dsa.InvalidArgument(f"{name}: on {t.device}, expected {device} (the object's device)")
     if t.dim() != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {tuple(t.shape)}")
+        raise spin_dsa.InvalidArgument(f"{name}: expected {ndim} dimension(s), got shape {tuple(t.shape)}")
     if kinds == "int" and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
-        raise TypeError(f"{name}: expected an integer tensor, got {t.dtype}")
+        raise spin_dsa.InvalidType(f"{name}: expected an integer tensor, got {t.dtype}")
     if kinds == "float32" and t.dtype != torch.float32:
-        raise TypeError(f"{name}: expected float32, got {t.dtype}")
+        raise spin_dsa.InvalidType(f"{name}: expected float32, got {t.dtype}")
     if rows is not None and t.shape[0] != rows:
-        raise ValueError(f"{name}: expected {rows} rows, got shape {tuple(t.shape)}")
+        raise spin_dsa.InvalidArgument(f"{name}: expected {rows} rows, got shape {tuple(t.shape)}")
 
 
 class Serving:
@@ -318,7 +320,7 @@ class Serving:
 
     def _check_slot(self, slot, call):
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
-            raise TypeError(f"serving: {call}: slot must be an int, got {type(slot).__name__}")
+            raise spin_dsa.InvalidType(f"serving: {call}: slot must be an int, got {type(slot).__name__}")
         if not 0 <= slot < self.max_requests:
             raise spin_dsa.OutOfRange(
                 f"serving: {call}: slot {slot} is outside 0..{self.max_requests - 1}")
@@ -359,7 +361,7 @@ class Serving:
     def _check_step_args(self, slots, layer, call):
         _check_tensor(slots, "slots", self.device, 1, "int")
         if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
-            raise TypeError(f"serving: {call}: layer must be an int")
+            raise spin_dsa.InvalidType(f"serving: {call}: layer must be an int")
         if not 0 <= layer < self.num_layers:
             raise spin_dsa.OutOfRange(
                 f"serving: {call}: layer {layer} is outside 0..{self.num_layers - 1}")
@@ -593,7 +595,7 @@ class Serving:
             raise spin_dsa.InvalidArgument("serving: observe_scored: positions needs topk")
         _check_tensor(positions, "positions", self.device, 2, "int", rows=rows)
         if positions.dtype != torch.int32:
-            raise TypeError(f"positions: expected int32 (an engine's top-k buffer), got {positions.dtype}")
+            raise spin_dsa.InvalidType(f"positions: expected int32 (an engine's top-k buffer), got {positions.dtype}")
         if positions.shape[1] != k or positions.stride(1) != 1:
             raise spin_dsa.InvalidArgument(
                 f"serving: observe_scored: positions must be [rows, topk = {k}] with unit column "

@@ -101,8 +101,14 @@ def main():
                                AGES=False),
                           num_warps=4, enable_fp_fusion=False)
         assert "div.rn.f64" in ptx and "div.approx" not in ptx, "observe: not IEEE division"
-        assert "fma.rn.f64" not in ptx, "observe: a fused multiply-add"
+        assert "fma.rn.f64" not in ptx and "fma.rn.f32" not in ptx, "observe: a fused multiply-add"
         compiled += 1
+    # Row 0's slot EMA with stalest exploration's int32 last-seen steps.
+    ptx = compile_ptx(_observe_kernel.observe_kernel, dict(OBSERVE_POINTERS, LAST_SEEN="*i32"),
+                      dict(E=64, BLOCK_C=64, BLOCK_K=2048, HITS=True, TOPK_HITS=False, DEEP=False,
+                           REMAP=True, LANES=4, AGES=True), num_warps=4, enable_fp_fusion=False)
+    assert "fma.rn.f32" not in ptx, "observe (ages): a fused multiply-add"
+    compiled += 1
     for next_n, bp in ((1, 1), (4, 2)):  # compaction, the engine's int32 tables, int64 seq_lens
         compile_ptx(_paging_kernel._compact_kernel,
                     dict(BLOCKS="*i32", COUNTS="*i32", TABLE_IN="*i32", SEQ="*i64", TABLE="*i32",

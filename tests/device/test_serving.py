@@ -402,6 +402,50 @@ def test_the_kernels_keep_the_state_the_torch_path_keeps(config):
     assert pair[1]._step.tolist()[:3] == [3, 0, 3]
 
 
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_two_prefills_of_a_layer_before_the_commit_match_the_library(impl):
+    """The library applies a prefill's row at once (a second prefill of the layer in the same
+    step builds on the first): the device's offsets too, not only its slot EMA."""
+    if impl == "triton":
+        pytest.importorskip("triton")
+    cfg = {"target_sparsity": 0.5, "topk": 64, "recent_blocks": 0, "page_size": E}
+    entries = E * 512
+    lib = spin_dsa.Serving(2, 1, entries, "spin", cfg, 1)
+    dev = device.Serving(2, 1, entries, "spin", cfg, 1, device="cpu", impl=impl)
+    for s in range(2):
+        lib.add(s, 10 + s)
+        dev.add(s, 10 + s)
+    rng = np.random.default_rng(1)
+    slots, seq = np.arange(2, dtype=np.int32), np.array([entries - 100, entries * 3 // 4])
+    for _ in range(2):
+        logits = rng.standard_normal((2, entries)).astype(np.float32)
+        lib.prefill(slots, 0, seq, logits)
+        dev.prefill(torch.from_numpy(slots), 0, torch.from_numpy(seq), torch.from_numpy(logits))
+    lib.commit(slots)
+    dev.commit(torch.from_numpy(slots))
+    want = lib.select(slots, 0, seq + 1, 1).copy()
+    got, _ = dev.select(torch.from_numpy(slots), 0, torch.from_numpy(seq + 1), 1)
+    np.testing.assert_array_equal(got.numpy(), want[:, :dev.width])
+
+
+def test_strided_slots_and_lengths_select_and_commit_as_contiguous_ones():
+    """A view with a stride (every second row of a larger buffer) reaches the kernels as the
+    rows it shows, not as memory in order."""
+    pytest.importorskip("triton")
+    cfg = {"page_size": 64, "target_sparsity": 0.5, "topk": 32}
+    pair = [device.Serving(4, 2, 64 * 64, "spin", cfg, 1, impl=i) for i in ("torch", "triton")]
+    for d in pair:
+        for s in range(4):
+            d.add(s, 5 + s)
+    slots = torch.tensor([0, 9, 2, 9, 3, 9])[::2]
+    seq = torch.tensor([1000, 1, 3000, 1, 2000, 1])[::2]
+    got = [d.select_layers(slots, seq, 1) for d in pair]
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+    for d in pair:
+        d.commit(slots, seq_lens=(seq + 2)[::1], query_lens=torch.tensor([1, 7, 1, 7, 1, 7])[::2])
+    assert torch.equal(pair[0]._step, pair[1]._step) and pair[1]._step.tolist()[:4] == [1, 0, 1, 1]
+
+
 def test_commit_takes_accepted_or_lengths_not_both():
     dev = device.Serving(2, 1, 1024, "spin", {"page_size": E, "topk": 32})
     S, n = torch.tensor([0]), torch.tensor([5])

@@ -141,12 +141,14 @@ def _observe_row0(x, block, apply, s, group, newest, SLOT_EMA, LAST_SEEN, STEP, 
     tl.atomic_add(ROW0_COUNT + sums, apply.to(tl.int32), mask=apply, sem="relaxed")
 
 
-def launch(owner, S, layer, next_n, scored, topk, blocks, positions=None):
+def launch(owner, S, layer, next_n, scored, topk, blocks, positions=None, width=None):
     """observe_kernel for the rows of S's open step at `layer`: scored [rows, ≥ width·E] float32,
     topk [rows, ≥ k] int compact columns, blocks int32 [rows, ≥ width] the rows' selected blocks
     (unit column stride); positions: int32 [rows, k] to receive the remapped top-k (request
-    positions), or None."""
+    positions), or None. width: the compact columns in blocks (default the object's; a prefill
+    observes every block)."""
     o = owner
+    width = o.width if width is None else width
     rows = scored.shape[0]
     k = int(o.config["topk"])
     scored = scored if scored.stride(1) == 1 else scored.contiguous()
@@ -156,16 +158,16 @@ def launch(owner, S, layer, next_n, scored, topk, blocks, positions=None):
     # topk-hits pools from the hits program 0 counts: one program a row. Else a chunk of blocks
     # a program (Serving.observe_chunk_blocks), so that a batch of one still spreads a long row
     # over the GPU.
-    chunk = o.width if topk_hits else max(1, o.observe_chunk_blocks)
+    chunk = width if topk_hits else max(1, o.observe_chunk_blocks)
     remap = positions is not None
     out = positions if remap else topk          # a pointer the kernel never touches without REMAP
-    observe_kernel[(rows, triton.cdiv(o.width, chunk))](
+    observe_kernel[(rows, triton.cdiv(width, chunk))](
         scored, scored.stride(0), topk, topk.stride(0), o._visible, S, o._pool_rank,
         o._pending_x, o._pending_hits, o._pending_hits.view(torch.int32), o._pending_newest, out,
         out.stride(0), blocks, blocks.stride(0), o.slot_ema, o.last_seen, o._step, o._bucket,
         o._row0_sum, o._row0_count, layer, o.num_layers, o.pad_slot, o._n_buckets,
         o._alpha_host, o._one_minus_alpha_host,
-        o.max_next_n, o.max_blocks, o._hits_row, o.width, k, next_n, chunk,
+        o.max_next_n, o.max_blocks, o._hits_row, width, k, next_n, chunk,
         E=o.block_entries, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
         HITS=o._needs_hits, TOPK_HITS=topk_hits, DEEP=o._deep_pool, REMAP=remap,
         LANES=o._hits_lanes, AGES=o._ages, num_warps=4, enable_fp_fusion=False)

@@ -36,6 +36,7 @@ from spin_dsa import _core
 
 from . import _hash
 from ._paging import remap, visible_entries
+from ._paging import topk as _exact_topk
 
 # Predictors whose choice reads only their own state (what a device can keep without the key
 # cache or the true top-k). spin with explore_ratio=0 is "spin without exploration".
@@ -104,8 +105,9 @@ class Serving:
         for each indexer layer l:
             blocks, counts = s.select(slots, l, seq_lens, next_n)   # [batch·next_n, width] int32
             ... score the blocks (compact(), the logits kernel), top-k over the compact width ...
-            s.observe_scored(slots, l, scored, topk)   # compact logits, compact top-k columns
+            s.observe_scored(slots, l, scored, topk, blocks=blocks)  # compact logits and top-k
         s.commit(slots, accepted)                      # int tensor [batch], draft tokens kept
+        # or s.commit(slots, seq_lens=..., query_lens=...): the next step's lengths
 
     Padding: rows an engine adds to reach a captured graph's batch size use `pad_slot` (any
     number of them, in any call); never a negative or out-of-range slot — values are not checked
@@ -228,6 +230,7 @@ class Serving:
         self._dist_lo = torch.from_numpy(t["bucket_lo"]).to(dev)
         self._dist_hi = torch.from_numpy(t["bucket_hi"]).to(dev)
         self._block_ids = torch.arange(n_max, dtype=torch.int64, device=dev)
+        self._block_ids32 = self._block_ids.to(torch.int32)  # a prefill's blocks, as observe reads
         self._layer_ids = torch.arange(self.num_layers, dtype=torch.int64, device=dev)
         self._counter = _hash.counter_offsets(n_max, dev)
         f32 = lambda v: torch.tensor(np.float32(v), dtype=torch.float32, device=dev)
@@ -365,7 +368,7 @@ class Serving:
         if not 0 <= layer < self.num_layers:
             raise spin_dsa.OutOfRange(
                 f"serving: {call}: layer {layer} is outside 0..{self.num_layers - 1}")
-        return slots.long(), int(layer)
+        return slots.long().contiguous(), int(layer)  # the kernels index 1-D arguments densely
 
     def _row_visible(self, seq_lens, next_n):
         """[batch, next_n] entries each row sees."""
@@ -395,6 +398,7 @@ class Serving:
 
     def _select(self, S, layers, seq_lens, next_n, call):
         _check_tensor(seq_lens, "seq_lens", self.device, 1, "int", rows=S.shape[0])
+        seq_lens = seq_lens.contiguous()
         if isinstance(next_n, bool) or not isinstance(next_n, (int, np.integer)) \
                 or not 1 <= next_n <= self.max_next_n:
             raise spin_dsa.InvalidArgument(
@@ -619,9 +623,6 @@ class Serving:
         values = torch.full((batch, n_blocks * E), float("-inf"), dtype=torch.float32,
                             device=self.device)
         values[:, :n_cols] = logits[:, :n_cols]
-        blocks = self._block_ids[:n_blocks].expand(batch, -1)
-        x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None,
-                        int(self.config["topk"]), E, self.config["pooling"], self._row_rank(visible))
         layers = torch.full_like(S, layer)
         self._mark_selected(S, layers)
         self._row0_sum.index_put_((S, layers), self._zero_sum)  # the step opens here
@@ -631,7 +632,34 @@ class Serving:
         self._opened[S] = seq_lens.long() - 1
         self._opened[self.pad_slot:].fill_(0)
         self._visible[S, layer, 0] = visible
-        self._store_pending(S, layer, 1, blocks, x, hits, visible)
+        k = int(self.config["topk"])
+        if self._observe_kernel is not None and E & (E - 1) == 0 and n_blocks > 0:
+            # One observe launch over every block (compact column c is block c): the row's
+            # top-k by the library's rule first (ties to the lower position), as observe takes.
+            if self._needs_hits:
+                self._pending_hits.index_put_((S, layers), self._zero_hits)
+            cols = _exact_topk(values, visible, k)
+            blocks = self._block_ids32[:n_blocks].expand(batch, -1)
+            self._observe_kernel.launch(self, S, layer, 1, values, cols, blocks, width=n_blocks)
+        else:
+            blocks = self._block_ids[:n_blocks].expand(batch, -1)
+            x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None, k, E,
+                            self.config["pooling"], self._row_rank(visible))
+            self._store_pending(S, layer, 1, blocks, x, hits, visible)
+        self._prefill_offsets(S, layers)
+
+    def _prefill_offsets(self, S, layers):
+        """A prefill's offset update at once, as the library's observe_prefill applies its row
+        (a second prefill of the layer before the commit then sees the first's), its sums
+        emptied so that the commit adds nothing."""
+        use = (S != self.pad_slot).unsqueeze(-1)
+        state = _SlotState(self, S, layers)
+        state.apply_offsets(torch.where(use, self._row0_sum[S, layers], 0),
+                            torch.where(use, self._row0_count[S, layers], 0))
+        self.offset_ema[S, layers] = state.offset
+        self.offset_count[S, layers] = state.count
+        self._row0_sum.index_put_((S, layers), self._zero_sum)
+        self._row0_count.index_put_((S, layers), self._zero_count)
 
     def _row_rank(self, visible):
         """Max pooling's rank for rows seeing `visible` entries; None where every rank is 1."""
@@ -688,7 +716,7 @@ class Serving:
         engine commits its whole batch at the start of a step without knowing which rows
         opened one."""
         _check_tensor(slots, "slots", self.device, 1, "int")
-        S = slots.long()
+        S = slots.long().contiguous()
         batch = S.shape[0]
         if (seq_lens is None) != (query_lens is None) or (accepted is not None and seq_lens is not None):
             raise spin_dsa.InvalidArgument(
@@ -698,7 +726,7 @@ class Serving:
                 _check_tensor(t, name, self.device, 1, "int", rows=batch)
         if accepted is None and seq_lens is None:
             accepted = torch.zeros(batch, dtype=torch.int64, device=self.device)
-        rows = (accepted, seq_lens, query_lens)
+        rows = tuple(None if t is None else t.contiguous() for t in (accepted, seq_lens, query_lens))
         if self._commit_kernel is not None:  # three launches (_commit_kernel.py)
             self._commit_kernel.launch(self, S, rows)
             if self._keeps_topk:

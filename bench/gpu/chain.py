@@ -298,6 +298,11 @@ def step_plan(env, row, serving, slots, seq_lens, accepted, nn):
         # Its two halves. A replayed commit would find its step closed: every layer is marked
         # selected first (one small fill, timed with it), so each replay does a whole step's work.
         row["select_layers_us_per_layer"] = timer(lambda: serving.select_layers(slots, seq_lens, nn)) / layers
+        if hasattr(serving, "kth_search"):  # the other k-th search, the same blocks (one run: a ratio)
+            serving.kth_search = "radix"
+            row["select_layers_radix_us_per_layer"] = timer(
+                lambda: serving.select_layers(slots, seq_lens, nn)) / layers
+            serving.kth_search = "bitwise"
         row["commit_us_per_layer"] = timer(lambda: (serving._selected.fill_(True),
                                                     serving.commit(slots, accepted))) / layers
     except Exception as e:  # noqa: BLE001

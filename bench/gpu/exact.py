@@ -168,15 +168,19 @@ class Step:
         return None
 
 
-def check_selections(env, nn, steps, requests=8, layers=3, max_entries=16384, topk=512):
+def check_selections(env, nn, steps, requests=8, layers=3, max_entries=16384, topk=512,
+                     kth_search="bitwise"):
     """Device (CUDA graph replays) vs library, `steps` decode steps after a prefill: the number of
-    layer selections compared, replays, and the first mismatch if any."""
+    layer selections compared, replays, and the first mismatch if any. kth_search: the select
+    kernel's k-th search (Serving.kth_search)."""
     torch, device = env["torch"], env["device"]
     import spin_dsa
     config = {"target_sparsity": 0.5, "topk": topk}
     lib = spin_dsa.Serving(requests, layers, max_entries, "spin", config, nn)
     dev = env["Serving"](requests, layers, max_entries, "spin", config, max_next_n=nn, device=device,
                          impl=env["impl"])
+    if hasattr(dev, "kth_search"):
+        dev.kth_search = kth_search
     E, k = dev.block_entries, topk
     rng = np.random.default_rng(20261204 + nn)
     traffic = Traffic(7 + nn, requests, layers, max_entries, E)
@@ -188,7 +192,7 @@ def check_selections(env, nn, steps, requests=8, layers=3, max_entries=16384, to
     prefill(lib, dev, torch, device, traffic, slots, seq, layers, max_entries)
     step = Step(env, dev, requests, layers, max_entries, nn)
     res = {"next_n": nn, "requests": requests, "layers": layers, "max_entries": max_entries, "topk": k,
-           "width": dev.width, "impl": dev.impl, "steps": 0, "graph_replays": 0, "selections_compared": 0,
+           "width": dev.width, "impl": dev.impl, "kth_search": kth_search, "steps": 0, "graph_replays": 0, "selections_compared": 0,
            "topk_rows_compared": 0, "first_mismatch": None, "ok": False}
     for t in range(steps):
         seq += nn                                    # this step's rows enter the cache

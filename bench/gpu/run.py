@@ -307,12 +307,14 @@ def main(argv=None):
     for nn in (1, 2):
         checks[f"logits_next_n{nn}"] = stage(result, f"logits_next_n{nn}", check_logits, env, nn)
     steps = 4 if args.smoke else SELECTION_STEPS
-    for nn, name in ((1, "selections_plain"), (2, "selections_mtp")):
+    for nn, name, kth in ((1, "selections_plain", "bitwise"), (2, "selections_mtp", "bitwise"),
+                          (2, "selections_mtp_radix", "radix")):
         if Serving is None:
             checks[name] = {"skipped": f"needs spin_dsa's _core: {how}"}
         else:
             small = dict(requests=3, layers=2, max_entries=1024, topk=64) if args.smoke else {}
-            checks[name] = stage(result, name, check_selections, env, nn, steps, **small)
+            checks[name] = stage(result, name, check_selections, env, nn, steps, kth_search=kth,
+                                 **small)
     save(args.out, result)
     todo = cases(args, args.smoke)
     for i, (ctx, batch, s, nn) in enumerate(todo):

@@ -80,13 +80,13 @@ def compile_ptx(fn, pointers, constexprs, **options):
 def main():
     compiled = 0
     for name, flags in PREDICTORS.items():
-        for stalest, combine_max, next_n, block in ((False, False, 1, 2048),
-                                                    (True, True, 3, 8192)):
+        for stalest, combine_max, next_n, block, radix in ((False, False, 1, 2048, False),
+                                                           (True, True, 3, 8192, name == "spin")):
             ptx = compile_ptx(_select_kernel.select_kernel, SELECT_POINTERS,
                               dict(dict(TOPK_FIRST=False, EXPLORE_CHURN=False), **flags,
                                    STALEST=stalest, COMBINE_MAX=combine_max, NEXT_N=next_n,
                                    BLOCK=block, HITS=flags["STEP_REUSE"] or
-                                   flags.get("TOPK_FIRST", False)),
+                                   flags.get("TOPK_FIRST", False), RADIX=radix),
                               num_warps=8, enable_fp_fusion=False)
             assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, \
                 f"select ({name}): a fused multiply-add"

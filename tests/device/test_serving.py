@@ -51,7 +51,8 @@ def topk_positions(row, k):
 
 
 def run_both(predictor, config, *, seed, next_n, steps=14, layers=3, max_requests=6,
-             max_entries=2048, compress_ratio=1, all_layers=False, impl="torch"):
+             max_entries=2048, compress_ratio=1, all_layers=False, impl="torch",
+             kth_search="bitwise"):
     """Drives the library and the device object with the same calls; asserts every select."""
     config = dict(config, page_size=E)
     lib = spin_dsa.Serving(max_requests, layers, max_entries, predictor, config, next_n,
@@ -59,6 +60,7 @@ def run_both(predictor, config, *, seed, next_n, steps=14, layers=3, max_request
     dev = device.Serving(max_requests, layers, max_entries, predictor, config, next_n,
                          compress_ratio, device="cpu", impl=impl)
     assert dev.impl == impl
+    dev.kth_search = kth_search
     dev.observe_chunk_blocks = 5  # several observe programs per row, at test sizes too
     k = int(dev.config["topk"])
     traffic = Traffic(seed, layers, max_entries)
@@ -244,6 +246,20 @@ def test_the_triton_kernels_match_the_library(predictor, config, next_n):
     run_both(predictor, dict({"target_sparsity": 0.6, "topk": 32}, **config), seed=10,
              next_n=next_n, steps=4, layers=2, max_requests=3, max_entries=640,
              all_layers=True, impl="triton")
+
+
+@pytest.mark.parametrize("predictor,config,next_n", [
+    ("spin", {}, 1),
+    ("spin", {"explore_policy": "stalest", "explore_ratio": 0.3}, 2),  # many equal ages: ties
+    ("step-reuse", {}, 1),
+])
+def test_the_radix_kth_search_selects_what_the_bitwise_one_does(predictor, config, next_n):
+    """kth_search="radix" (four 8-bit histogram rounds) finds the same k-th value as the 32
+    bitwise rounds: the library's blocks, ties included."""
+    pytest.importorskip("triton")
+    run_both(predictor, dict({"target_sparsity": 0.6, "topk": 32}, **config), seed=11,
+             next_n=next_n, steps=4, layers=2, max_requests=3, max_entries=1280,
+             all_layers=True, impl="triton", kth_search="radix")
 
 
 @pytest.mark.parametrize("block_pages,topk,dtype", [(32, 300, torch.int16), (1, 16, torch.uint8)])
@@ -578,3 +594,24 @@ def test_bad_arguments_get_one_line_errors():
                                                              dtype=torch.float64), blocks=blocks)
     with pytest.raises(spin_dsa.FailedPrecondition, match="already free"):
         dev.drop(1)
+
+
+def test_the_radix_and_bitwise_kth_searches_find_the_kth_smallest_value():
+    """Both k-th searches of the select kernel return the k-th smallest uint32 of the row (0 for
+    k = 0) on hostile rows: heavy ties, values at the top of the range, one value, every k."""
+    pytest.importorskip("triton")
+    from kth_probe import probe
+
+    rng = np.random.default_rng(4)
+    rows = [rng.integers(0, 1 << 32, 64), rng.integers(0, 4, 64) * 0x01010101,
+            rng.integers(0xFFFFFFF0, 1 << 32, 64), np.full(64, 0x80000000),
+            rng.choice([0, 0xFFFFFFFF, 0x00FF00FF, 0x00FF0100], 64)]
+    for row in rows:
+        values = np.sort(row.astype(np.uint32))
+        for k in range(0, 65):
+            out = torch.zeros(2, dtype=torch.int32)
+            probe[(1,)](torch.from_numpy(row.astype(np.uint32).view(np.int32)),
+                        torch.tensor([k], dtype=torch.int32), out, BLOCK=64)
+            got = out.numpy().view(np.uint32)
+            want = values[k - 1] if k else 0
+            assert got[0] == want and got[1] == want, (k, got, want)

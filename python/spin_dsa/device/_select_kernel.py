@@ -33,11 +33,26 @@ def _mix64(x):
 
 
 @triton.jit
-def _smallest(value, mask, k):
+def _smallest(value, mask, k, RADIX: tl.constexpr):
     """The k smallest of the keys (value << 32 | block) under `mask`, as a mask (k = 0: none):
-    the library's key order, in 32 rounds on the uint32 value — the k-th smallest value t found
-    bit by bit — then the ties at t by lowest block (a prefix count), not 64 rounds on the key."""
+    the library's key order — the k-th smallest uint32 value t over every lane (lanes outside
+    the mask count as 0xFFFFFFFF), then the ties at t by lowest block (a prefix count) — not 64
+    rounds on the key."""
     value = tl.where(mask, value, 0xFFFFFFFF)
+    if RADIX:
+        prefix = _kth_radix(value, k)
+    else:
+        prefix = _kth_bitwise(value, k)
+    below = tl.sum((mask & (value < prefix)).to(tl.int32), axis=0)
+    tie = (mask & (value == prefix)).to(tl.int32)
+    rank = tl.cumsum(tie, axis=0) - tie  # ties before this block
+    return mask & ((value < prefix) | ((tie != 0) & (rank < k - below))) & (k > 0)
+
+
+@triton.jit
+def _kth_bitwise(value, k):
+    """The k-th smallest of value (1 ≤ k ≤ lanes; 0 for k = 0) bit by bit: the largest t with
+    fewer than k lanes below it, 32 rounds of a count over the row."""
     prefix = tl.zeros((), dtype=tl.uint32)
     bit = tl.full((), 0x80000000, tl.uint32)
     for _ in range(32):  # the highest bit first
@@ -45,10 +60,27 @@ def _smallest(value, mask, k):
         below = tl.sum((value < trial).to(tl.int32), axis=0)
         prefix = tl.where(below < k, trial, prefix)
         bit = bit >> 1
-    below = tl.sum((mask & (value < prefix)).to(tl.int32), axis=0)
-    tie = (mask & (value == prefix)).to(tl.int32)
-    rank = tl.cumsum(tie, axis=0) - tie  # ties before this block
-    return mask & ((value < prefix) | ((tie != 0) & (rank < k - below))) & (k > 0)
+    return prefix
+
+
+@triton.jit
+def _kth_radix(value, k):
+    """The same k-th smallest by an 8-bit radix select: four rounds, each a 256-bin histogram
+    of the next byte among the lanes that match the bytes decided so far, the byte where the
+    running count reaches what is left of k, and the lanes below it taken off k."""
+    prefix = tl.zeros((), dtype=tl.uint32)
+    decided = tl.zeros((), dtype=tl.uint32)
+    left = k.to(tl.int32)
+    bins = tl.arange(0, 256)
+    for r in tl.static_range(4):
+        shift = 24 - 8 * r
+        digit = ((value >> shift) & 0xFF).to(tl.int32)
+        hist = tl.histogram(digit, 256, mask=(value & decided) == prefix)
+        d = tl.sum((tl.cumsum(hist, axis=0) < left).to(tl.int32), axis=0)
+        left = left - tl.sum(tl.where(bins < d, hist, 0), axis=0)
+        prefix = prefix | (d.to(tl.uint32) << shift)
+        decided = decided | (tl.full((), 0xFF, tl.uint32) << shift)
+    return prefix
 
 
 @triton.jit
@@ -74,7 +106,7 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
                   RANDOM: tl.constexpr, EXPLORES: tl.constexpr, STALEST: tl.constexpr,
                   USE_SLOT: tl.constexpr, USE_OFFSET: tl.constexpr, STEP_REUSE: tl.constexpr,
                   COMBINE_MAX: tl.constexpr, TOPK_FIRST: tl.constexpr,
-                  EXPLORE_CHURN: tl.constexpr, HITS: tl.constexpr):
+                  EXPLORE_CHURN: tl.constexpr, HITS: tl.constexpr, RADIX: tl.constexpr):
     g = tl.program_id(0)  # group g = (layer LAYER[g // batch], batch row g % batch), layer-major
     i = g % batch
     s = tl.load(SLOT + i)
@@ -131,7 +163,7 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
             n_explore = tl.load(N_EXPLORE + n)
             n_history = tl.load(N_HISTORY + n)
         if RANDOM or EXPLORES:
-            picked = _smallest(explore_value, candidate, n_explore)
+            picked = _smallest(explore_value, candidate, n_explore, RADIX)
             chosen = chosen | picked
             candidate = candidate & ~picked
         if RANKED:
@@ -162,7 +194,7 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
                     level = tl.where(quarter > 0, tl.minimum(quarter, 7.0), 0.0) * 0.125
                     raised = (1048576.0 + tl.minimum(hits, 1048575).to(tl.float32)) + level
                     p = tl.where(hits > 0, raised, p)
-            chosen = chosen | _smallest(_rank_value(p), candidate, n_history)
+            chosen = chosen | _smallest(_rank_value(p), candidate, n_history, RADIX)
         keep_all = tl.load(KEEP_ALL + n) != 0
         chosen = tl.where(keep_all, valid, chosen)
         union = union | chosen
@@ -235,7 +267,7 @@ def launch(owner, S, layers, seq_lens, next_n, out, counts):
         EXPLORES=o._explores, STALEST=c["explore_policy"] == "stalest",
         USE_SLOT=o._use_slot, USE_OFFSET=o._use_offset, STEP_REUSE=o._step_reuse,
         COMBINE_MAX=c["combine"] == "max", TOPK_FIRST=o._topk_first,
-        EXPLORE_CHURN=o._explore_churn, HITS=o._needs_hits,
+        EXPLORE_CHURN=o._explore_churn, HITS=o._needs_hits, RADIX=o.kth_search == "radix",
         # ptxas on sm_90a (NEXT_N 2): 2048 blocks at 4 warps 162 registers, 4096 at 8 189, 8192
         # at 16 128 (a 52-byte spill); at 8 warps 8192 would take 255 and spill more.
         num_warps=16 if block >= 8192 else 8 if block >= 4096 else 4, enable_fp_fusion=False)

@@ -151,6 +151,12 @@ class Serving:
         # Blocks per program of the observe kernel (a tuning knob: each program re-reads the
         # row's top-k, so a chunk should be large against it; small rows get one program).
         self.observe_chunk_blocks = 256
+        # The select kernel's k-th search (a tuning knob; both give the same blocks): "bitwise",
+        # 32 rounds of a count over the row, or "radix", 4 rounds of an 8-bit histogram. The
+        # default stays bitwise until a GPU has timed the two (bench/gpu/chain.py times both):
+        # ptxas for sm_90 gives the radix kernel more registers (next_n 1, 2,048 blocks: 200
+        # against 145; next_n 2 spills 16 bytes at 255).
+        self.kth_search = "bitwise"
         self.predictor = predictor
         self.max_requests, self.num_layers = int(max_requests), int(num_layers)
         self.max_entries, self.max_next_n = int(max_entries), int(max_next_n)

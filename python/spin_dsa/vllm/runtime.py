@@ -290,8 +290,8 @@ class SpinRuntime:
         batch = seq_lens.shape[0]
         if batch > self.batch_slots.shape[0]:
             raise RuntimeError(f"spin: {batch} decode requests but the runner reported "
-                               f"{self.batch_slots.shape[0]} (no begin_step: vLLM's model runner V2 is not "
-                               f"hooked yet, run with VLLM_USE_V2_MODEL_RUNNER=0)")
+                               f"{self.batch_slots.shape[0]} (no begin_step for this batch: the "
+                               f"runner hook did not see it)")
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"spin: layer {layer} outside [0, {self.num_layers})")
         slots = self.batch_slots[:batch]

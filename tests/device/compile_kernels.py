@@ -138,6 +138,17 @@ def main():
     assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, "commit: a fused multiply-add"
     assert "div.rn.f64" in ptx and "div.approx" not in ptx, "commit: not IEEE division"
     compiled += 1
+    compile_ptx(_commit_kernel.prefill_open_kernel,
+                dict(SLOT="*i64", SEQ_LENS="*i64", SELECTED="*u8", PREFILL_OPEN="*u8",
+                     OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", ROW0_SUM="*i64",
+                     ROW0_COUNT="*i32", PENDING_HITS="*u8"),
+                dict(K_PAD=128, HITS_PAD=4096, HITS=True), num_warps=4)
+    ptx = compile_ptx(_commit_kernel.prefill_offsets_kernel,
+                      dict(SLOT="*i64", ROW0_SUM="*i64", ROW0_COUNT="*i32", OFFSET_EMA="*fp32",
+                           OFFSET_COUNT="*i32", beta="fp32", one_minus_beta="fp32"),
+                      dict(K_PAD=128), num_warps=1, enable_fp_fusion=False)
+    assert "fma.rn.f32" not in ptx and "div.rn.f64" in ptx, "prefill offsets: FMA or not IEEE"
+    compiled += 2
     print(f"compiled {compiled} kernel variants for sm_90")
 
 

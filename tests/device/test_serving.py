@@ -393,6 +393,16 @@ def test_the_kernels_keep_the_state_the_torch_path_keeps(config):
             assert torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)), f"{name} after {when}"
         assert torch.equal(a._visible[[0, 2]], b._visible[[0, 2]]), "_visible"
 
+    # The requests' prompts first (a prefill of every layer, a pad row beside them).
+    prompts, prompt_lens = slots[[0, 1, 2]], seq[[0, 1, 2]] - 7
+    for layer in range(3):
+        logits = torch.randn(3, entries, generator=gen)
+        for dev in pair:
+            dev.prefill(prompts, layer, prompt_lens, logits.clone())
+        same_state(f"prefill {layer}")
+    for dev in pair:
+        dev.commit(prompts)
+    same_state("the prompts' commit")
     for step in range(3):
         got = [dev.select_layers(slots, seq + 2 * step, 2) for dev in pair]
         assert all(torch.equal(x, y) for x, y in zip(*got))
@@ -415,7 +425,7 @@ def test_the_kernels_keep_the_state_the_torch_path_keeps(config):
         for dev in pair:
             dev.commit(slots, **lengths)
         same_state(f"commit {step}")
-    assert pair[1]._step.tolist()[:3] == [3, 0, 3]
+    assert pair[1]._step.tolist()[:3] == [4, 0, 4]
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])

@@ -248,3 +248,74 @@ def finish(owner, S):
         return
     finish_kernel[(S.shape[0],)](S, o._selected.view(torch.uint8), o._prefill_open.view(torch.uint8), o._step,
                                  o.num_layers, L_PAD=triton.next_power_of_2(o.num_layers), num_warps=1)
+
+
+@triton.jit(do_not_specialize=["layer", "pad_slot"])
+def prefill_open_kernel(SLOT, SEQ_LENS, SELECTED, PREFILL_OPEN, OPEN_NEXT_N, OPENED, VISIBLE,
+                        ROW0_SUM, ROW0_COUNT, PENDING_HITS, layer, pad_slot, num_layers,
+                        max_next_n, n_buckets, hits_row, compress_ratio, max_entries,
+                        K_PAD: tl.constexpr, HITS_PAD: tl.constexpr, HITS: tl.constexpr):
+    """A prefill opens its step for (slot, layer), one program per batch row (Serving.prefill's
+    torch bookkeeping in one launch): the layer flagged selected (not on the pad slot), the slot
+    a prefill step of one row, the tokens before it, the row's visible entries (len //
+    compress_ratio, capped), the row-0 offset sums and every row's hits emptied."""
+    i = tl.program_id(0)
+    s = tl.load(SLOT + i)
+    group = s * num_layers + layer
+    seq_len = tl.load(SEQ_LENS + i).to(tl.int64)
+    real = s != pad_slot
+    tl.store(SELECTED + group, real.to(tl.uint8))
+    tl.store(PREFILL_OPEN + s, 1)
+    tl.store(OPEN_NEXT_N + s, 1)
+    tl.store(OPENED + s, seq_len - 1, mask=real)
+    tl.store(VISIBLE + group * max_next_n, tl.minimum(tl.maximum(seq_len, 0) // compress_ratio,
+                                                     max_entries))
+    kb = tl.arange(0, K_PAD)
+    tl.store(ROW0_SUM + group * n_buckets + kb, tl.zeros([K_PAD], tl.int64), mask=kb < n_buckets)
+    tl.store(ROW0_COUNT + group * n_buckets + kb, tl.zeros([K_PAD], tl.int32), mask=kb < n_buckets)
+    if HITS:
+        h = tl.arange(0, HITS_PAD)
+        zero = tl.zeros([HITS_PAD], tl.int32).to(PENDING_HITS.dtype.element_ty)
+        for j in range(max_next_n):
+            tl.store(PENDING_HITS + (group * max_next_n + j) * hits_row + h, zero, mask=h < hits_row)
+
+
+@triton.jit(do_not_specialize=["layer", "pad_slot"])
+def prefill_offsets_kernel(SLOT, ROW0_SUM, ROW0_COUNT, OFFSET_EMA, OFFSET_COUNT, layer, pad_slot,
+                           num_layers, n_buckets, beta, one_minus_beta, K_PAD: tl.constexpr):
+    """A prefill's offset-EMA update at once (the library's observe_prefill applies its row;
+    a second prefill of the layer before the commit builds on it), from the per-bucket sums its
+    observe kept, which it then empties (the commit adds nothing). Not on the pad slot."""
+    s = tl.load(SLOT + tl.program_id(0))
+    offsets = (s * num_layers + layer) * n_buckets
+    kb = tl.arange(0, K_PAD)
+    use = (kb < n_buckets) & (s != pad_slot)
+    _offset_update(OFFSET_EMA, OFFSET_COUNT, offsets + kb,
+                   tl.load(ROW0_SUM + offsets + kb, mask=use, other=0),
+                   tl.load(ROW0_COUNT + offsets + kb, mask=use, other=0), beta, one_minus_beta, use)
+    tl.store(ROW0_SUM + offsets + kb, tl.zeros([K_PAD], tl.int64), mask=use)
+    tl.store(ROW0_COUNT + offsets + kb, tl.zeros([K_PAD], tl.int32), mask=use)
+
+
+def prefill_open(owner, S, layer, seq_lens):
+    """prefill_open_kernel over the batch rows of S at `layer`."""
+    o = owner
+    if S.shape[0] == 0:
+        return
+    prefill_open_kernel[(S.shape[0],)](
+        S, seq_lens, o._selected.view(torch.uint8), o._prefill_open.view(torch.uint8),
+        o._open_next_n, o._opened, o._visible, o._row0_sum, o._row0_count, o._pending_hits, layer,
+        o.pad_slot, o.num_layers, o.max_next_n, o._n_buckets, o._hits_row, o.compress_ratio,
+        o.max_entries, K_PAD=triton.next_power_of_2(o._n_buckets),
+        HITS_PAD=triton.next_power_of_2(o._hits_row), HITS=o._needs_hits, num_warps=4)
+
+
+def prefill_offsets(owner, S, layer):
+    """prefill_offsets_kernel over the batch rows of S at `layer` (no fp contraction)."""
+    o = owner
+    if S.shape[0] == 0:
+        return
+    prefill_offsets_kernel[(S.shape[0],)](
+        S, o._row0_sum, o._row0_count, o.offset_ema, o.offset_count, layer, o.pad_slot,
+        o.num_layers, o._n_buckets, o._beta_host, o._one_minus_beta_host,
+        K_PAD=triton.next_power_of_2(o._n_buckets), num_warps=1, enable_fp_fusion=False)

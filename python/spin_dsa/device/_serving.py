@@ -623,12 +623,22 @@ class Serving:
         _check_tensor(seq_lens, "seq_lens", self.device, 1, "int", rows=S.shape[0])
         _check_tensor(logits, "logits", self.device, 2, "float32", rows=S.shape[0])
         E, batch = self.block_entries, S.shape[0]
-        visible = self._row_visible(seq_lens, 1).reshape(-1).clamp(max=self.max_entries)
         n_cols = min(logits.shape[1], self.max_entries)
         n_blocks = blocks_for_entries(n_cols, E)
-        values = torch.full((batch, n_blocks * E), float("-inf"), dtype=torch.float32,
-                            device=self.device)
-        values[:, :n_cols] = logits[:, :n_cols]
+        k = int(self.config["topk"])
+        if self._observe_kernel is not None and E & (E - 1) == 0 and n_blocks > 0:
+            # Four launches and the top-k's: the step opened for (slot, layer), the row's top-k by
+            # the library's rule (ties to the lower position), one observe over every block
+            # (compact column c is block c), the offsets updated at once.
+            values = logits if logits.shape[1] == n_blocks * E else self._padded_row(logits, n_cols)
+            self._commit_kernel.prefill_open(self, S, layer, seq_lens.contiguous())
+            cols = _exact_topk(values, self._visible[S, layer, 0], k)
+            blocks = self._block_ids32[:n_blocks].expand(batch, -1)
+            self._observe_kernel.launch(self, S, layer, 1, values, cols, blocks, width=n_blocks)
+            self._commit_kernel.prefill_offsets(self, S, layer)
+            return
+        visible = self._row_visible(seq_lens, 1).reshape(-1).clamp(max=self.max_entries)
+        values = self._padded_row(logits, n_cols)
         layers = torch.full_like(S, layer)
         self._mark_selected(S, layers)
         self._row0_sum.index_put_((S, layers), self._zero_sum)  # the step opens here
@@ -638,21 +648,19 @@ class Serving:
         self._opened[S] = seq_lens.long() - 1
         self._opened[self.pad_slot:].fill_(0)
         self._visible[S, layer, 0] = visible
-        k = int(self.config["topk"])
-        if self._observe_kernel is not None and E & (E - 1) == 0 and n_blocks > 0:
-            # One observe launch over every block (compact column c is block c): the row's
-            # top-k by the library's rule first (ties to the lower position), as observe takes.
-            if self._needs_hits:
-                self._pending_hits.index_put_((S, layers), self._zero_hits)
-            cols = _exact_topk(values, visible, k)
-            blocks = self._block_ids32[:n_blocks].expand(batch, -1)
-            self._observe_kernel.launch(self, S, layer, 1, values, cols, blocks, width=n_blocks)
-        else:
-            blocks = self._block_ids[:n_blocks].expand(batch, -1)
-            x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None, k, E,
-                            self.config["pooling"], self._row_rank(visible))
-            self._store_pending(S, layer, 1, blocks, x, hits, visible)
+        blocks = self._block_ids[:n_blocks].expand(batch, -1)
+        x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None, k, E,
+                        self.config["pooling"], self._row_rank(visible))
+        self._store_pending(S, layer, 1, blocks, x, hits, visible)
         self._prefill_offsets(S, layers)
+
+    def _padded_row(self, logits, n_cols):
+        """The first n_cols columns of logits in whole blocks, -inf after them."""
+        batch, E = logits.shape[0], self.block_entries
+        values = torch.full((batch, blocks_for_entries(n_cols, E) * E), float("-inf"),
+                            dtype=torch.float32, device=self.device)
+        values[:, :n_cols] = logits[:, :n_cols]
+        return values
 
     def _prefill_offsets(self, S, layers):
         """A prefill's offset update at once, as the library's observe_prefill applies its row

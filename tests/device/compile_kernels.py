@@ -140,9 +140,9 @@ def main():
     compiled += 1
     compile_ptx(_commit_kernel.prefill_open_kernel,
                 dict(SLOT="*i64", SEQ_LENS="*i64", SELECTED="*u8", PREFILL_OPEN="*u8",
-                     OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", ROW0_SUM="*i64",
-                     ROW0_COUNT="*i32", PENDING_HITS="*u8"),
-                dict(K_PAD=128, HITS_PAD=4096, HITS=True), num_warps=4)
+                     OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", PENDING_X="*fp32",
+                     PENDING_HITS="*u8", ROW0_SUM="*i64", ROW0_COUNT="*i32"),
+                dict(BLOCK=2048, HITS=True), num_warps=4)
     ptx = compile_ptx(_commit_kernel.prefill_offsets_kernel,
                       dict(SLOT="*i64", ROW0_SUM="*i64", ROW0_COUNT="*i32", OFFSET_EMA="*fp32",
                            OFFSET_COUNT="*i32", beta="fp32", one_minus_beta="fp32"),

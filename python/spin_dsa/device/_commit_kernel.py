@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._select_kernel import _open_step
+
 
 @triton.jit
 def _fixed_point(x):
@@ -252,32 +254,22 @@ def finish(owner, S):
 
 @triton.jit(do_not_specialize=["layer", "pad_slot"])
 def prefill_open_kernel(SLOT, SEQ_LENS, SELECTED, PREFILL_OPEN, OPEN_NEXT_N, OPENED, VISIBLE,
-                        ROW0_SUM, ROW0_COUNT, PENDING_HITS, layer, pad_slot, num_layers,
-                        max_next_n, n_buckets, hits_row, compress_ratio, max_entries,
-                        K_PAD: tl.constexpr, HITS_PAD: tl.constexpr, HITS: tl.constexpr):
-    """A prefill opens its step for (slot, layer), one program per batch row (Serving.prefill's
-    torch bookkeeping in one launch): the layer flagged selected (not on the pad slot), the slot
-    a prefill step of one row, the tokens before it, the row's visible entries (len //
-    compress_ratio, capped), the row-0 offset sums and every row's hits emptied."""
+                        PENDING_X, PENDING_HITS, ROW0_SUM, ROW0_COUNT, layer, pad_slot, num_layers,
+                        n_blocks, max_next_n, n_buckets, hits_row, compress_ratio, max_entries,
+                        BLOCK: tl.constexpr, HITS: tl.constexpr):
+    """A prefill opens its step for (slot, layer), one program per batch row: a select's opening
+    (the select kernel's _open_step, a step of one row) — a prefill step, measuring no churn at
+    its commit — and the row's visible entries (len // compress_ratio, capped)."""
     i = tl.program_id(0)
     s = tl.load(SLOT + i)
     group = s * num_layers + layer
     seq_len = tl.load(SEQ_LENS + i).to(tl.int64)
-    real = s != pad_slot
-    tl.store(SELECTED + group, real.to(tl.uint8))
+    _open_step(s, group, seq_len, i >= 0, SELECTED, OPEN_NEXT_N, OPENED, PENDING_X, PENDING_HITS,
+               ROW0_SUM, ROW0_COUNT, pad_slot, n_blocks, n_buckets, max_next_n, hits_row, 1,
+               BLOCK, HITS)
     tl.store(PREFILL_OPEN + s, 1)
-    tl.store(OPEN_NEXT_N + s, 1)
-    tl.store(OPENED + s, seq_len - 1, mask=real)
     tl.store(VISIBLE + group * max_next_n, tl.minimum(tl.maximum(seq_len, 0) // compress_ratio,
                                                      max_entries))
-    kb = tl.arange(0, K_PAD)
-    tl.store(ROW0_SUM + group * n_buckets + kb, tl.zeros([K_PAD], tl.int64), mask=kb < n_buckets)
-    tl.store(ROW0_COUNT + group * n_buckets + kb, tl.zeros([K_PAD], tl.int32), mask=kb < n_buckets)
-    if HITS:
-        h = tl.arange(0, HITS_PAD)
-        zero = tl.zeros([HITS_PAD], tl.int32).to(PENDING_HITS.dtype.element_ty)
-        for j in range(max_next_n):
-            tl.store(PENDING_HITS + (group * max_next_n + j) * hits_row + h, zero, mask=h < hits_row)
 
 
 @triton.jit(do_not_specialize=["layer", "pad_slot"])
@@ -304,10 +296,10 @@ def prefill_open(owner, S, layer, seq_lens):
         return
     prefill_open_kernel[(S.shape[0],)](
         S, seq_lens, o._selected.view(torch.uint8), o._prefill_open.view(torch.uint8),
-        o._open_next_n, o._opened, o._visible, o._row0_sum, o._row0_count, o._pending_hits, layer,
-        o.pad_slot, o.num_layers, o.max_next_n, o._n_buckets, o._hits_row, o.compress_ratio,
-        o.max_entries, K_PAD=triton.next_power_of_2(o._n_buckets),
-        HITS_PAD=triton.next_power_of_2(o._hits_row), HITS=o._needs_hits, num_warps=4)
+        o._open_next_n, o._opened, o._visible, o._pending_x, o._pending_hits, o._row0_sum,
+        o._row0_count, layer, o.pad_slot, o.num_layers, o.max_blocks, o.max_next_n, o._n_buckets,
+        o._hits_row, o.compress_ratio, o.max_entries,
+        BLOCK=triton.next_power_of_2(max(o.max_blocks, 16)), HITS=o._needs_hits, num_warps=4)
 
 
 def prefill_offsets(owner, S, layer):

@@ -640,14 +640,8 @@ class Serving:
         visible = self._row_visible(seq_lens, 1).reshape(-1).clamp(max=self.max_entries)
         values = self._padded_row(logits, n_cols)
         layers = torch.full_like(S, layer)
-        self._mark_selected(S, layers)
-        self._row0_sum.index_put_((S, layers), self._zero_sum)  # the step opens here
-        self._row0_count.index_put_((S, layers), self._zero_count)
+        self._open_step(S, S, layers, seq_lens, 1, visible.view(-1, 1))  # a step of one row
         self._prefill_open.index_fill_(0, S, True)  # its commit measures no churn (the library's)
-        self._open_next_n.index_fill_(0, S, 1)
-        self._opened[S] = seq_lens.long() - 1
-        self._opened[self.pad_slot:].fill_(0)
-        self._visible[S, layer, 0] = visible
         blocks = self._block_ids[:n_blocks].expand(batch, -1)
         x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None, k, E,
                         self.config["pooling"], self._row_rank(visible))
@@ -764,7 +758,7 @@ class Serving:
         accepted, seq_lens, query_lens = rows
         opened_rows = self._open_next_n[S]
         if accepted is None:
-            accepted = seq_lens.long() - query_lens.long() - self._opened[S] - 1
+            accepted = self._lengths_accepted(S, seq_lens, query_lens)
         mode = self.config["mtp_update"]  # the last row replayed: prefix, row 0 or every row
         last = (accepted.long() if mode == "prefix" else opened_rows - 1 if mode == "all-rows"
                 else opened_rows * 0)
@@ -774,8 +768,12 @@ class Serving:
         """The accepted draft tokens commit(slots, seq_lens=, query_lens=) reads off the
         lengths, before it runs (int64 [batch]; 0 where nothing was accepted) — for an engine
         that reports them (a recorder)."""
-        S = slots.long()
-        return (seq_lens.long() - query_lens.long() - self._opened[S] - 1).clamp(min=0)
+        return self._lengths_accepted(slots.long(), seq_lens, query_lens).clamp(min=0)
+
+    def _lengths_accepted(self, S, seq_lens, query_lens):
+        """Tokens cached before this step's rows, less those before the open step's rows, less
+        its sampled token (negative where nothing was accepted; _commit_kernel._last_row)."""
+        return seq_lens.long() - query_lens.long() - self._opened[S] - 1
 
     def _close(self, S, last):
         """After the replay (the torch path): the churn of the top-k and its blocks from the

@@ -93,6 +93,67 @@ TEST(Bf16, RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(bf16_to_float(bf16_from_float(std::numeric_limits<float>::quiet_NaN()))));
 }
 
+// binary16's value of code h, computed from its definition (independent of half_to_float).
+double half_value(uint16_t h) {
+  const int exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+  const double magnitude = exponent == 0 ? std::ldexp(mantissa, -24)
+                                         : std::ldexp(1024 + mantissa, exponent - 25);
+  return (h & 0x8000) ? -magnitude : magnitude;
+}
+
+TEST(Half, EveryCodeDecodesAndRoundTrips) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const auto code = static_cast<uint16_t>(h);
+    if (((code >> 10) & 0x1F) == 31) {  // inf and NaN
+      const float v = half_to_float(code);
+      EXPECT_EQ(std::isnan(v), (code & 0x3FF) != 0) << h;
+      if (!std::isnan(v)) {
+        EXPECT_EQ(half_from_float(v), code) << h;
+      }
+      continue;
+    }
+    EXPECT_EQ(double{half_to_float(code)}, half_value(code)) << h;
+    EXPECT_EQ(half_from_float(half_to_float(code)), code) << h;
+  }
+}
+
+TEST(Half, RoundsToNearestEvenAtEveryMidpoint) {
+  // Between consecutive finite positive codes h, h + 1 (subnormals, the normal boundary and the
+  // largest finite included): the midpoint (exact in a float) goes to the even code, a float
+  // either side of it to the nearer one; then the same mirrored.
+  for (uint16_t h = 0; h < 0x7BFF; ++h) {
+    const auto next = static_cast<uint16_t>(h + 1);
+    const auto mid = static_cast<float>((half_value(h) + half_value(next)) / 2);
+    const uint16_t even = (h & 1) ? next : h;
+    EXPECT_EQ(half_from_float(mid), even) << h;
+    EXPECT_EQ(half_from_float(std::nextafter(mid, 0.0f)), h) << h;
+    EXPECT_EQ(half_from_float(std::nextafter(mid, 1e9f)), next) << h;
+    EXPECT_EQ(half_from_float(-mid), even | 0x8000) << h;
+  }
+  EXPECT_EQ(half_from_float(65504.0f), 0x7BFF);
+  EXPECT_EQ(half_from_float(std::nextafter(65520.0f, 0.0f)), 0x7BFF);  // below the tie: largest
+  EXPECT_EQ(half_from_float(65520.0f), 0x7C00);  // the tie with 2^16 goes to inf (even)
+  EXPECT_EQ(half_from_float(-1e30f), 0xFC00);
+  EXPECT_EQ(half_from_float(std::numeric_limits<float>::infinity()), 0x7C00);
+  EXPECT_EQ(half_from_float(1e-9f), 0x0000);  // below half the smallest subnormal
+  EXPECT_EQ(half_from_float(-0.0f), 0x8000);
+  EXPECT_TRUE(std::isnan(half_to_float(half_from_float(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+#if defined(__FLT16_MANT_DIG__)
+TEST(Half, AgreesWithTheCompilersFloat16) {
+  // Any bit pattern, and values across binary16's range (subnormals to overflow).
+  CounterRng rng(stream_key(7));
+  for (int i = 0; i < 1000000; ++i) {
+    const float x = (i & 1) ? std::bit_cast<float>(static_cast<uint32_t>(rng.next_u64()))
+                            : static_cast<float>(std::ldexp(rng.uniform() * 2 - 1,
+                                                            static_cast<int>(rng.below(44)) - 26));
+    if (std::isnan(x)) continue;
+    EXPECT_EQ(half_from_float(x), std::bit_cast<uint16_t>(static_cast<_Float16>(x))) << x;
+  }
+}
+#endif
+
 TEST(Ue8m0, PowerOfTwoCeiling) {
   EXPECT_EQ(ue8m0_scale(448.0f), 1.0f);           // exactly a power of two: no round-up
   EXPECT_EQ(ue8m0_scale(449.0f), 2.0f);

@@ -70,8 +70,8 @@ TEST(PredictSelect, PredictionFillAndTies) {
     c.explicit_budget_blocks = budget;
     auto p = make("ema-slot", c);
     observe_all(*p, 0, block_scores(v, 4), 80);
-    EXPECT_NEAR(state_of(*p, 0).slot(9), -1.0 / 6.0, 1e-6);
-    EXPECT_NEAR(state_of(*p, 0).slot(11), -0.4 / 1.4, 1e-6);
+    EXPECT_EQ(state_of(*p, 0).slot(9), round_to_half(static_cast<float>(-1.0 / 6.0)));
+    EXPECT_EQ(state_of(*p, 0).slot(11), round_to_half(static_cast<float>(-0.4 / 1.4)));
     Selection sel;
     StepInput in{1, 80, 1};
     in.want_scores = true;

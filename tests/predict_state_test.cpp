@@ -9,6 +9,10 @@
 namespace spin {
 namespace {
 
+// The slot EMA is binary16 (block_state.h): x taken at it, the float32 update rounded to it.
+float h(float x) { return round_to_half(x); }
+float ema(float old, float x, float alpha) { return h((1.0f - alpha) * old + alpha * h(x)); }
+
 PooledRow make_row(int64_t newest, std::vector<int32_t> blocks, std::vector<float> x) {
   PooledRow r;
   r.newest_block = newest;
@@ -48,13 +52,14 @@ TEST(PredictState, SlotEmaExact) {
   EXPECT_FALSE(s.seen(3));
   EXPECT_EQ(s.last_seen(3), kNeverSeen);
   s.apply(make_row(5, {3}, {0.8f}), 0);
-  EXPECT_NEAR(s.slot(3), 0.8, 1e-6);  // first observation: x itself
+  EXPECT_EQ(s.slot(3), h(0.8f));  // first observation: x itself
   EXPECT_EQ(s.last_seen(3), 0);
   s.apply(make_row(5, {3}, {0.2f}), 1);
-  EXPECT_NEAR(s.slot(3), 0.5, 1e-6);  // 0.5·0.8 + 0.5·0.2
+  EXPECT_EQ(s.slot(3), ema(h(0.8f), 0.2f, 0.5f));  // ≈ 0.5·0.8 + 0.5·0.2
   s.apply(make_row(5, {1, 3}, {-0.6f, -0.4f}), 4);
-  EXPECT_NEAR(s.slot(3), 0.05, 1e-6);  // 0.5·0.5 + 0.5·(-0.4)
-  EXPECT_NEAR(s.slot(1), -0.6, 1e-6);
+  EXPECT_EQ(s.slot(3), ema(ema(h(0.8f), 0.2f, 0.5f), -0.4f, 0.5f));  // ≈ 0.5·0.5 + 0.5·(-0.4)
+  EXPECT_NEAR(s.slot(3), 0.05, 1e-3);
+  EXPECT_EQ(s.slot(1), h(-0.6f));
   EXPECT_EQ(s.last_seen(3), 4);
   EXPECT_EQ(s.last_seen(1), 4);
   EXPECT_FALSE(s.seen(0));
@@ -65,11 +70,26 @@ TEST(PredictState, SlotEmaExact) {
   a.apply(make_row(0, {0}, {0.0f}), 1);
   a.apply(make_row(0, {0}, {0.5f}), 2);
   // 1 → 0.7 → 0.7·0.7 + 0.3·0.5 = 0.64
-  EXPECT_NEAR(a.slot(0), 0.64, 1e-6);
+  EXPECT_EQ(a.slot(0), ema(ema(1.0f, 0.0f, 0.3f), 0.5f, 0.3f));
+  EXPECT_NEAR(a.slot(0), 0.64, 1e-3);
   BlockState one(1.0, 0.1);  // prev-iter: the last observation
   one.apply(make_row(0, {0}, {0.9f}), 0);
   one.apply(make_row(0, {0}, {-0.3f}), 1);
-  EXPECT_NEAR(one.slot(0), -0.3, 1e-6);
+  EXPECT_EQ(one.slot(0), h(-0.3f));
+}
+
+TEST(PredictState, ObservationsAtBinary16) {
+  // 0.1 is no binary16: the slot and the offset take its nearest half (0.0999755859375), and an
+  // update that lands between two halves is rounded to the nearer (ties to even).
+  BlockState s(0.5, 0.1);
+  s.apply(make_row(4, {4}, {0.1f}), 0);
+  EXPECT_EQ(s.slot(4), 0.0999755859375f);
+  EXPECT_EQ(s.offset(0), 0.0999755859375f);
+  // 0.5·0.0999755859375 + 0.5·0.199951171875 = 0.14996337890625, halfway between the halves
+  // 0.14990234375 and 0.1500244140625: to the even one.
+  s.apply(make_row(4, {4}, {0.2f}), 1);
+  EXPECT_EQ(s.slot(4), 0.14990234375f);
+  EXPECT_NE(s.slot(4), 0.5f * 0.0999755859375f + 0.5f * 0.199951171875f);
 }
 
 TEST(PredictState, OffsetEmaAtDistances) {
@@ -92,11 +112,12 @@ TEST(PredictState, OffsetEmaAtDistances) {
   BlockState f(0.5, 0.25);
   f.apply(make_row(200, {130, 136, 199}, {0.6f, 0.2f, -0.5f}), 3);  // d = 70, 64 → bucket 64; d=1
   EXPECT_EQ(offset_bucket(70), 64);
-  EXPECT_NEAR(f.offset(64), 0.4, 1e-6);
+  EXPECT_EQ(f.offset(64), offset_mean(offset_fixed_point(h(0.6f)) + offset_fixed_point(h(0.2f)), 2));
+  EXPECT_NEAR(f.offset(64), 0.4, 1e-3);
   EXPECT_EQ(f.offset_updates(64), 1);
   EXPECT_NEAR(f.offset(1), -0.5, 1e-6);
   f.apply(make_row(201, {137}, {1.0f}), 4);  // d = 64 → bucket 64
-  EXPECT_NEAR(f.offset(64), 0.75 * 0.4 + 0.25 * 1.0, 1e-6);
+  EXPECT_NEAR(f.offset(64), 0.75 * 0.4 + 0.25 * 1.0, 1e-3);
   EXPECT_EQ(f.offset_updates(64), 2);
 }
 
@@ -111,7 +132,7 @@ TEST(PredictState, GrowsAndCountsMemory) {
   s.ensure_blocks(8192);  // 512K entries at page 64
   EXPECT_EQ(s.n_blocks(), 8192);
   EXPECT_EQ(s.n_offset_buckets(), 92);
-  EXPECT_EQ(s.memory_bytes(), 8192u * 8 + 92u * 8);
+  EXPECT_EQ(s.memory_bytes(), 8192u * 6 + 92u * 8);  // binary16 slot + int32 last_seen
   EXPECT_NEAR(s.slot(2), 0.5, 1e-6);  // growth keeps what was known
   EXPECT_FALSE(s.seen(5000));
   s.ensure_blocks(100);  // never shrinks
@@ -133,8 +154,8 @@ TEST(PredictState, CopiesAreIndependent) {
   a.apply(make_row(3, {1, 3}, {0.2f, 0.4f}), 0);
   BlockState b = a;  // prefix sharing: fork = copy
   b.apply(make_row(3, {1}, {1.0f}), 1);
-  EXPECT_NEAR(a.slot(1), 0.2, 1e-6);
-  EXPECT_NEAR(b.slot(1), 0.6, 1e-6);
+  EXPECT_EQ(a.slot(1), h(0.2f));
+  EXPECT_EQ(b.slot(1), ema(h(0.2f), 1.0f, 0.5f));
   EXPECT_EQ(a.last_seen(1), 0);
   EXPECT_EQ(b.last_seen(1), 1);
 }

@@ -7,6 +7,8 @@
 //        why a CPU kernel may compute e4m3 dot products as bf16 products with fp32 accumulation.
 //   UE8M0 scale: a power of two, 2^ceil(log2(amax · (1/448))) with amax = max(max|x|, 1e-4),
 //        computed with exponent-field bit operations exactly as DeepSeek's act_quant does.
+//   binary16 (IEEE half, torch.float16): 1 sign, 5 exponent (bias 15), 10 mantissa bits; largest
+//        finite 65504; subnormals m·2^-24. The predictor stores its slot EMA in it (block_state.h).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +27,11 @@ uint16_t e4m3_to_bf16_bits(uint8_t code);
 
 uint16_t bf16_from_float(float x);  // round-to-nearest-even (NaN stays NaN)
 float bf16_to_float(uint16_t bits);
+
+uint16_t half_from_float(float x);  // round-to-nearest-even (as a CUDA / torch cast); NaN stays NaN
+float half_to_float(uint16_t bits);  // exact
+// x rounded to the nearest binary16 value (ties to even), as a float.
+inline float round_to_half(float x) { return half_to_float(half_from_float(x)); }
 
 // The UE8M0 power-of-two scale for a block whose largest magnitude is `amax` (floored at 1e-4).
 float ue8m0_scale(float amax);

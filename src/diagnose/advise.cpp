@@ -99,10 +99,10 @@ constexpr double kFirstLayerLaunches = 7, kLayerLaunches = 3, kLastLayerLaunches
 // derived): the midpoint.
 constexpr double kLaunchSeconds = 2.25e-6;
 // Bytes per request and block the step's own kernels read and write of the state at next_n 1
-// (docs/gpu.md "State", 4335729): select reads the slot EMA, the seen flag and the last top-k's
-// hits (6) and empties the hits row (1); observe reads and writes a scored block's EMA and flag
-// (10); close reads the hits and the last top-k and writes it (3).
-constexpr double kStateBytesPerBlock = 20;
+// (docs/gpu.md "State"): select reads the binary16 slot EMA (NaN: never seen) and the last
+// top-k's hits (3) and empties the hits row (1); observe reads and writes a scored block's EMA
+// (4); close reads the hits and the last top-k and writes it (3).
+constexpr double kStateBytesPerBlock = 11;
 
 double modelled_own_ms(const Deployment& d, const ModelPreset& m, const GpuPreset& g, double sparsity) {
   PredictorConfig c;

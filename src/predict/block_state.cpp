@@ -30,7 +30,7 @@ float offset_mean(int64_t fixed_sum, int64_t count) {
 void BlockState::ensure_blocks(int64_t n_blocks) {
   if (n_blocks <= this->n_blocks()) return;
   const size_t n = static_cast<size_t>(n_blocks);
-  slot_.resize(n, 0.0f);
+  slot_.resize(n, 0);
   last_seen_.resize(n, kNeverSeen);
   // The farthest distance a row of this context can see is n_blocks - 1.
   const size_t buckets = static_cast<size_t>(offset_bucket(n_blocks - 1)) + 1;
@@ -54,8 +54,9 @@ void BlockState::apply(const PooledRow& row, int32_t step) {
   const size_t n = row.blocks.size();
   for (size_t i = 0; i < n; ++i) {
     const size_t b = static_cast<size_t>(row.blocks[i]);
-    const float x = row.x[i];
-    slot_[b] = last_seen_[b] == kNeverSeen ? x : (1.0f - alpha_) * slot_[b] + alpha_ * x;
+    const float x = round_to_half(row.x[i]);
+    const float old = half_to_float(slot_[b]);
+    slot_[b] = half_from_float(last_seen_[b] == kNeverSeen ? x : (1.0f - alpha_) * old + alpha_ * x);
     last_seen_[b] = step;
   }
   // Blocks ascend, so distances descend and buckets come in runs: one pass, no scratch. One EMA
@@ -67,7 +68,7 @@ void BlockState::apply(const PooledRow& row, int32_t step) {
     int64_t sum = 0;
     size_t j = i;
     for (; j < n && offset_bucket(row.newest_block - row.blocks[j]) == bucket; ++j)
-      sum += offset_fixed_point(row.x[j]);
+      sum += offset_fixed_point(round_to_half(row.x[j]));
     const float mean = offset_mean(sum, static_cast<int64_t>(j - i));
     float& o = offset_[static_cast<size_t>(bucket)];
     int32_t& count = offset_count_[static_cast<size_t>(bucket)];

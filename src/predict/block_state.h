@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "predict/pooling.h"
+#include "spin/numerics.h"
 #include "spin/predict.h"
 
 namespace spin {
@@ -28,8 +29,14 @@ int64_t offset_fixed_point(float x);
 // The mean of `count` observations whose fixed-point sum is fixed_sum, as the EMA takes it.
 float offset_mean(int64_t fixed_sum, int64_t count);
 
-// Persistent state bytes per block per (request, layer): float slot + int32 last_seen.
-inline constexpr size_t kStateBytesPerBlock = 8;
+// The slot EMA is kept in binary16 (spin/numerics.h): an observation |x| ≤ 1 + ln(2^20) needs
+// none of float's range, and 11 significant bits order blocks as well as 24 do (docs/results.md,
+// "the slot EMA in binary16"); it halves the state a GPU keeps per block and lets the device hold
+// an MTP draft row's observations in 2 bytes. So apply() takes each observation at binary16 (x
+// rounded to the nearest half, ties to even) — for the slot and the offset EMA alike — and rounds
+// the slot's float32 update (no fused multiply-add) back to binary16.
+// Persistent state bytes per block per (request, layer): binary16 slot + int32 last_seen.
+inline constexpr size_t kStateBytesPerBlock = 6;
 // Per offset bucket: float EMA + int32 update count.
 inline constexpr size_t kStateBytesPerOffsetBucket = 8;
 
@@ -46,8 +53,9 @@ class BlockState {
   void ensure_blocks(int64_t n_blocks);
   // Drops blocks ≥ n_blocks (prefix sharing of a shorter context).
   void truncate(int64_t n_blocks);
-  // Applies one row's observation at `step`: slot EMA + last_seen for every observed block, then
-  // one offset EMA update per touched bucket with the mean x of the row's blocks in that bucket.
+  // Applies one row's observation at `step` (each x taken at binary16): slot EMA + last_seen for
+  // every observed block, then one offset EMA update per touched bucket with the mean x of the
+  // row's blocks in that bucket.
   // O(observed blocks).
   void apply(const PooledRow& row, int32_t step);
   void reset();
@@ -57,7 +65,7 @@ class BlockState {
 
   int64_t n_blocks() const { return static_cast<int64_t>(slot_.size()); }
   bool seen(int64_t b) const { return last_seen_[b] != kNeverSeen; }
-  float slot(int64_t b) const { return slot_[b]; }
+  float slot(int64_t b) const { return half_to_float(slot_[b]); }
   int32_t last_seen(int64_t b) const { return last_seen_[b]; }
   int64_t n_offset_buckets() const { return static_cast<int64_t>(offset_.size()); }
   bool offset_known(int32_t bucket) const {
@@ -73,7 +81,7 @@ class BlockState {
  private:
   float alpha_ = 0.5f;
   float beta_ = 0.1f;
-  std::vector<float> slot_;
+  std::vector<uint16_t> slot_;  // binary16 bits
   std::vector<int32_t> last_seen_;
   std::vector<float> offset_;
   std::vector<int32_t> offset_count_;

@@ -86,8 +86,6 @@ def commit_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SEL
     last = _last_row(i, s, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, MODE, FROM_LENGTHS)
     last = tl.where(selected, last, -1)  # rows 0..last replay, in order
     step = tl.load(STEP + s).to(tl.int32)
-    if not AGES:  # LAST_SEEN is int8, -1 never observed, 0 observed (Serving._ages)
-        step = step * 0
     state = (s * num_layers + layer) * n_blocks
     offsets = (s * num_layers + layer) * n_buckets
     near = tl.arange(0, 64).to(tl.int64)
@@ -106,16 +104,17 @@ def commit_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SEL
         # The slot EMA and last-seen of every observed block.
         for b0 in range(0, n_blocks, BLOCK):
             b = b0 + tl.arange(0, BLOCK).to(tl.int64)
-            xs = tl.load(PENDING_X + pending + b, mask=b < n_blocks, other=float("nan"))
+            xs = tl.load(PENDING_X + pending + b, mask=b < n_blocks,
+                         other=float("nan")).to(tl.float32)
             fresh = xs == xs
-            old = tl.load(SLOT_EMA + state + b, mask=fresh, other=0.0)
-            seen = tl.load(LAST_SEEN + state + b, mask=fresh, other=-1)
-            new = tl.where(seen == -1, xs, one_minus_alpha * old + alpha * xs)
-            tl.store(SLOT_EMA + state + b, new, mask=fresh)
-            tl.store(LAST_SEEN + state + b, (tl.zeros_like(seen) + step).to(seen.dtype), mask=fresh)
+            old = tl.load(SLOT_EMA + state + b, mask=fresh, other=0.0).to(tl.float32)
+            new = tl.where(old == old, one_minus_alpha * old + alpha * xs, xs)  # NaN: never seen
+            tl.store(SLOT_EMA + state + b, new.to(tl.float16), mask=fresh)
+            if AGES:  # stalest exploration's ages (Serving.last_seen)
+                tl.store(LAST_SEEN + state + b, tl.zeros_like(b).to(tl.int32) + step, mask=fresh)
         # Buckets 0..63: one block each, at distance d.
         nb = newest - near
-        xn = tl.load(PENDING_X + pending + nb, mask=nb >= 0, other=float("nan"))
+        xn = tl.load(PENDING_X + pending + nb, mask=nb >= 0, other=float("nan")).to(tl.float32)
         near_seen = xn == xn
         _offset_update(OFFSET_EMA, OFFSET_COUNT, offsets + near,
                        _fixed_point(tl.where(near_seen, xn, 0.0)), near_seen.to(tl.int32),
@@ -128,7 +127,8 @@ def commit_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SEL
             count = tl.zeros((), tl.int32)
             for f0 in range(lo_b, hi_b + 1, BLOCK):
                 f = f0 + tl.arange(0, BLOCK).to(tl.int64)
-                xf = tl.load(PENDING_X + pending + f, mask=f <= hi_b, other=float("nan"))
+                xf = tl.load(PENDING_X + pending + f, mask=f <= hi_b,
+                             other=float("nan")).to(tl.float32)
                 far_seen = xf == xf
                 total += tl.sum(_fixed_point(tl.where(far_seen, xf, 0.0)), axis=0)
                 count += tl.sum(far_seen.to(tl.int32), axis=0)

@@ -108,12 +108,13 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_VISIBLE, SLOT, 
             ratio = (safe.to(tl.float64) - kth) / spread
             squash = tl.where(ratio >= 0.0, 1.0, 1.0 - ratio)  # r ≥ 0: r; else r / (1 - r)
             x = (ratio / squash).to(tl.float32)
+        x = x.to(tl.float16).to(tl.float32)  # the state takes observations at binary16
         if j == 0:
             _observe_row0(x, block, observed & (s != pad_slot), s, group, newest, SLOT_EMA,
                           LAST_SEEN, STEP, BUCKET, ROW0_SUM, ROW0_COUNT, n_blocks, n_buckets,
                           alpha, one_minus_alpha, AGES)
         else:
-            tl.store(PENDING_X + row + block, x, mask=observed)
+            tl.store(PENDING_X + row + block, x.to(tl.float16), mask=observed)
     if part == 0:
         tl.store(PENDING_NEWEST + group * max_next_n + j, newest)
 
@@ -127,13 +128,12 @@ def _observe_row0(x, block, apply, s, group, newest, SLOT_EMA, LAST_SEEN, STEP, 
     in fixed point added to its distance bucket's sum and count (integer atomics: the same in
     any order), which commit turns into the offset EMA's update."""
     at = group.to(tl.int64) * n_blocks + block
-    old = tl.load(SLOT_EMA + at, mask=apply, other=0.0)
-    seen = tl.load(LAST_SEEN + at, mask=apply, other=-1)
-    tl.store(SLOT_EMA + at, tl.where(seen == -1, x, one_minus_alpha * old + alpha * x), mask=apply)
-    mark = tl.load(STEP + s).to(tl.int32)
-    if not AGES:  # LAST_SEEN is int8, -1 never observed, 0 observed (Serving._ages)
-        mark = mark * 0
-    tl.store(LAST_SEEN + at, (tl.zeros_like(seen) + mark).to(seen.dtype), mask=apply)
+    old = tl.load(SLOT_EMA + at, mask=apply, other=0.0).to(tl.float32)  # NaN: never observed
+    ema = tl.where(old == old, one_minus_alpha * old + alpha * x, x)
+    tl.store(SLOT_EMA + at, ema.to(tl.float16), mask=apply)
+    if AGES:  # stalest exploration's ages (Serving.last_seen)
+        mark = tl.load(STEP + s).to(tl.int32)
+        tl.store(LAST_SEEN + at, tl.zeros_like(block).to(tl.int32) + mark, mask=apply)
     bucket = tl.load(BUCKET + tl.maximum(newest - block, 0), mask=apply, other=0)
     sums = group.to(tl.int64) * n_buckets + bucket
     tl.atomic_add(ROW0_SUM + sums, _fixed_point(tl.where(apply, x, 0.0)), mask=apply,

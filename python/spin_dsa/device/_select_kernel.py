@@ -139,8 +139,9 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
         if STEP_REUSE or TOPK_FIRST:
             hits = tl.load(PREV_HITS + state + b, mask=inside, other=0).to(tl.int32)
         if not STEP_REUSE:
-            slot = tl.load(SLOT_EMA + state + b, mask=inside, other=0.0)
-            known_slot = tl.load(LAST_SEEN + state + b, mask=inside, other=-1) != -1
+            # binary16, NaN where never observed (Serving.slot_ema)
+            slot = tl.load(SLOT_EMA + state + b, mask=inside, other=float("nan")).to(tl.float32)
+            known_slot = slot == slot
 
     union = b < 0
     for j in range(NEXT_N):

@@ -260,12 +260,12 @@ class Serving:
         self._beta_host, self._one_minus_beta_host = (float(np.float32(beta)),
                                                       float(np.float32(1) - np.float32(beta)))
         # Persistent state per (slot, layer): the library's BlockState, and step-reuse's hits.
-        self.slot_ema = torch.zeros(R, L, N, dtype=f32, device=dev)
-        # last_seen's step orders stalest exploration (the library's int32); every other rule
-        # reads only whether a block was ever observed: int8, -1 never, 0 seen (a quarter of
-        # the bytes, the same selections).
+        # The slot EMA in the library's binary16, NaN where a block was never observed: every
+        # rule but stalest exploration reads only that of last_seen.
+        self.slot_ema = torch.full((R, L, N), float("nan"), dtype=torch.float16, device=dev)
+        # last_seen's step orders stalest exploration (the library's int32); kept only for it.
         self._ages = self._explores and self.config["explore_policy"] == "stalest"
-        self.last_seen = torch.full((R, L, N), -1, dtype=torch.int32 if self._ages else torch.int8,
+        self.last_seen = torch.full((R, L, N if self._ages else 0), -1, dtype=torch.int32,
                                     device=dev)
         self.offset_ema = torch.zeros(R, L, K, dtype=f32, device=dev)
         self.offset_count = torch.zeros(R, L, K, dtype=torch.int32, device=dev)
@@ -287,11 +287,13 @@ class Serving:
         # EMA at once (nothing reads a (slot, layer)'s state between its observe and the commit)
         # and keeps its offset observations as fixed-point sums per bucket, which commit applies
         # in the library's order; rows 1.. (MTP drafts) wait for the acceptance: their pooled
-        # observation (NaN = block not observed; a last column takes the padding's scatter).
+        # observation, binary16 as the state takes it (NaN = block not observed; a last column
+        # takes the padding's scatter).
         # Then each row's newest block, which layers were selected, the rows.
         self._row0_sum = torch.zeros(R, L, K, dtype=torch.int64, device=dev)
         self._row0_count = torch.zeros(R, L, K, dtype=torch.int32, device=dev)
-        self._pending_x = torch.full((R, L, J - 1, N + 1), float("nan"), dtype=f32, device=dev)
+        self._pending_x = torch.full((R, L, J - 1, N + 1), float("nan"), dtype=torch.float16,
+                                     device=dev)
         # Its hits in prev_hits' integer, the row padded to whole 32-bit words: the observe
         # kernel counts them with 32-bit atomics on the word holding a block's lanes (a block's
         # count never carries into its neighbour's: it is at most the integer's range).
@@ -299,7 +301,7 @@ class Serving:
         self._hits_lanes = 4 // self.prev_hits.element_size()
         self._pending_hits = torch.zeros(R, L, J, self._hits_row, dtype=self.prev_hits.dtype,
                                          device=dev)
-        self._nan = torch.full((), float("nan"), dtype=f32, device=dev)
+        self._nan = torch.full((), float("nan"), dtype=torch.float16, device=dev)  # empties _pending_x
         self._true = torch.ones((), dtype=torch.bool, device=dev)
         self._churn_constants = torch.tensor(  # the close kernel's float64 operands
             [_CHURN_KEEP, _CHURN_WEIGHT, float(self.config["explore_ratio"]),
@@ -345,7 +347,7 @@ class Serving:
         if self._active[slot]:
             raise spin_dsa.FailedPrecondition(
                 f"serving: add: slot {slot} holds a request; drop(slot) first")
-        for t, v in ((self.slot_ema, 0.0), (self.last_seen, -1), (self.offset_ema, 0.0),
+        for t, v in ((self.slot_ema, float("nan")), (self.last_seen, -1), (self.offset_ema, 0.0),
                      (self.offset_count, 0), (self.prev_hits, 0), (self._selected, False),
                      (self._step, 0), (self.churn_ema, -1.0),
                      (self.explore_share, self._share0),
@@ -519,8 +521,8 @@ class Serving:
                               2, bucket)
         known_offset = torch.gather(
             self.offset_count[S, layer].unsqueeze(1).expand(-1, n.shape[1], -1), 2, bucket) > 0
-        slot = self.slot_ema[S, layer].unsqueeze(1)
-        known_slot = (self.last_seen[S, layer] != -1).unsqueeze(1)
+        slot = self.slot_ema[S, layer].float().unsqueeze(1)
+        known_slot = slot == slot  # NaN: never observed
         if self._use_offset:
             p = torch.where(known_offset, offset, p)
         if self._use_slot:
@@ -687,7 +689,7 @@ class Serving:
         row_x = row_x.reshape(batch, next_n, N + 1)
         newest = (blocks_for_entries(visible, self.block_entries) - 1).reshape(batch, next_n)
         self._observe_row0(S, layer, row_x[:, 0, :N], newest[:, 0])
-        self._pending_x[S, layer, :next_n - 1] = row_x[:, 1:]
+        self._pending_x[S, layer, :next_n - 1] = row_x[:, 1:].half()  # at binary16, as the state takes it
         if self._needs_hits:
             row_hits = torch.zeros(batch * next_n, N + 1, dtype=torch.int32, device=self.device)
             row_hits.scatter_(1, target, hits.to(torch.int32))
@@ -706,8 +708,9 @@ class Serving:
         sums, counts = state.bucket_sums(x, newest, observed)
         self._row0_sum[S, layer] += sums
         self._row0_count[S, layer] += counts.int()
-        self.slot_ema[S, layer] = state.slot
-        self.last_seen[S, layer] = state.seen
+        self.slot_ema[S, layer] = state.slot.half()
+        if self._ages:
+            self.last_seen[S, layer] = state.seen
 
     def commit(self, slots, accepted=None, *, seq_lens=None, query_lens=None):
         """Closes the open step of every slot: accepted (int tensor [batch], None = zeros) draft
@@ -748,7 +751,7 @@ class Serving:
                             torch.where(selected.unsqueeze(-1), self._row0_count[S], 0))
         for j in range(1, self.max_next_n):
             use = selected & (j <= last).unsqueeze(1)  # [batch, L]
-            state.apply(self._pending_x[S, :, j - 1, :self.max_blocks],
+            state.apply(self._pending_x[S, :, j - 1, :self.max_blocks].float(),
                         self._pending_newest[S, :, j], use)
         state.store()
         self._close(S, last)
@@ -821,12 +824,11 @@ class _SlotState:
     def __init__(self, owner, S, layer=None):
         self.o, self.S = owner, S
         at = S if layer is None else (S, layer)
-        self.slot = owner.slot_ema[at]
-        self.seen = owner.last_seen[at]
+        self.slot = owner.slot_ema[at].float()  # NaN: never observed
+        self.seen = owner.last_seen[at] if owner._ages else None
         self.offset = owner.offset_ema[at]
         self.count = owner.offset_count[at]
-        step = owner._step[S] if owner._ages else torch.zeros_like(owner._step[S])  # 0: "seen"
-        self.step = step.to(owner.last_seen.dtype).view(-1, *([1] * (self.slot.dim() - 1)))
+        self.step = owner._step[S].int().view(-1, *([1] * (self.slot.dim() - 1)))
 
     def apply(self, x, newest, use):
         """One pending row per (slot, layer) where `use`: x [batch, L, N] (NaN = not observed),
@@ -835,15 +837,16 @@ class _SlotState:
         self.apply_offsets(*self.bucket_sums(x, newest, observed))
 
     def apply_slot(self, x, use):
-        """The slot EMA and last-seen of every observed block where `use` (broadcast over
-        blocks); returns which blocks were observed."""
+        """The slot EMA (x taken at binary16, the EMA rounded to it) and last-seen of every
+        observed block where `use` (broadcast over blocks); returns which blocks were observed."""
         o = self.o
         observed = ~torch.isnan(x) & use
-        x0 = torch.where(observed, x, torch.zeros_like(x))
+        x0 = torch.where(observed, x, torch.zeros_like(x)).half().float()
         ema = o._one_minus_alpha * self.slot + o._alpha * x0
-        updated = torch.where(self.seen == -1, x0, ema)
+        updated = torch.where(torch.isnan(self.slot), x0, ema).half().float()
         self.slot = torch.where(observed, updated, self.slot)
-        self.seen = torch.where(observed, self.step, self.seen)
+        if self.seen is not None:
+            self.seen = torch.where(observed, self.step, self.seen)
         return observed
 
     def bucket_sums(self, x, newest, observed):
@@ -853,7 +856,7 @@ class _SlotState:
         K = o._n_buckets
         d = (newest.unsqueeze(-1) - o._block_ids).clamp(min=0, max=o._bucket.shape[0] - 1)
         bucket = torch.where(observed, o._bucket[d], K)
-        x0 = torch.where(observed, x, torch.zeros_like(x))
+        x0 = torch.where(observed, x, torch.zeros_like(x)).half().float()  # at binary16
         fixed = torch.where(observed, torch.round(x0.double() * _OFFSET_SCALE).long(), 0)
         shape = (*bucket.shape[:-1], K + 1)
         sums = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(-1, bucket, fixed)
@@ -873,8 +876,9 @@ class _SlotState:
 
     def store(self):
         o, S = self.o, self.S
-        o.slot_ema[S] = self.slot
-        o.last_seen[S] = self.seen
+        o.slot_ema[S] = self.slot.half()
+        if self.seen is not None:
+            o.last_seen[S] = self.seen
         o.offset_ema[S] = self.offset
         o.offset_count[S] = self.count
 

@@ -303,7 +303,7 @@ def step_plan(env, row, serving, slots, seq_lens, accepted, nn):
             row["select_layers_radix_us_per_layer"] = timer(
                 lambda: serving.select_layers(slots, seq_lens, nn)) / layers
             serving.kth_search = "bitwise"
-        row["commit_us_per_layer"] = timer(lambda: (serving._selected.fill_(True),
+        row["commit_us_per_layer"] = timer(lambda: (serving.state.selected.fill_(True),
                                                     serving.commit(slots, accepted))) / layers
     except Exception as e:  # noqa: BLE001
         row["errors"]["plan"] = f"{type(e).__name__}: {str(e)[:300]}"

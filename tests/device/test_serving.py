@@ -271,8 +271,8 @@ def test_hit_counts_in_a_wider_integer_match_the_library(block_pages, topk, dtyp
     entries = 24 * E * block_pages
     config = {"target_sparsity": 0.5, "topk": topk, "block_pages": block_pages}
     dev = device.Serving(2, 1, entries, "spin", dict(config, page_size=E), 2, impl="triton")
-    assert dev.prev_hits.dtype == dev._pending_hits.dtype == dtype
-    assert dev._pending_hits.shape[-1] % 4 == 0
+    assert dev.state.prev_hits.dtype == dev.state.pending_hits.dtype == dtype
+    assert dev.state.pending_hits.shape[-1] % 4 == 0
     run_both("spin", config, seed=12, next_n=2, steps=4, layers=1, max_requests=2,
              max_entries=entries, all_layers=True, impl="triton")
 
@@ -352,13 +352,14 @@ def test_commit_leaves_a_slot_without_an_open_step_alone(impl):
                                                  generator=torch.Generator().manual_seed(layer)),
                            blocks=blocks)
     dev.commit(S)
-    before = {n: getattr(dev, n).clone() for n in ("slot_ema", "last_seen", "offset_ema",
-                                                   "offset_count", "_step", "prev_hits",
+    before = {n: getattr(dev.state, n).clone() for n in ("slot_ema", "last_seen", "offset_ema",
+                                                   "offset_count", "step", "prev_hits",
                                                    "churn_ema", "explore_share")}
     dev.commit(torch.tensor([0, 1]), torch.tensor([0, 0]))  # neither has an open step
     for name, t in before.items():  # (the slot EMA is NaN where never observed)
-        torch.testing.assert_close(getattr(dev, name), t, rtol=0, atol=0, equal_nan=True, msg=name)
-    assert dev._step.tolist()[:2] == [1, 0]
+        torch.testing.assert_close(getattr(dev.state, name), t, rtol=0, atol=0, equal_nan=True,
+                                   msg=name)
+    assert dev.state.step.tolist()[:2] == [1, 0]
 
 
 @pytest.mark.parametrize("config", [
@@ -385,13 +386,12 @@ def test_the_kernels_keep_the_state_the_torch_path_keeps(config):
 
     def same_state(when):
         a, b = pair
-        for name in ("slot_ema", "last_seen", "offset_ema", "offset_count", "prev_hits",
-                     "churn_ema", "explore_share", "_pending_x", "_pending_hits", "_row0_sum",
-                     "_row0_count", "_selected", "_open_next_n", "_opened", "_step",
-                     "_prefill_open"):
-            x, y = getattr(a, name)[:3], getattr(b, name)[:3]  # the pad slot's rows race
+        for name in vars(a.state):  # every tensor of the state
+            if name in ("visible", "pending_newest", "req_key"):
+                continue  # (visible: below; the others are written and read per open row)
+            x, y = getattr(a.state, name)[:3], getattr(b.state, name)[:3]  # the pad slot's rows race
             assert torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)), f"{name} after {when}"
-        assert torch.equal(a._visible[[0, 2]], b._visible[[0, 2]]), "_visible"
+        assert torch.equal(a.state.visible[[0, 2]], b.state.visible[[0, 2]]), "visible"
 
     # The requests' prompts first (a prefill of every layer, a pad row beside them).
     prompts, prompt_lens = slots[[0, 1, 2]], seq[[0, 1, 2]] - 7
@@ -419,13 +419,13 @@ def test_the_kernels_keep_the_state_the_torch_path_keeps(config):
             for dev in pair:
                 dev.observe_scored(slots, layer, scored.clone(), cols, blocks=blocks)
             same_state(f"observe {step}.{layer}")
-        assert int(pair[1]._pending_hits.sum()) > 0  # the hits were counted
+        assert int(pair[1].state.pending_hits.sum()) > 0  # the hits were counted
         query = torch.tensor([2, 2, 1, 1])
         lengths = dict(seq_lens=seq + 2 * step + 1 + query, query_lens=query)  # 1 accepted
         for dev in pair:
             dev.commit(slots, **lengths)
         same_state(f"commit {step}")
-    assert pair[1]._step.tolist()[:3] == [4, 0, 4]
+    assert pair[1].state.step.tolist()[:3] == [4, 0, 4]
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
@@ -469,7 +469,7 @@ def test_strided_slots_and_lengths_select_and_commit_as_contiguous_ones():
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
     for d in pair:
         d.commit(slots, seq_lens=(seq + 2)[::1], query_lens=torch.tensor([1, 7, 1, 7, 1, 7])[::2])
-    assert torch.equal(pair[0]._step, pair[1]._step) and pair[1]._step.tolist()[:4] == [1, 0, 1, 1]
+    assert torch.equal(pair[0].state.step, pair[1].state.step) and pair[1].state.step.tolist()[:4] == [1, 0, 1, 1]
 
 
 def test_commit_takes_accepted_or_lengths_not_both():
@@ -546,7 +546,8 @@ def test_pad_rows_remap_through_their_own_blocks_and_leave_the_pad_state_alone(i
     dev.add(0, 7)
     pad = dev.pad_slot
     S, seq = torch.tensor([0, pad, pad]), torch.tensor([4000, 3000, 1500])
-    before = {n: getattr(dev, n)[pad].clone() for n in ("slot_ema", "last_seen", "_step", "prev_hits")}
+    before = {n: getattr(dev.state, n)[pad].clone() for n in ("slot_ema", "last_seen", "step",
+                                                              "prev_hits")}
     blocks, counts = dev.select(S, 0, seq)
     scored = torch.randn(3, dev.width * E, generator=torch.Generator().manual_seed(3))
     lengths = torch.minimum(counts.long() * E, torch.tensor(dev.width * E))
@@ -556,9 +557,9 @@ def test_pad_rows_remap_through_their_own_blocks_and_leave_the_pad_state_alone(i
     assert torch.equal(positions, device.remap(cols, blocks, dev.block_entries))
     dev.commit(S)
     for name, t in before.items():
-        torch.testing.assert_close(getattr(dev, name)[pad], t, rtol=0, atol=0, equal_nan=True,
+        torch.testing.assert_close(getattr(dev.state, name)[pad], t, rtol=0, atol=0, equal_nan=True,
                                    msg=name)
-    assert int(dev._step[0]) == 1
+    assert int(dev.state.step[0]) == 1
 
 
 def test_observe_positions_are_checked():
@@ -634,5 +635,5 @@ def test_the_state_fits_one_mib_per_request_at_128k(next_n):
     # included (the pad slot's row counted in). Binary16 slot EMA with NaN for never observed,
     # uint8 hits, the draft row's observations in binary16: 0.59 / 0.95 MiB.
     dev = device.Serving(64, 61, 131072, "spin", {}, next_n, device="cpu", impl="torch")
-    assert dev.slot_ema.dtype == torch.float16 and dev.last_seen.numel() == 0
+    assert dev.state.slot_ema.dtype == torch.float16 and dev.state.last_seen.numel() == 0
     assert dev.memory_bytes / 64 <= (0.6 if next_n == 1 else 0.96) * 2**20

@@ -13,7 +13,7 @@ spin_dsa = pytest.importorskip("spin_dsa")
 device = pytest.importorskip("spin_dsa.device")
 
 from spin_dsa import _core  # noqa: E402
-from spin_dsa.device import _serving  # noqa: E402
+from spin_dsa.device import _serving, _state  # noqa: E402
 
 HOSTILE = [
     {},
@@ -113,7 +113,7 @@ def test_serving_builds_its_tensors_from_the_tables(config, predictor, dense_blo
     s = device.Serving(2, 1, max_blocks * E, predictor, cfg, device="cpu", impl="torch",
                        dense_blocks=dense_blocks)
     t = _direct(cfg, max_blocks)
-    fill, _, _, explores = _serving._PARTS[predictor][:4]
+    fill, _, _, explores = _state.PARTS[predictor][:4]
     n = np.arange(max_blocks + 1)
     budget = np.array(t["budget"])
     keep_all = (budget >= n) | (fill == "all") | (n <= dense_blocks)
@@ -122,18 +122,18 @@ def test_serving_builds_its_tensors_from_the_tables(config, predictor, dense_blo
         np.where(keep_all, 0, t["explore"]) if explores else np.zeros_like(left)
     rank = np.array(t["pool_rank"]) if explores else np.ones_like(budget)
     for name, tensor, want, dtype in (
-            ("_budget", s._budget, budget, torch.int64),
-            ("_left", s._left, left, torch.int64),
-            ("_n_explore", s._n_explore, explore, torch.int64),
-            ("_n_history", s._n_history, left - explore, torch.int64),
-            ("_keep_all", s._keep_all, keep_all, torch.bool),
-            ("_pool_rank", s._pool_rank, rank, torch.int32),
-            ("_bucket", s._bucket, t["offset_bucket"], torch.int64),
-            ("_dist_lo", s._dist_lo, t["bucket_lo"], torch.int64),
-            ("_dist_hi", s._dist_hi, t["bucket_hi"], torch.int64)):
+            ("budget", s.tables.budget, budget, torch.int64),
+            ("left", s.tables.left, left, torch.int64),
+            ("n_explore", s.tables.n_explore, explore, torch.int64),
+            ("n_history", s.tables.n_history, left - explore, torch.int64),
+            ("keep_all", s.tables.keep_all, keep_all, torch.bool),
+            ("pool_rank", s.tables.pool_rank, rank, torch.int32),
+            ("bucket", s.tables.bucket, t["offset_bucket"], torch.int64),
+            ("dist_lo", s.tables.dist_lo, t["bucket_lo"], torch.int64),
+            ("dist_hi", s.tables.dist_hi, t["bucket_hi"], torch.int64)):
         assert tensor.dtype == dtype, name
         np.testing.assert_array_equal(tensor.numpy(), np.asarray(want), err_msg=name)
-    assert s._n_buckets == len(t["bucket_lo"])
+    assert s.spec.n_buckets == len(t["bucket_lo"])
 
 
 def test_constants_are_the_librarys_and_the_kernels():
@@ -163,10 +163,10 @@ def test_hit_tie_level_is_the_librarys():
 
 
 def test_device_predictors_are_the_registrys():
-    """_serving._PARTS composes each device predictor from parts; the library's registry says which
+    """_state.PARTS composes each device predictor from parts; the library's registry says which
     of them explore and which keep every block, and that the host serving API runs them all."""
     info = {row["name"]: row for row in spin_dsa.predictor_info()}
-    for name, (fill, _, _, explores, _, _) in _serving._PARTS.items():
+    for name, (fill, _, _, explores, _, _) in _state.PARTS.items():
         assert info[name]["can_serve"], name
         assert info[name]["explores"] == explores, name
         assert info[name]["keeps_all"] == (fill == "all"), name

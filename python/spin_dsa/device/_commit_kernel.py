@@ -137,39 +137,38 @@ def commit_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SEL
         tl.debug_barrier()  # row j's state is what row j + 1 updates
 
 
-def _per_slot_and_layer(kernel, owner, S, *args, **constexprs):
+def _per_slot_and_layer(kernel, spec, S, *args, **constexprs):
     """kernel with one program per (slot of S, layer), without fp contraction (the reference's
     roundings: separate multiplies and adds)."""
     if S.shape[0] == 0:
         return
-    kernel[(S.shape[0], owner.num_layers)](
-        *args, BLOCK=min(1024, triton.next_power_of_2(owner.max_blocks)), num_warps=4,
+    kernel[(S.shape[0], spec.num_layers)](
+        *args, BLOCK=min(1024, triton.next_power_of_2(spec.max_blocks)), num_warps=4,
         enable_fp_fusion=False, **constexprs)
 
 
-def _rows_args(owner, rows):
+def _rows_args(spec, state, rows):
     """The kernels' arguments for the last replayed rows: rows = (accepted, seq_lens,
     query_lens), the unused ones None (Serving.commit checked them)."""
     accepted, seq_lens, query_lens = rows
     from_lengths = accepted is None
     given = seq_lens if from_lengths else accepted
     args = (given, given if seq_lens is None else seq_lens,
-            given if query_lens is None else query_lens, owner._opened, owner._open_next_n)
-    constexprs = dict(MODE=_MODES[owner.config["mtp_update"]], FROM_LENGTHS=from_lengths)
+            given if query_lens is None else query_lens, state.opened, state.open_next_n)
+    constexprs = dict(MODE=_MODES[spec.config["mtp_update"]], FROM_LENGTHS=from_lengths)
     return args, constexprs
 
 
-def launch(owner, S, rows):
+def launch(spec, tables, state, S, rows):
     """commit_kernel over the batch's slots S (int64 [batch]) and every layer, rows 0..last."""
-    o = owner
-    row_args, constexprs = _rows_args(o, rows)
+    row_args, constexprs = _rows_args(spec, state, rows)
     _per_slot_and_layer(
-        commit_kernel, o, S, S, *row_args, o._selected.view(torch.uint8), o._row0_sum,
-        o._row0_count, o._step, o._pending_x,
-        o._pending_newest, o.slot_ema, o.last_seen, o.offset_ema, o.offset_count, o._dist_lo,
-        o._dist_hi, S.shape[0], o.num_layers, o.max_next_n, o.max_blocks, o._n_buckets,
-        o._alpha_host, o._one_minus_alpha_host, o._beta_host, o._one_minus_beta_host,
-        AGES=o._ages, K_PAD=triton.next_power_of_2(o._n_buckets), **constexprs)
+        commit_kernel, spec, S, S, *row_args, state.selected.view(torch.uint8), state.row0_sum,
+        state.row0_count, state.step, state.pending_x,
+        state.pending_newest, state.slot_ema, state.last_seen, state.offset_ema, state.offset_count, tables.dist_lo,
+        tables.dist_hi, S.shape[0], spec.num_layers, spec.max_next_n, spec.max_blocks, spec.n_buckets,
+        spec.alpha, spec.one_minus_alpha, spec.beta, spec.one_minus_beta,
+        AGES=spec.ages, K_PAD=triton.next_power_of_2(spec.n_buckets), **constexprs)
 
 
 @triton.jit
@@ -216,15 +215,14 @@ def close_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELE
         tl.store(EXPLORE_SHARE + group, tl.where(ema < 0, 0.0, ratio * scale))
 
 
-def close(owner, S, rows):
+def close(spec, tables, state, S, rows):
     """close_kernel over the batch's slots S and every layer (needs the hits kept: _keeps_topk)."""
-    o = owner
-    row_args, constexprs = _rows_args(o, rows)
+    row_args, constexprs = _rows_args(spec, state, rows)
     _per_slot_and_layer(
-        close_kernel, o, S, S, *row_args, o._selected.view(torch.uint8),
-        o._prefill_open.view(torch.uint8), o._pending_hits, o.prev_hits, o.churn_ema, o.explore_share,
-        o._churn_constants, o.num_layers, o.max_next_n, o.max_blocks, o._hits_row,
-        EXPLORE_CHURN=o._explore_churn,
+        close_kernel, spec, S, S, *row_args, state.selected.view(torch.uint8),
+        state.prefill_open.view(torch.uint8), state.pending_hits, state.prev_hits, state.churn_ema, state.explore_share,
+        tables.churn_constants, spec.num_layers, spec.max_next_n, spec.max_blocks, spec.hits_row,
+        EXPLORE_CHURN=spec.explore_churn,
         **constexprs)
 
 
@@ -243,13 +241,13 @@ def finish_kernel(SLOT, SELECTED, PREFILL_OPEN, STEP, num_layers, L_PAD: tl.cons
     tl.store(PREFILL_OPEN + s, 0)
 
 
-def finish(owner, S):
+def finish(spec, state, S):
     """finish_kernel over the batch's slots S."""
-    o = owner
     if S.shape[0] == 0:
         return
-    finish_kernel[(S.shape[0],)](S, o._selected.view(torch.uint8), o._prefill_open.view(torch.uint8), o._step,
-                                 o.num_layers, L_PAD=triton.next_power_of_2(o.num_layers), num_warps=1)
+    finish_kernel[(S.shape[0],)](S, state.selected.view(torch.uint8),
+                                 state.prefill_open.view(torch.uint8), state.step, spec.num_layers,
+                                 L_PAD=triton.next_power_of_2(spec.num_layers), num_warps=1)
 
 
 @triton.jit(do_not_specialize=["layer", "pad_slot"])
@@ -289,25 +287,23 @@ def prefill_offsets_kernel(SLOT, ROW0_SUM, ROW0_COUNT, OFFSET_EMA, OFFSET_COUNT,
     tl.store(ROW0_COUNT + offsets + kb, tl.zeros([K_PAD], tl.int32), mask=use)
 
 
-def prefill_open(owner, S, layer, seq_lens):
+def prefill_open(spec, state, S, layer, seq_lens):
     """prefill_open_kernel over the batch rows of S at `layer`."""
-    o = owner
     if S.shape[0] == 0:
         return
     prefill_open_kernel[(S.shape[0],)](
-        S, seq_lens, o._selected.view(torch.uint8), o._prefill_open.view(torch.uint8),
-        o._open_next_n, o._opened, o._visible, o._pending_x, o._pending_hits, o._row0_sum,
-        o._row0_count, layer, o.pad_slot, o.num_layers, o.max_blocks, o.max_next_n, o._n_buckets,
-        o._hits_row, o.compress_ratio, o.max_entries,
-        BLOCK=triton.next_power_of_2(max(o.max_blocks, 16)), HITS=o._needs_hits, num_warps=4)
+        S, seq_lens, state.selected.view(torch.uint8), state.prefill_open.view(torch.uint8),
+        state.open_next_n, state.opened, state.visible, state.pending_x, state.pending_hits, state.row0_sum,
+        state.row0_count, layer, spec.pad_slot, spec.num_layers, spec.max_blocks, spec.max_next_n, spec.n_buckets,
+        spec.hits_row, spec.compress_ratio, spec.max_entries,
+        BLOCK=triton.next_power_of_2(max(spec.max_blocks, 16)), HITS=spec.needs_hits, num_warps=4)
 
 
-def prefill_offsets(owner, S, layer):
+def prefill_offsets(spec, state, S, layer):
     """prefill_offsets_kernel over the batch rows of S at `layer` (no fp contraction)."""
-    o = owner
     if S.shape[0] == 0:
         return
     prefill_offsets_kernel[(S.shape[0],)](
-        S, o._row0_sum, o._row0_count, o.offset_ema, o.offset_count, layer, o.pad_slot,
-        o.num_layers, o._n_buckets, o._beta_host, o._one_minus_beta_host,
-        K_PAD=triton.next_power_of_2(o._n_buckets), num_warps=1, enable_fp_fusion=False)
+        S, state.row0_sum, state.row0_count, state.offset_ema, state.offset_count, layer, spec.pad_slot,
+        spec.num_layers, spec.n_buckets, spec.beta, spec.one_minus_beta,
+        K_PAD=triton.next_power_of_2(spec.n_buckets), num_warps=1, enable_fp_fusion=False)

@@ -141,33 +141,33 @@ def _observe_row0(x, block, apply, s, group, newest, SLOT_EMA, LAST_SEEN, STEP, 
     tl.atomic_add(ROW0_COUNT + sums, apply.to(tl.int32), mask=apply, sem="relaxed")
 
 
-def launch(owner, S, layer, next_n, scored, topk, blocks, positions=None, width=None):
+def launch(spec, tables, state, S, layer, next_n, scored, topk, blocks, positions=None,
+           width=None, chunk_blocks=256):
     """observe_kernel for the rows of S's open step at `layer`: scored [rows, ≥ width·E] float32,
     topk [rows, ≥ k] int compact columns, blocks int32 [rows, ≥ width] the rows' selected blocks
     (unit column stride); positions: int32 [rows, k] to receive the remapped top-k (request
     positions), or None. width: the compact columns in blocks (default the object's; a prefill
     observes every block)."""
-    o = owner
-    width = o.width if width is None else width
+    width = spec.width if width is None else width
     rows = scored.shape[0]
-    k = int(o.config["topk"])
+    k = int(spec.config["topk"])
     scored = scored if scored.stride(1) == 1 else scored.contiguous()
     topk = topk if topk.stride(1) == 1 else topk.contiguous()
-    topk_hits = o.config["pooling"] == "topk-hits"
-    block_c = max(1, 4096 // o.block_entries)
+    topk_hits = spec.config["pooling"] == "topk-hits"
+    block_c = max(1, 4096 // spec.block_entries)
     # topk-hits pools from the hits program 0 counts: one program a row. Else a chunk of blocks
     # a program (Serving.observe_chunk_blocks), so that a batch of one still spreads a long row
     # over the GPU.
-    chunk = width if topk_hits else max(1, o.observe_chunk_blocks)
+    chunk = width if topk_hits else max(1, chunk_blocks)
     remap = positions is not None
     out = positions if remap else topk          # a pointer the kernel never touches without REMAP
     observe_kernel[(rows, triton.cdiv(width, chunk))](
-        scored, scored.stride(0), topk, topk.stride(0), o._visible, S, o._pool_rank,
-        o._pending_x, o._pending_hits, o._pending_hits.view(torch.int32), o._pending_newest, out,
-        out.stride(0), blocks, blocks.stride(0), o.slot_ema, o.last_seen, o._step, o._bucket,
-        o._row0_sum, o._row0_count, layer, o.num_layers, o.pad_slot, o._n_buckets,
-        o._alpha_host, o._one_minus_alpha_host,
-        o.max_next_n, o.max_blocks, o._hits_row, width, k, next_n, chunk,
-        E=o.block_entries, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
-        HITS=o._needs_hits, TOPK_HITS=topk_hits, DEEP=o._deep_pool, REMAP=remap,
-        LANES=o._hits_lanes, AGES=o._ages, num_warps=4, enable_fp_fusion=False)
+        scored, scored.stride(0), topk, topk.stride(0), state.visible, S, tables.pool_rank,
+        state.pending_x, state.pending_hits, state.pending_hits.view(torch.int32), state.pending_newest, out,
+        out.stride(0), blocks, blocks.stride(0), state.slot_ema, state.last_seen, state.step, tables.bucket,
+        state.row0_sum, state.row0_count, layer, spec.num_layers, spec.pad_slot, spec.n_buckets,
+        spec.alpha, spec.one_minus_alpha,
+        spec.max_next_n, spec.max_blocks, spec.hits_row, width, k, next_n, chunk,
+        E=spec.block_entries, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
+        HITS=spec.needs_hits, TOPK_HITS=topk_hits, DEEP=spec.deep_pool, REMAP=remap,
+        LANES=spec.hits_lanes, AGES=spec.ages, num_warps=4, enable_fp_fusion=False)

@@ -243,32 +243,31 @@ def _open_step(s, group, seq_len, first_layer, SELECTED, OPEN_NEXT_N, OPENED, PE
         tl.store(OPENED + s, seq_len - NEXT_N)
 
 
-def launch(owner, S, layers, seq_lens, next_n, out, counts):
+def launch(spec, tables, state, S, layers, seq_lens, next_n, out, counts, radix=False):
     """select_kernel over every (layer of `layers`, slot of S) group, layer-major: S int64
     [batch], layers int64 [n_layers] (device), seq_lens int [batch]; writes out [n_layers ·
     batch · next_n, width] int32 (every row of a request the same), counts [n_layers · batch ·
     next_n] int32, and opens the step (Serving._open_step's bookkeeping) — the select's one
     launch."""
-    o = owner
     batch = S.shape[0]
     groups = layers.shape[0] * batch
     if groups == 0:
         return
-    block = triton.next_power_of_2(max(o.max_blocks, 16))
-    c = o.config
+    block = triton.next_power_of_2(max(spec.max_blocks, 16))
+    c = spec.config
     select_kernel[(groups,)](
-        S, layers, seq_lens, o.slot_ema, o.last_seen, o.offset_ema, o.offset_count,
-        o.prev_hits, o._req_key, o._step, o._n_explore, o._n_history, o._keep_all_i32,
-        o._bucket, o._counter, o.explore_share, o._budget, o._left, out, counts,
-        o._selected.view(torch.uint8), o._open_next_n, o._opened, o._visible, o._pending_x,
-        o._pending_hits, o._row0_sum, o._row0_count, batch, o.pad_slot, o.num_layers, o.max_blocks,
-        o._n_buckets, o.width, o.max_next_n, o._hits_row, o.compress_ratio, o.block_entries, o.max_entries,
-        int(c["sink_blocks"]), int(c["local_blocks"]), o._recent, o._w_host, o._one_minus_w_host,
-        NEXT_N=next_n, BLOCK=block, RANKED=o._fill == "ranked", RANDOM=o._fill == "random",
-        EXPLORES=o._explores, STALEST=c["explore_policy"] == "stalest",
-        USE_SLOT=o._use_slot, USE_OFFSET=o._use_offset, STEP_REUSE=o._step_reuse,
-        COMBINE_MAX=c["combine"] == "max", TOPK_FIRST=o._topk_first,
-        EXPLORE_CHURN=o._explore_churn, HITS=o._needs_hits, RADIX=o.kth_search == "radix",
+        S, layers, seq_lens, state.slot_ema, state.last_seen, state.offset_ema, state.offset_count,
+        state.prev_hits, state.req_key, state.step, tables.n_explore, tables.n_history, tables.keep_all_i32,
+        tables.bucket, tables.counter, state.explore_share, tables.budget, tables.left, out, counts,
+        state.selected.view(torch.uint8), state.open_next_n, state.opened, state.visible, state.pending_x,
+        state.pending_hits, state.row0_sum, state.row0_count, batch, spec.pad_slot, spec.num_layers, spec.max_blocks,
+        spec.n_buckets, spec.width, spec.max_next_n, spec.hits_row, spec.compress_ratio, spec.block_entries, spec.max_entries,
+        int(c["sink_blocks"]), int(c["local_blocks"]), spec.recent, spec.w, spec.one_minus_w,
+        NEXT_N=next_n, BLOCK=block, RANKED=spec.fill == "ranked", RANDOM=spec.fill == "random",
+        EXPLORES=spec.explores, STALEST=c["explore_policy"] == "stalest",
+        USE_SLOT=spec.use_slot, USE_OFFSET=spec.use_offset, STEP_REUSE=spec.step_reuse,
+        COMBINE_MAX=c["combine"] == "max", TOPK_FIRST=spec.topk_first,
+        EXPLORE_CHURN=spec.explore_churn, HITS=spec.needs_hits, RADIX=radix,
         # ptxas on sm_90a (NEXT_N 2): 2048 blocks at 4 warps 162 registers, 4096 at 8 189, 8192
         # at 16 128 (a 52-byte spill); at 8 warps 8192 would take 255 and spill more.
         num_warps=16 if block >= 8192 else 8 if block >= 4096 else 4, enable_fp_fusion=False)

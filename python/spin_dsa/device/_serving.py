@@ -35,22 +35,11 @@ import spin_dsa
 from spin_dsa import _core
 
 from . import _hash
+from ._state import PARTS, State, blocks_for_entries, build
 from ._paging import remap, visible_entries
 from ._paging import topk as _exact_topk
 
-# Predictors whose choice reads only their own state (what a device can keep without the key
-# cache or the true top-k). spin with explore_ratio=0 is "spin without exploration".
-_PARTS = {
-    #              fill     slot   offset explore alpha_from_config step_reuse
-    "all-keep":   ("all",    False, False, False, False, False),
-    "random":     ("random", False, False, False, False, False),
-    "prev-iter":  ("ranked", True,  False, False, False, False),
-    "ema-slot":   ("ranked", True,  False, False, True,  False),
-    "ema-offset": ("ranked", False, True,  False, True,  False),
-    "spin":       ("ranked", True,  True,  True,  True,  False),
-    "step-reuse": ("ranked", False, False, False, True,  True),
-}
-PREDICTORS = tuple(_PARTS)
+PREDICTORS = tuple(PARTS)
 
 _FLT_MAX = float(np.finfo(np.float32).max)
 _INT64_MAX = (1 << 63) - 1
@@ -73,12 +62,6 @@ def _hit_tie_level(p):
     return torch.where(quarter > 0, quarter.clamp(max=7.0), 0.0) * 0.125
 
 
-def blocks_for_entries(entries, block_entries):
-    """The library's blocks_for_entries, ceil(entries / block_entries), for an int, a numpy array
-    or a tensor alike."""
-    return -(-entries // block_entries)
-
-
 def _check_tensor(t, name, device, ndim, kinds, rows=None):
     """Serving's one tensor check (kind, device, rank, dtype kind, rows), before any work: the
     package's errors (InvalidType is a TypeError, InvalidArgument a ValueError), one line each."""
@@ -94,6 +77,20 @@ def _check_tensor(t, name, device, ndim, kinds, rows=None):
         raise spin_dsa.InvalidType(f"{name}: expected float32, got {t.dtype}")
     if rows is not None and t.shape[0] != rows:
         raise spin_dsa.InvalidArgument(f"{name}: expected {rows} rows, got shape {tuple(t.shape)}")
+
+
+def _refuse_host_only_options(c):
+    if c["pooling"] not in ("max", "topk-hits"):
+        raise spin_dsa.InvalidArgument(
+            f"spin_dsa.device: pooling={c['pooling']} is host-only; the device path pools "
+            "max (default) and topk-hits")
+    if c["budget_moves"] != "none":
+        raise spin_dsa.InvalidArgument(
+            f"spin_dsa.device: budget_moves={c['budget_moves']} is host-only; use none")
+    if c["adapt"] != 0:
+        raise spin_dsa.InvalidArgument(
+            "spin_dsa.device: adapt=1 is host-only (the commit kernel does not measure a "
+            "layer's exploration yield and ranking gain yet); use 0")
 
 
 class Serving:
@@ -122,16 +119,15 @@ class Serving:
 
     def __init__(self, max_requests, num_layers, max_entries, predictor="spin", config=None,
                  max_next_n=1, compress_ratio=1, device="cpu", impl="auto", dense_blocks=0):
-        if predictor not in _PARTS:
+        if predictor not in PARTS:
             raise spin_dsa.InvalidArgument(
                 f"spin_dsa.device: predictor '{predictor}' is not on the device path; it runs "
                 f"{', '.join(PREDICTORS)} (the predictors that read only their own state)")
-        self.config = spin_dsa.check_config(config if config is not None else {})
-        self._refuse_host_only_options()
+        config = spin_dsa.check_config(config if config is not None else {})
+        _refuse_host_only_options(config)
         # The library validates every size and option the same way for both paths (and allocates
         # a one-slot host object to do it: cheap, and the same messages).
-        spin_dsa.Serving(1, num_layers, max_entries, predictor, self.config, max_next_n,
-                         compress_ratio)
+        spin_dsa.Serving(1, num_layers, max_entries, predictor, config, max_next_n, compress_ratio)
         if not 1 <= max_requests <= 1 << 20:
             raise spin_dsa.InvalidArgument(
                 f"serving: max_requests {max_requests} is outside 1..2^20")
@@ -139,10 +135,6 @@ class Serving:
                 or dense_blocks < 0:
             raise spin_dsa.InvalidArgument(
                 f"serving: dense_blocks {dense_blocks!r} must be an int >= 0")
-        # Rows that see at most this many blocks keep every block (an engine's short-context
-        # threshold: there the indexer is cheap and skipping saves nothing). 0: the budget rule
-        # alone, as in the library.
-        self.dense_blocks = int(dense_blocks)
         self.device = torch.empty(0, device=device).device  # "cuda" → "cuda:N", as tensors say
         self._kernel = _kernel_module(impl, self.device, "_select_kernel")
         self.impl = "torch" if self._kernel is None else "triton"
@@ -157,184 +149,28 @@ class Serving:
         # ptxas for sm_90 gives the radix kernel more registers (next_n 1, 2,048 blocks: 200
         # against 145; next_n 2 spills 16 bytes at 255).
         self.kth_search = "bitwise"
-        self.predictor = predictor
-        self.max_requests, self.num_layers = int(max_requests), int(num_layers)
-        self.max_entries, self.max_next_n = int(max_entries), int(max_next_n)
-        self.compress_ratio = int(compress_ratio)
-        self.block_entries = int(self.config["page_size"]) * int(self.config["block_pages"])
-        self.max_blocks = blocks_for_entries(self.max_entries, self.block_entries)
-        (self._fill, self._use_slot, self._use_offset, self._explores, alpha_from_config,
-         self._step_reuse) = _PARTS[predictor]
-        alpha = self.config["alpha"] if alpha_from_config else 1.0
-        # spin reads the last top-k twice: topk_first ranks its blocks first, explore_churn scales
-        # exploration by how much it moves (src/predict/predictor_ema.cpp, predictor_base.cpp).
-        self._topk_first = self._explores and self.config["topk_first"] == 1
-        self._explore_churn = self._explores and self.config["explore_churn"] > 0
-        # recent_blocks: the newest blocks rank right after the last top-k's (predictor_ema.cpp).
-        self._recent = int(self.config["recent_blocks"]) if self._explores else 0
-        # The share until a layer has measured its churn: none under explore_churn (a fresh
-        # state), the fixed explore_ratio without it.
-        self._share0 = 0.0 if self._explore_churn else float(self.config["explore_ratio"])
-        self._keeps_topk = self._step_reuse or self._topk_first or self._explore_churn
-        self._needs_hits = self._keeps_topk or self.config["pooling"] == "topk-hits"
-        self.pad_slot = self.max_requests
-        self._build_tables()
-        self._allocate(alpha)
-        self._active = [False] * self.max_requests
-
-    # -- construction ------------------------------------------------------------------------
-
-    def _refuse_host_only_options(self):
-        c = self.config
-        if c["pooling"] not in ("max", "topk-hits"):
-            raise spin_dsa.InvalidArgument(
-                f"spin_dsa.device: pooling={c['pooling']} is host-only; the device path pools "
-                "max (default) and topk-hits")
-        if c["budget_moves"] != "none":
-            raise spin_dsa.InvalidArgument(
-                f"spin_dsa.device: budget_moves={c['budget_moves']} is host-only; use none")
-        if c["adapt"] != 0:
-            raise spin_dsa.InvalidArgument(
-                "spin_dsa.device: adapt=1 is host-only (the commit kernel does not measure a "
-                "layer's exploration yield and ranking gain yet); use 0")
-
-    def _build_tables(self):
-        """Per block count n (0..max_blocks): the budget, the forced blocks, the exploration and
-        history counts and whether the row keeps everything — all functions of n alone, tabulated
-        by the library (spin_dsa._core.selection_tables); here only which of them the predictor
-        uses and the device's own dense_blocks."""
-        c, n_max = self.config, self.max_blocks
-        t = _core.selection_tables(c, n_max)
-        n = np.arange(n_max + 1, dtype=np.int64)
-        budget = t["budget"]
-        keep_all = (budget >= n) | (self._fill == "all") | (n <= self.dense_blocks)
-        left = np.where(keep_all, 0, budget - t["forced"])
-        if self._fill == "random":
-            explore = left
-        elif self._explores:  # llround(explore_ratio · budget), at most what is left
-            explore = np.where(keep_all, 0, t["explore"])
-        else:
-            explore = np.zeros_like(left)
-        history = left - explore
-        self._budget = torch.from_numpy(budget).to(self.device)  # explore_churn's counts, per step
-        self._left = torch.from_numpy(left).to(self.device)
-        widest = n_max if self._fill == "all" else max(int(budget[n_max]), self.dense_blocks)
-        self.width = min(n_max, self.max_next_n * widest)
-        dev = self.device
-        # Max pooling's rank per block count (PredictorConfig::pool_depth; 1 outside spin's family).
-        rank = t["pool_rank"] if self._explores else np.ones_like(budget)
-        self._pool_rank = torch.from_numpy(rank.astype(np.int32)).to(dev)
-        self._deep_pool = self.config["pooling"] == "max" and int(rank.max()) > 1
-        self._n_explore = torch.from_numpy(explore).to(dev)
-        self._n_history = torch.from_numpy(history).to(dev)
-        self._keep_all = torch.from_numpy(keep_all).to(dev)
-        self._keep_all_i32 = self._keep_all.to(torch.int32)  # what the select kernel loads
-        # The offset bucket per distance 0..max(1, max_blocks) - 1, and each bucket's distances
-        # [lo, hi) (the commit kernel sums a bucket as a block range).
-        self._n_buckets = len(t["bucket_lo"])
-        self._bucket = torch.from_numpy(t["offset_bucket"]).to(dev)
-        self._dist_lo = torch.from_numpy(t["bucket_lo"]).to(dev)
-        self._dist_hi = torch.from_numpy(t["bucket_hi"]).to(dev)
-        self._block_ids = torch.arange(n_max, dtype=torch.int64, device=dev)
-        self._block_ids32 = self._block_ids.to(torch.int32)  # a prefill's blocks, as observe reads
-        self._layer_ids = torch.arange(self.num_layers, dtype=torch.int64, device=dev)
-        self._counter = _hash.counter_offsets(n_max, dev)
-        f32 = lambda v: torch.tensor(np.float32(v), dtype=torch.float32, device=dev)
-        w = np.float32(c["combine_weight"])
-        self._w, self._one_minus_w = f32(w), f32(np.float32(1) - w)
-        self._w_host, self._one_minus_w_host = float(w), float(np.float32(1) - w)  # exact in fp32
-
-    def _allocate(self, alpha):
-        # One state row more than max_requests: pad_slot, for the rows an engine pads a batch
-        # with to a captured graph's size (never added; what it selects is scored for nothing).
-        R, L, N, K, J = (self.max_requests + 1, self.num_layers, self.max_blocks,
-                         self._n_buckets, self.max_next_n)
-        dev, f32 = self.device, torch.float32
-        beta = self.config["beta"]
-        scalar = lambda v: torch.tensor(np.float32(v), dtype=f32, device=dev)
-        self._alpha, self._one_minus_alpha = scalar(alpha), scalar(np.float32(1) - np.float32(alpha))
-        self._beta, self._one_minus_beta = scalar(beta), scalar(np.float32(1) - np.float32(beta))
-        # The same float32 values as kernel arguments (exact: they are float32 already).
-        self._alpha_host, self._one_minus_alpha_host = (float(np.float32(alpha)),
-                                                        float(np.float32(1) - np.float32(alpha)))
-        self._beta_host, self._one_minus_beta_host = (float(np.float32(beta)),
-                                                      float(np.float32(1) - np.float32(beta)))
-        # Persistent state per (slot, layer): the library's BlockState, and step-reuse's hits.
-        # The slot EMA in the library's binary16, NaN where a block was never observed: every
-        # rule but stalest exploration reads only that of last_seen.
-        self.slot_ema = torch.full((R, L, N), float("nan"), dtype=torch.float16, device=dev)
-        # last_seen's step orders stalest exploration (the library's int32); kept only for it.
-        self._ages = self._explores and self.config["explore_policy"] == "stalest"
-        self.last_seen = torch.full((R, L, N if self._ages else 0), -1, dtype=torch.int32,
-                                    device=dev)
-        self.offset_ema = torch.zeros(R, L, K, dtype=f32, device=dev)
-        self.offset_count = torch.zeros(R, L, K, dtype=torch.int32, device=dev)
-        # Top-k hits per block: read by step-reuse, spin's topk_first and explore_churn, and
-        # topk-hits pooling.
-        hits_blocks = N if self._needs_hits else 0
-        # A block holds at most min(topk, block entries) of a top-k: the narrowest integer that
-        # counts them (uint8 at spin's defaults: a quarter of int32's bytes, the same values).
-        most = min(int(self.config["topk"]), self.block_entries)
-        hits_dtype = (torch.uint8 if most <= 255 else torch.int16 if most <= 32767
-                      else torch.int32)
-        self.prev_hits = torch.zeros(R, L, hits_blocks, dtype=hits_dtype, device=dev)
-        # explore_churn: each layer's top-k churn EMA (-1: not measured; budget_moves.h) and the
-        # exploration share it gives (explore_share in predictor_base.cpp), float64 as there.
-        self.churn_ema = torch.full((R, L), -1.0, dtype=torch.float64, device=dev)
-        self.explore_share = torch.full((R, L), self._share0, dtype=torch.float64, device=dev)
-        self._prefill_open = torch.zeros(R, dtype=torch.bool, device=dev)
-        # The open step. Row 0 is replayed in every mtp_update mode, so observe applies its slot
-        # EMA at once (nothing reads a (slot, layer)'s state between its observe and the commit)
-        # and keeps its offset observations as fixed-point sums per bucket, which commit applies
-        # in the library's order; rows 1.. (MTP drafts) wait for the acceptance: their pooled
-        # observation, binary16 as the state takes it (NaN = block not observed; a last column
-        # takes the padding's scatter).
-        # Then each row's newest block, which layers were selected, the rows.
-        self._row0_sum = torch.zeros(R, L, K, dtype=torch.int64, device=dev)
-        self._row0_count = torch.zeros(R, L, K, dtype=torch.int32, device=dev)
-        self._pending_x = torch.full((R, L, J - 1, N + 1), float("nan"), dtype=torch.float16,
-                                     device=dev)
-        # Its hits in prev_hits' integer, the row padded to whole 32-bit words: the observe
-        # kernel counts them with 32-bit atomics on the word holding a block's lanes (a block's
-        # count never carries into its neighbour's: it is at most the integer's range).
-        self._hits_row = -(-(hits_blocks + 1) // 4) * 4
-        self._hits_lanes = 4 // self.prev_hits.element_size()
-        self._pending_hits = torch.zeros(R, L, J, self._hits_row, dtype=self.prev_hits.dtype,
-                                         device=dev)
-        self._nan = torch.full((), float("nan"), dtype=torch.float16, device=dev)  # empties _pending_x
-        self._true = torch.ones((), dtype=torch.bool, device=dev)
-        self._churn_constants = torch.tensor(  # the close kernel's float64 operands
-            [_CHURN_KEEP, _CHURN_WEIGHT, float(self.config["explore_ratio"]),
-             float(self.config["explore_churn"]) or 1.0], dtype=torch.float64, device=dev)
-        self._zero_hits = torch.zeros((), dtype=self.prev_hits.dtype, device=dev)
-        self._zero_sum = torch.zeros((), dtype=torch.int64, device=dev)
-        self._zero_count = torch.zeros((), dtype=torch.int32, device=dev)
-        self._pending_newest = torch.zeros(R, L, J, dtype=torch.int64, device=dev)
-        self._selected = torch.zeros(R, L, dtype=torch.bool, device=dev)
-        self._open_next_n = torch.ones(R, dtype=torch.int64, device=dev)
-        # Tokens cached before the open step's rows (commit reads acceptance off an engine's
-        # lengths against it); the pad slot's stays 0.
-        self._opened = torch.zeros(R, dtype=torch.int64, device=dev)
-        self._visible = torch.zeros(R, L, J, dtype=torch.int64, device=dev)
-        self._step = torch.zeros(R, dtype=torch.int64, device=dev)
-        self._req_key = torch.zeros(R, dtype=torch.int64, device=dev)
+        # Rows that see at most dense_blocks blocks keep every block (an engine's short-context
+        # threshold: there the indexer is cheap and skipping saves nothing). 0: the budget rule
+        # alone, as in the library.
+        self.spec, self.tables = build(predictor, config, max_requests, num_layers,
+                                       max_entries, max_next_n, compress_ratio, int(dense_blocks),
+                                       self.device)
+        self.state = State.allocate(self.spec, self.device)
+        self._active = [False] * self.spec.max_requests
 
     @property
     def memory_bytes(self):
-        tensors = (self.slot_ema, self.last_seen, self.offset_ema, self.offset_count,
-                   self.prev_hits, self.churn_ema, self.explore_share, self._pending_x,
-                   self._row0_sum, self._row0_count, self._pending_hits, self._pending_newest,
-                   self._selected, self._visible, self._opened, self._open_next_n)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        """Device bytes of every slot's state (spin's own memory beside the engine's)."""
+        return self.state.memory_bytes
 
     # -- lifecycle (host calls between steps: they write the device, they never read it) -------
 
     def _check_slot(self, slot, call):
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
             raise spin_dsa.InvalidType(f"serving: {call}: slot must be an int, got {type(slot).__name__}")
-        if not 0 <= slot < self.max_requests:
+        if not 0 <= slot < self.spec.max_requests:
             raise spin_dsa.OutOfRange(
-                f"serving: {call}: slot {slot} is outside 0..{self.max_requests - 1}")
+                f"serving: {call}: slot {slot} is outside 0..{self.spec.max_requests - 1}")
         return int(slot)
 
     def add(self, slot, request_id):
@@ -347,13 +183,13 @@ class Serving:
         if self._active[slot]:
             raise spin_dsa.FailedPrecondition(
                 f"serving: add: slot {slot} holds a request; drop(slot) first")
-        for t, v in ((self.slot_ema, float("nan")), (self.last_seen, -1), (self.offset_ema, 0.0),
-                     (self.offset_count, 0), (self.prev_hits, 0), (self._selected, False),
-                     (self._step, 0), (self.churn_ema, -1.0),
-                     (self.explore_share, self._share0),
-                     (self._prefill_open, False)):
+        for t, v in ((self.state.slot_ema, float("nan")), (self.state.last_seen, -1), (self.state.offset_ema, 0.0),
+                     (self.state.offset_count, 0), (self.state.prev_hits, 0), (self.state.selected, False),
+                     (self.state.step, 0), (self.state.churn_ema, -1.0),
+                     (self.state.explore_share, self.spec.share0),
+                     (self.state.prefill_open, False)):
             t[slot].fill_(v)
-        self._req_key[slot] = _hash.request_key(int(self.config["seed"]), int(request_id))
+        self.state.req_key[slot] = _hash.request_key(int(self.spec.config["seed"]), int(request_id))
         self._active[slot] = True
 
     def drop(self, slot):
@@ -361,11 +197,11 @@ class Serving:
         slot = self._check_slot(slot, "drop")
         if not self._active[slot]:
             raise spin_dsa.FailedPrecondition(f"serving: drop: slot {slot} is already free")
-        self._selected[slot].fill_(False)
+        self.state.selected[slot].fill_(False)
         self._active[slot] = False
 
     def active(self, slot):
-        return 0 <= slot < self.max_requests and self._active[slot]
+        return 0 <= slot < self.spec.max_requests and self._active[slot]
 
     # -- a decode step ------------------------------------------------------------------------
 
@@ -373,14 +209,14 @@ class Serving:
         _check_tensor(slots, "slots", self.device, 1, "int")
         if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
             raise spin_dsa.InvalidType(f"serving: {call}: layer must be an int")
-        if not 0 <= layer < self.num_layers:
+        if not 0 <= layer < self.spec.num_layers:
             raise spin_dsa.OutOfRange(
-                f"serving: {call}: layer {layer} is outside 0..{self.num_layers - 1}")
+                f"serving: {call}: layer {layer} is outside 0..{self.spec.num_layers - 1}")
         return slots.long().contiguous(), int(layer)  # the kernels index 1-D arguments densely
 
     def _row_visible(self, seq_lens, next_n):
         """[batch, next_n] entries each row sees."""
-        return visible_entries(seq_lens, next_n, self.compress_ratio).view(-1, next_n)
+        return visible_entries(seq_lens, next_n, self.spec.compress_ratio).view(-1, next_n)
 
     def select(self, slots, layer, seq_lens, next_n=1):
         """(blocks int32 [batch·next_n, width], counts int32 [batch·next_n]) on the device."""
@@ -394,7 +230,7 @@ class Serving:
         The same blocks as select() layer by layer — the device predictors' choice at step t
         reads only steps < t — with one set of kernel launches per step instead of one per
         layer. observe_scored then follows per layer, as after select()."""
-        layers = list(range(self.num_layers)) if layers is None else list(layers)
+        layers = list(range(self.spec.num_layers)) if layers is None else list(layers)
         if not layers:
             raise spin_dsa.InvalidArgument("serving: select_layers: layers is empty")
         S = None
@@ -408,19 +244,20 @@ class Serving:
         _check_tensor(seq_lens, "seq_lens", self.device, 1, "int", rows=S.shape[0])
         seq_lens = seq_lens.contiguous()
         if isinstance(next_n, bool) or not isinstance(next_n, (int, np.integer)) \
-                or not 1 <= next_n <= self.max_next_n:
+                or not 1 <= next_n <= self.spec.max_next_n:
             raise spin_dsa.InvalidArgument(
-                f"serving: {call}: next_n {next_n!r} is outside 1..max_next_n = {self.max_next_n}")
+                f"serving: {call}: next_n {next_n!r} is outside 1..max_next_n = {self.spec.max_next_n}")
         next_n, batch, n_layers = int(next_n), S.shape[0], len(layers)
-        shape = (n_layers, batch * next_n, self.width)
+        shape = (n_layers, batch * next_n, self.spec.width)
         if self._kernel is not None:  # one fused launch, the step's bookkeeping in it
             blocks = torch.empty(shape, dtype=torch.int32, device=self.device)
             counts = torch.empty(shape[:2], dtype=torch.int32, device=self.device)
-            self._kernel.launch(self, S, self._layer_tensor(layers), seq_lens, next_n, blocks,
-                                counts)
+            self._kernel.launch(self.spec, self.tables, self.state, S, self._layer_tensor(layers),
+                                seq_lens, next_n, blocks, counts,
+                                radix=self.kth_search == "radix")
             return blocks, counts
-        visible = self._row_visible(seq_lens, next_n).clamp(max=self.max_entries)
-        n = blocks_for_entries(visible, self.block_entries)  # [batch, next_n] blocks each row sees
+        visible = self._row_visible(seq_lens, next_n).clamp(max=self.spec.max_entries)
+        n = blocks_for_entries(visible, self.spec.block_entries)  # [batch, next_n] blocks each row sees
         # Groups g = (layer, slot), layer-major: every layer's rows in one batch.
         S_g = S.repeat(n_layers)
         L_g = self._layer_tensor(layers).repeat_interleave(batch)
@@ -441,15 +278,15 @@ class Serving:
         # The open step's pending rows start empty, reset here once for every layer selected (the
         # observe kernel writes only the blocks it observes). The values are device scalars: a
         # Python number here would be a host-to-device copy, which a CUDA graph cannot capture.
-        self._pending_x.index_put_((S_g, L_g), self._nan)
-        self._row0_sum.index_put_((S_g, L_g), self._zero_sum)
-        self._row0_count.index_put_((S_g, L_g), self._zero_count)
-        if self._needs_hits:
-            self._pending_hits.index_put_((S_g, L_g), self._zero_hits)
-        self._open_next_n.index_fill_(0, S, next_n)
-        self._opened[S] = seq_lens.long() - next_n
-        self._opened[self.pad_slot:].fill_(0)
-        self._visible[S_g, L_g, :next_n] = visible
+        self.state.pending_x.index_put_((S_g, L_g), self.tables.nan)
+        self.state.row0_sum.index_put_((S_g, L_g), self.tables.zero_sum)
+        self.state.row0_count.index_put_((S_g, L_g), self.tables.zero_count)
+        if self.spec.needs_hits:
+            self.state.pending_hits.index_put_((S_g, L_g), self.tables.zero_hits)
+        self.state.open_next_n.index_fill_(0, S, next_n)
+        self.state.opened[S] = seq_lens.long() - next_n
+        self.state.opened[self.spec.pad_slot:].fill_(0)
+        self.state.visible[S_g, L_g, :next_n] = visible
 
     # Under CUDA-graph capture nothing may copy from the host: layer ids come from a device
     # arange, flags are set with index_fill_ (the value is a kernel argument, not a tensor).
@@ -457,85 +294,85 @@ class Serving:
         """int64 [len(layers)] on the device: a view of the layer ids where they are a range."""
         first = layers[0]
         if layers == list(range(first, first + len(layers))):
-            return self._layer_ids[first:first + len(layers)]
-        return torch.cat([self._layer_ids[l:l + 1] for l in layers])
+            return self.tables.layer_ids[first:first + len(layers)]
+        return torch.cat([self.tables.layer_ids[l:l + 1] for l in layers])
 
     def _mark_selected(self, S, L):
-        self._selected.index_put_((S, L), self._true)
+        self.state.selected.index_put_((S, L), self.tables.true)
         # The pad slot never opens a step: its rows (several a batch) would update one state in
         # a racy order; kept empty, what they select is the same on every run and every rank.
-        self._selected[self.pad_slot].fill_(False)
+        self.state.selected[self.spec.pad_slot].fill_(False)
 
     def _choose(self, S, layer, n):
         """[batch, next_n, N] each row's set: forced, then exploration, then the highest rank."""
-        b = self._block_ids
+        b = self.tables.block_ids
         n3 = n.unsqueeze(-1)
         valid = b < n3
-        forced = valid & ((b < int(self.config["sink_blocks"]))
-                          | (b >= n3 - int(self.config["local_blocks"])))
+        forced = valid & ((b < int(self.spec.config["sink_blocks"]))
+                          | (b >= n3 - int(self.spec.config["local_blocks"])))
         candidate = valid & ~forced
         chosen = forced
         n_explore, n_history = self._explore_counts(S, layer, n)
-        if self._fill == "random" or self._explores:
+        if self.spec.fill == "random" or self.spec.explores:
             key = self._explore_keys(S, layer)
             picked = _smallest(key.unsqueeze(1), candidate, n_explore)
             chosen, candidate = chosen | picked, candidate & ~picked
-        if self._fill == "ranked":
+        if self.spec.fill == "ranked":
             key = _rank_keys(self._rank(S, layer, n), b)
             chosen = chosen | _smallest(key, candidate, n_history)
-        return torch.where(self._keep_all[n].unsqueeze(-1), valid, chosen)
+        return torch.where(self.tables.keep_all[n].unsqueeze(-1), valid, chosen)
 
     def _explore_counts(self, S, layer, n):
         """[batch, next_n] exploration and history counts: the tables', or with explore_churn
         min(llround(share · budget), left) from each (slot, layer)'s share, as select_row."""
-        if not self._explore_churn:
-            return self._n_explore[n], self._n_history[n]
-        x = self.explore_share[S, layer].unsqueeze(1) * self._budget[n].double()
+        if not self.spec.explore_churn:
+            return self.tables.n_explore[n], self.tables.n_history[n]
+        x = self.state.explore_share[S, layer].unsqueeze(1) * self.tables.budget[n].double()
         whole = torch.floor(x)
-        left = self._left[n]
+        left = self.tables.left[n]
         explore = torch.minimum((whole + (x - whole >= 0.5).double()).long(), left)
         return explore, left - explore
 
     def _explore_keys(self, S, layer):
         """[batch, N] the exploration order: the library's hash (top 32 bits) or last_seen age,
         then the block index (mark_explored in predictor_base.cpp)."""
-        if self._fill == "random" or self.config["explore_policy"] == "uniform":
-            key = _hash.step_key(self._req_key[S], layer, self._step[S])
+        if self.spec.fill == "random" or self.spec.config["explore_policy"] == "uniform":
+            key = _hash.step_key(self.state.req_key[S], layer, self.state.step[S])
             # The top 32 bits, moved down by 2^31 so that int64 order is their uint32 order.
-            high = _hash.high32(_hash.draws(key, self._counter)) - (1 << 31)
+            high = _hash.high32(_hash.draws(key, self.tables.counter)) - (1 << 31)
         else:
-            high = self.last_seen[S, layer].long() + 1 - (1 << 31)  # age, unsigned order
-        return high * (1 << 32) + self._block_ids
+            high = self.state.last_seen[S, layer].long() + 1 - (1 << 31)  # age, unsigned order
+        return high * (1 << 32) + self.tables.block_ids
 
     def _rank(self, S, layer, n):
         """[batch, next_n, N] float32 p[b] as the library's ema_rank / step-reuse rank them."""
-        d = (n.unsqueeze(-1) - 1 - self._block_ids).clamp(min=0)
+        d = (n.unsqueeze(-1) - 1 - self.tables.block_ids).clamp(min=0)
         unknown = _UNKNOWN_BASE - d.to(torch.float32)
-        if self._keeps_topk:
-            hits = self.prev_hits[S, layer].unsqueeze(1).int()
-        if self._step_reuse:
+        if self.spec.keeps_topk:
+            hits = self.state.prev_hits[S, layer].unsqueeze(1).int()
+        if self.spec.step_reuse:
             return torch.where(hits > 0, hits.to(torch.float32), unknown)
         p = unknown
-        bucket = self._bucket[d.clamp(max=self._bucket.shape[0] - 1)]
-        offset = torch.gather(self.offset_ema[S, layer].unsqueeze(1).expand(-1, n.shape[1], -1),
+        bucket = self.tables.bucket[d.clamp(max=self.tables.bucket.shape[0] - 1)]
+        offset = torch.gather(self.state.offset_ema[S, layer].unsqueeze(1).expand(-1, n.shape[1], -1),
                               2, bucket)
         known_offset = torch.gather(
-            self.offset_count[S, layer].unsqueeze(1).expand(-1, n.shape[1], -1), 2, bucket) > 0
-        slot = self.slot_ema[S, layer].float().unsqueeze(1)
+            self.state.offset_count[S, layer].unsqueeze(1).expand(-1, n.shape[1], -1), 2, bucket) > 0
+        slot = self.state.slot_ema[S, layer].float().unsqueeze(1)
         known_slot = slot == slot  # NaN: never observed
-        if self._use_offset:
+        if self.spec.use_offset:
             p = torch.where(known_offset, offset, p)
-        if self._use_slot:
+        if self.spec.use_slot:
             p = torch.where(known_slot, slot, p)
-        if self._use_slot and self._use_offset:
-            if self.config["combine"] == "max":
+        if self.spec.use_slot and self.spec.use_offset:
+            if self.spec.config["combine"] == "max":
                 both = torch.maximum(slot, offset)
             else:  # w·s + (1-w)·o, each operation rounded to float32 as the library does
-                both = self._w * slot + self._one_minus_w * offset
+                both = self.tables.w * slot + self.tables.one_minus_w * offset
             p = torch.where(known_slot & known_offset, both, p)
-        if self._recent > 0:  # kRecentBase - distance, newest first (predictor_ema.cpp)
-            p = torch.where(d < self._recent, _RECENT_BASE - d.to(torch.float32), p)
-        if self._topk_first:  # above every p, most hits first, ties by p (kTopkFirstBase, predictor_ema.cpp)
+        if self.spec.recent > 0:  # kRecentBase - distance, newest first (predictor_ema.cpp)
+            p = torch.where(d < self.spec.recent, _RECENT_BASE - d.to(torch.float32), p)
+        if self.spec.topk_first:  # above every p, most hits first, ties by p (kTopkFirstBase, predictor_ema.cpp)
             raised = (_TOPK_FIRST_BASE + hits.clamp(max=_TOPK_HITS_CAP).to(torch.float32)) + _hit_tie_level(p)
             p = torch.where(hits > 0, raised, p)
         return p
@@ -544,11 +381,11 @@ class Serving:
         """[batch, N] mask → (ascending ids [batch, width] -1 padded, counts [batch]) int32."""
         batch = union.shape[0]
         position = torch.cumsum(union, dim=1) - 1
-        target = torch.where(union, position, self.width).clamp(max=self.width)
-        out = torch.full((batch, self.width + 1), -1, dtype=torch.int64, device=self.device)
-        out.scatter_(1, target, self._block_ids.expand(batch, -1))
-        out[:, self.width] = -1
-        return out[:, :self.width].to(torch.int32), union.sum(dim=1).to(torch.int32)
+        target = torch.where(union, position, self.spec.width).clamp(max=self.spec.width)
+        out = torch.full((batch, self.spec.width + 1), -1, dtype=torch.int64, device=self.device)
+        out.scatter_(1, target, self.tables.block_ids.expand(batch, -1))
+        out[:, self.spec.width] = -1
+        return out[:, :self.spec.width].to(torch.int32), union.sum(dim=1).to(torch.int32)
 
     def observe_scored(self, slots, layer, scored, topk=None, *, blocks, positions=None):
         """The scored blocks' logits of the open step: float32 [batch·next_n, ≥ width·E], row r's
@@ -569,17 +406,17 @@ class Serving:
                 f"serving: observe_scored: scored has {rows} rows, not batch · next_n for batch "
                 f"{batch}")
         next_n = rows // batch if batch else 1
-        E = self.block_entries
-        if scored.shape[1] < self.width * E:
+        E = self.spec.block_entries
+        if scored.shape[1] < self.spec.width * E:
             raise spin_dsa.InvalidArgument(
                 f"serving: observe_scored: scored has {scored.shape[1]} columns, below width · E "
-                f"= {self.width * E}")
+                f"= {self.spec.width * E}")
         _check_tensor(blocks, "blocks", self.device, 2, "int", rows=rows)
-        if blocks.dtype != torch.int32 or blocks.shape[1] < self.width or blocks.stride(1) != 1:
+        if blocks.dtype != torch.int32 or blocks.shape[1] < self.spec.width or blocks.stride(1) != 1:
             raise spin_dsa.InvalidArgument(
-                f"serving: observe_scored: blocks must be int32 [rows, >= width = {self.width}] "
+                f"serving: observe_scored: blocks must be int32 [rows, >= width = {self.spec.width}] "
                 f"with unit column stride, got {blocks.dtype} {tuple(blocks.shape)}")
-        k = int(self.config["topk"])
+        k = int(self.spec.config["topk"])
         if topk is not None:
             _check_tensor(topk, "topk", self.device, 2, "int", rows=rows)
             if topk.shape[1] < k:
@@ -589,16 +426,18 @@ class Serving:
             self._check_positions(positions, topk, rows, k)
         E_pow2 = E & (E - 1) == 0
         if self._observe_kernel is not None and topk is not None and E_pow2 and rows > 0:
-            self._observe_kernel.launch(self, S, layer, next_n, scored, topk, blocks, positions)
+            self._observe_kernel.launch(self.spec, self.tables, self.state, S, layer, next_n, scored,
+                                        topk, blocks, positions,
+                                        chunk_blocks=self.observe_chunk_blocks)
             return
-        visible = self._visible[S, layer, :next_n].reshape(-1)
+        visible = self.state.visible[S, layer, :next_n].reshape(-1)
         if topk is not None:
             topk = topk[:, :k].long()
         if positions is not None:
-            remap(topk, blocks[:, :self.width], E, out=positions)
-        blocks = blocks[:, :self.width].long()
-        values = scored[:, :self.width * E].reshape(rows, self.width, E)
-        x, hits = _pool(values, blocks, visible, topk, k, E, self.config["pooling"],
+            remap(topk, blocks[:, :self.spec.width], E, out=positions)
+        blocks = blocks[:, :self.spec.width].long()
+        values = scored[:, :self.spec.width * E].reshape(rows, self.spec.width, E)
+        x, hits = _pool(values, blocks, visible, topk, k, E, self.spec.config["pooling"],
                         self._row_rank(visible))
         self._store_pending(S, layer, next_n, blocks, x, hits, visible)
 
@@ -624,35 +463,37 @@ class Serving:
         S, layer = self._check_step_args(slots, layer, "prefill")
         _check_tensor(seq_lens, "seq_lens", self.device, 1, "int", rows=S.shape[0])
         _check_tensor(logits, "logits", self.device, 2, "float32", rows=S.shape[0])
-        E, batch = self.block_entries, S.shape[0]
-        n_cols = min(logits.shape[1], self.max_entries)
+        E, batch = self.spec.block_entries, S.shape[0]
+        n_cols = min(logits.shape[1], self.spec.max_entries)
         n_blocks = blocks_for_entries(n_cols, E)
-        k = int(self.config["topk"])
+        k = int(self.spec.config["topk"])
         if self._observe_kernel is not None and E & (E - 1) == 0 and n_blocks > 0:
             # Four launches and the top-k's: the step opened for (slot, layer), the row's top-k by
             # the library's rule (ties to the lower position), one observe over every block
             # (compact column c is block c), the offsets updated at once.
             values = logits if logits.shape[1] == n_blocks * E else self._padded_row(logits, n_cols)
-            self._commit_kernel.prefill_open(self, S, layer, seq_lens.contiguous())
-            cols = _exact_topk(values, self._visible[S, layer, 0], k)
-            blocks = self._block_ids32[:n_blocks].expand(batch, -1)
-            self._observe_kernel.launch(self, S, layer, 1, values, cols, blocks, width=n_blocks)
-            self._commit_kernel.prefill_offsets(self, S, layer)
+            self._commit_kernel.prefill_open(self.spec, self.state, S, layer, seq_lens.contiguous())
+            cols = _exact_topk(values, self.state.visible[S, layer, 0], k)
+            blocks = self.tables.block_ids32[:n_blocks].expand(batch, -1)
+            self._observe_kernel.launch(self.spec, self.tables, self.state, S, layer, 1, values, cols,
+                                        blocks, width=n_blocks,
+                                        chunk_blocks=self.observe_chunk_blocks)
+            self._commit_kernel.prefill_offsets(self.spec, self.state, S, layer)
             return
-        visible = self._row_visible(seq_lens, 1).reshape(-1).clamp(max=self.max_entries)
+        visible = self._row_visible(seq_lens, 1).reshape(-1).clamp(max=self.spec.max_entries)
         values = self._padded_row(logits, n_cols)
         layers = torch.full_like(S, layer)
         self._open_step(S, S, layers, seq_lens, 1, visible.view(-1, 1))  # a step of one row
-        self._prefill_open.index_fill_(0, S, True)  # its commit measures no churn (the library's)
-        blocks = self._block_ids[:n_blocks].expand(batch, -1)
+        self.state.prefill_open.index_fill_(0, S, True)  # its commit measures no churn (the library's)
+        blocks = self.tables.block_ids[:n_blocks].expand(batch, -1)
         x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None, k, E,
-                        self.config["pooling"], self._row_rank(visible))
+                        self.spec.config["pooling"], self._row_rank(visible))
         self._store_pending(S, layer, 1, blocks, x, hits, visible)
         self._prefill_offsets(S, layers)
 
     def _padded_row(self, logits, n_cols):
         """The first n_cols columns of logits in whole blocks, -inf after them."""
-        batch, E = logits.shape[0], self.block_entries
+        batch, E = logits.shape[0], self.spec.block_entries
         values = torch.full((batch, blocks_for_entries(n_cols, E) * E), float("-inf"),
                             dtype=torch.float32, device=self.device)
         values[:, :n_cols] = logits[:, :n_cols]
@@ -662,55 +503,55 @@ class Serving:
         """A prefill's offset update at once, as the library's observe_prefill applies its row
         (a second prefill of the layer before the commit then sees the first's), its sums
         emptied so that the commit adds nothing."""
-        use = (S != self.pad_slot).unsqueeze(-1)
+        use = (S != self.spec.pad_slot).unsqueeze(-1)
         state = _SlotState(self, S, layers)
-        state.apply_offsets(torch.where(use, self._row0_sum[S, layers], 0),
-                            torch.where(use, self._row0_count[S, layers], 0))
-        self.offset_ema[S, layers] = state.offset
-        self.offset_count[S, layers] = state.count
-        self._row0_sum.index_put_((S, layers), self._zero_sum)
-        self._row0_count.index_put_((S, layers), self._zero_count)
+        state.apply_offsets(torch.where(use, self.state.row0_sum[S, layers], 0),
+                            torch.where(use, self.state.row0_count[S, layers], 0))
+        self.state.offset_ema[S, layers] = state.offset
+        self.state.offset_count[S, layers] = state.count
+        self.state.row0_sum.index_put_((S, layers), self.tables.zero_sum)
+        self.state.row0_count.index_put_((S, layers), self.tables.zero_count)
 
     def _row_rank(self, visible):
         """Max pooling's rank for rows seeing `visible` entries; None where every rank is 1."""
-        if not self._deep_pool:
+        if not self.spec.deep_pool:
             return None
-        return self._pool_rank[blocks_for_entries(visible, self.block_entries)].long()
+        return self.tables.pool_rank[blocks_for_entries(visible, self.spec.block_entries)].long()
 
     def _store_pending(self, S, layer, next_n, blocks, x, hits, visible):
         """Pooled rows → the open step's pending rows of (slot, layer): x at the observed blocks,
         NaN elsewhere."""
-        N, batch = self.max_blocks, S.shape[0]
+        N, batch = self.spec.max_blocks, S.shape[0]
         target = torch.where(torch.isnan(x), N, blocks.clamp(min=0, max=N)).clamp(max=N)
         row_x = torch.full((batch * next_n, N + 1), float("nan"), dtype=torch.float32,
                            device=self.device)
         row_x.scatter_(1, target, x)
         row_x[:, N] = float("nan")
         row_x = row_x.reshape(batch, next_n, N + 1)
-        newest = (blocks_for_entries(visible, self.block_entries) - 1).reshape(batch, next_n)
+        newest = (blocks_for_entries(visible, self.spec.block_entries) - 1).reshape(batch, next_n)
         self._observe_row0(S, layer, row_x[:, 0, :N], newest[:, 0])
-        self._pending_x[S, layer, :next_n - 1] = row_x[:, 1:].half()  # at binary16, as the state takes it
-        if self._needs_hits:
+        self.state.pending_x[S, layer, :next_n - 1] = row_x[:, 1:].half()  # at binary16, as the state takes it
+        if self.spec.needs_hits:
             row_hits = torch.zeros(batch * next_n, N + 1, dtype=torch.int32, device=self.device)
             row_hits.scatter_(1, target, hits.to(torch.int32))
             row_hits[:, N] = 0
-            self._pending_hits[S, layer, :next_n, :N + 1] = (
-                row_hits.reshape(batch, next_n, N + 1).to(self._pending_hits.dtype))
-        self._pending_newest[S, layer, :next_n] = newest
+            self.state.pending_hits[S, layer, :next_n, :N + 1] = (
+                row_hits.reshape(batch, next_n, N + 1).to(self.state.pending_hits.dtype))
+        self.state.pending_newest[S, layer, :next_n] = newest
 
     def _observe_row0(self, S, layer, x, newest):
         """Row 0 of the open step at `layer` (x [batch, N], NaN = not observed): its slot EMA
         and last-seen now, its offsets as fixed-point sums per bucket for commit — the observe
         kernel's split of BlockState::apply. The pad slot is left alone."""
         state = _SlotState(self, S, layer)
-        use = (S != self.pad_slot).unsqueeze(-1)
+        use = (S != self.spec.pad_slot).unsqueeze(-1)
         observed = state.apply_slot(x, use)
         sums, counts = state.bucket_sums(x, newest, observed)
-        self._row0_sum[S, layer] += sums
-        self._row0_count[S, layer] += counts.int()
-        self.slot_ema[S, layer] = state.slot.half()
-        if self._ages:
-            self.last_seen[S, layer] = state.seen
+        self.state.row0_sum[S, layer] += sums
+        self.state.row0_count[S, layer] += counts.int()
+        self.state.slot_ema[S, layer] = state.slot.half()
+        if self.spec.ages:
+            self.state.last_seen[S, layer] = state.seen
 
     def commit(self, slots, accepted=None, *, seq_lens=None, query_lens=None):
         """Closes the open step of every slot: accepted (int tensor [batch], None = zeros) draft
@@ -739,30 +580,30 @@ class Serving:
             accepted = torch.zeros(batch, dtype=torch.int64, device=self.device)
         rows = tuple(None if t is None else t.contiguous() for t in (accepted, seq_lens, query_lens))
         if self._commit_kernel is not None:  # three launches (_commit_kernel.py)
-            self._commit_kernel.launch(self, S, rows)
-            if self._keeps_topk:
-                self._commit_kernel.close(self, S, rows)
-            self._commit_kernel.finish(self, S)
+            self._commit_kernel.launch(self.spec, self.tables, self.state, S, rows)
+            if self.spec.keeps_topk:
+                self._commit_kernel.close(self.spec, self.tables, self.state, S, rows)
+            self._commit_kernel.finish(self.spec, self.state, S)
             return
         last = self._last_rows(S, rows)
         state = _SlotState(self, S)
-        selected = self._selected[S]  # row 0 is replayed wherever a layer was selected
-        state.apply_offsets(torch.where(selected.unsqueeze(-1), self._row0_sum[S], 0),
-                            torch.where(selected.unsqueeze(-1), self._row0_count[S], 0))
-        for j in range(1, self.max_next_n):
+        selected = self.state.selected[S]  # row 0 is replayed wherever a layer was selected
+        state.apply_offsets(torch.where(selected.unsqueeze(-1), self.state.row0_sum[S], 0),
+                            torch.where(selected.unsqueeze(-1), self.state.row0_count[S], 0))
+        for j in range(1, self.spec.max_next_n):
             use = selected & (j <= last).unsqueeze(1)  # [batch, L]
-            state.apply(self._pending_x[S, :, j - 1, :self.max_blocks].float(),
-                        self._pending_newest[S, :, j], use)
+            state.apply(self.state.pending_x[S, :, j - 1, :self.spec.max_blocks].float(),
+                        self.state.pending_newest[S, :, j], use)
         state.store()
         self._close(S, last)
 
     def _last_rows(self, S, rows):
         """Each slot's last replayed row (_commit_kernel._last_row's reference)."""
         accepted, seq_lens, query_lens = rows
-        opened_rows = self._open_next_n[S]
+        opened_rows = self.state.open_next_n[S]
         if accepted is None:
             accepted = self._lengths_accepted(S, seq_lens, query_lens)
-        mode = self.config["mtp_update"]  # the last row replayed: prefix, row 0 or every row
+        mode = self.spec.config["mtp_update"]  # the last row replayed: prefix, row 0 or every row
         last = (accepted.long() if mode == "prefix" else opened_rows - 1 if mode == "all-rows"
                 else opened_rows * 0)
         return last.clamp(min=0).minimum(opened_rows - 1)
@@ -776,25 +617,25 @@ class Serving:
     def _lengths_accepted(self, S, seq_lens, query_lens):
         """Tokens cached before this step's rows, less those before the open step's rows, less
         its sampled token (negative where nothing was accepted; _commit_kernel._last_row)."""
-        return seq_lens.long() - query_lens.long() - self._opened[S] - 1
+        return seq_lens.long() - query_lens.long() - self.state.opened[S] - 1
 
     def _close(self, S, last):
         """After the replay (the torch path): the churn of the top-k and its blocks from the
         newest replayed row, the step closed and counted."""
-        if self._keeps_topk:  # the newest replayed row's top-k blocks, per selected layer
-            batch, N = S.shape[0], self.max_blocks
-            newest = torch.gather(self._pending_hits[S, :, :, :N], 2,
-                                  last.view(batch, 1, 1, 1).expand(-1, self.num_layers, 1, N))
+        if self.spec.keeps_topk:  # the newest replayed row's top-k blocks, per selected layer
+            batch, N = S.shape[0], self.spec.max_blocks
+            newest = torch.gather(self.state.pending_hits[S, :, :, :N], 2,
+                                  last.view(batch, 1, 1, 1).expand(-1, self.spec.num_layers, 1, N))
             newest = newest.squeeze(2).int()
-            selected = self._selected[S]
-            if self._explore_churn:
-                self._measure_churn(S, newest, selected & ~self._prefill_open[S].unsqueeze(1))
-            self.prev_hits[S] = torch.where(selected.unsqueeze(-1), newest,
-                                            self.prev_hits[S].int()).to(self.prev_hits.dtype)
-        opened = self._selected[S].any(dim=1)
-        self._selected.index_fill_(0, S, False)
-        self._prefill_open.index_fill_(0, S, False)
-        self._step.index_add_(0, S, opened.long())
+            selected = self.state.selected[S]
+            if self.spec.explore_churn:
+                self._measure_churn(S, newest, selected & ~self.state.prefill_open[S].unsqueeze(1))
+            self.state.prev_hits[S] = torch.where(selected.unsqueeze(-1), newest,
+                                            self.state.prev_hits[S].int()).to(self.state.prev_hits.dtype)
+        opened = self.state.selected[S].any(dim=1)
+        self.state.selected.index_fill_(0, S, False)
+        self.state.prefill_open.index_fill_(0, S, False)
+        self.state.step.index_add_(0, S, opened.long())
 
     def _measure_churn(self, S, newest, use):
         """BudgetMoveState::update's churn EMA for the (slot, layer)s in `use` [batch, L], from
@@ -802,18 +643,26 @@ class Serving:
         top-k's entries in blocks that did not hold it before; then the exploration share it
         gives — float64 operations in the library's order."""
         now = newest.sum(dim=2)
-        kept = torch.where(self.prev_hits[S] > 0, newest, 0).sum(dim=2)
-        use = use & (now > 0) & (self.prev_hits[S] > 0).any(dim=2)
+        kept = torch.where(self.state.prev_hits[S] > 0, newest, 0).sum(dim=2)
+        use = use & (now > 0) & (self.state.prev_hits[S] > 0).any(dim=2)
         measured = 1.0 - kept.double() / now.clamp(min=1).double()
-        old = self.churn_ema[S]
+        old = self.state.churn_ema[S]
         ema = torch.where(old < 0, measured, _CHURN_KEEP * old + _CHURN_WEIGHT * measured)
         ema = torch.where(use, ema, old)
-        self.churn_ema[S] = ema
-        ratio = float(self.config["explore_ratio"])
+        self.state.churn_ema[S] = ema
+        ratio = float(self.spec.config["explore_ratio"])
         # A device divisor (explore_churn): a Python one lets CUDA multiply by its reciprocal (not the library's
         # rounding); the close kernel and the library divide.
-        scale = torch.minimum(ema / self._churn_constants[3], torch.ones_like(ema))
-        self.explore_share[S] = torch.where(ema < 0, torch.zeros_like(ema), ratio * scale)
+        scale = torch.minimum(ema / self.tables.churn_constants[3], torch.ones_like(ema))
+        self.state.explore_share[S] = torch.where(ema < 0, torch.zeros_like(ema), ratio * scale)
+
+
+
+# Serving's sizes and rule read through to its spec, the one place that holds them.
+for _name in ("predictor", "config", "max_requests", "num_layers", "max_entries", "max_next_n",
+              "compress_ratio", "block_entries", "max_blocks", "width", "pad_slot",
+              "dense_blocks"):
+    setattr(Serving, _name, property(lambda self, _n=_name: getattr(self.spec, _n)))
 
 
 class _SlotState:
@@ -824,11 +673,11 @@ class _SlotState:
     def __init__(self, owner, S, layer=None):
         self.o, self.S = owner, S
         at = S if layer is None else (S, layer)
-        self.slot = owner.slot_ema[at].float()  # NaN: never observed
-        self.seen = owner.last_seen[at] if owner._ages else None
-        self.offset = owner.offset_ema[at]
-        self.count = owner.offset_count[at]
-        self.step = owner._step[S].int().view(-1, *([1] * (self.slot.dim() - 1)))
+        self.slot = owner.state.slot_ema[at].float()  # NaN: never observed
+        self.seen = owner.state.last_seen[at] if owner.spec.ages else None
+        self.offset = owner.state.offset_ema[at]
+        self.count = owner.state.offset_count[at]
+        self.step = owner.state.step[S].int().view(-1, *([1] * (self.slot.dim() - 1)))
 
     def apply(self, x, newest, use):
         """One pending row per (slot, layer) where `use`: x [batch, L, N] (NaN = not observed),
@@ -842,7 +691,7 @@ class _SlotState:
         o = self.o
         observed = ~torch.isnan(x) & use
         x0 = torch.where(observed, x, torch.zeros_like(x)).half().float()
-        ema = o._one_minus_alpha * self.slot + o._alpha * x0
+        ema = o.tables.one_minus_alpha * self.slot + o.tables.alpha * x0
         updated = torch.where(torch.isnan(self.slot), x0, ema).half().float()
         self.slot = torch.where(observed, updated, self.slot)
         if self.seen is not None:
@@ -853,9 +702,9 @@ class _SlotState:
         """Per bucket of distance from `newest`: the observed values' fixed-point sum (int64)
         and count."""
         o = self.o
-        K = o._n_buckets
-        d = (newest.unsqueeze(-1) - o._block_ids).clamp(min=0, max=o._bucket.shape[0] - 1)
-        bucket = torch.where(observed, o._bucket[d], K)
+        K = o.spec.n_buckets
+        d = (newest.unsqueeze(-1) - o.tables.block_ids).clamp(min=0, max=o.tables.bucket.shape[0] - 1)
+        bucket = torch.where(observed, o.tables.bucket[d], K)
         x0 = torch.where(observed, x, torch.zeros_like(x)).half().float()  # at binary16
         fixed = torch.where(observed, torch.round(x0.double() * _OFFSET_SCALE).long(), 0)
         shape = (*bucket.shape[:-1], K + 1)
@@ -869,18 +718,18 @@ class _SlotState:
         o = self.o
         touched = ns > 0
         mean = (sums.double() / _OFFSET_SCALE / ns.clamp(min=1).double()).float()
-        ema = o._one_minus_beta * self.offset + o._beta * mean
+        ema = o.tables.one_minus_beta * self.offset + o.tables.beta * mean
         updated = torch.where(self.count == 0, mean, ema)
         self.offset = torch.where(touched, updated, self.offset)
         self.count = self.count + touched.int()
 
     def store(self):
         o, S = self.o, self.S
-        o.slot_ema[S] = self.slot.half()
+        o.state.slot_ema[S] = self.slot.half()
         if self.seen is not None:
-            o.last_seen[S] = self.seen
-        o.offset_ema[S] = self.offset
-        o.offset_count[S] = self.count
+            o.state.last_seen[S] = self.seen
+        o.state.offset_ema[S] = self.offset
+        o.state.offset_count[S] = self.count
 
 
 def _kernel_module(impl, device, name):

@@ -13,7 +13,7 @@ spin_dsa = pytest.importorskip("spin_dsa")
 device = pytest.importorskip("spin_dsa.device")
 
 from spin_dsa import _core  # noqa: E402
-from spin_dsa.device import _serving, _state  # noqa: E402
+from spin_dsa.device import _select, _state  # noqa: E402
 
 HOSTILE = [
     {},
@@ -144,9 +144,9 @@ def test_constants_are_the_librarys_and_the_kernels():
                  "offset_buckets_per_octave": 4, "topk_first_base": 2.0 ** 20,
                  "topk_hits_cap": (1 << 20) - 1, "recent_base": 2.0 ** 19, "unknown_base": -2.0,
                  "churn_ema_keep": 0.8, "churn_ema_weight": 0.2}
-    assert (_serving._OFFSET_SCALE, _serving._TOPK_FIRST_BASE, _serving._RECENT_BASE,
-            _serving._UNKNOWN_BASE, _serving._TOPK_HITS_CAP, _serving._CHURN_KEEP,
-            _serving._CHURN_WEIGHT) == (
+    assert (_state.OFFSET_SCALE, _state.TOPK_FIRST_BASE, _state.RECENT_BASE,
+            _state.UNKNOWN_BASE, _state.TOPK_HITS_CAP, _state.CHURN_KEEP,
+            _state.CHURN_WEIGHT) == (
         k["offset_mean_scale"], k["topk_first_base"], k["recent_base"], k["unknown_base"],
         k["topk_hits_cap"], k["churn_ema_keep"], k["churn_ema_weight"])
 
@@ -157,7 +157,7 @@ def test_hit_tie_level_is_the_librarys():
         edges, np.nextafter(edges, np.float32(-np.inf)), np.nextafter(edges, np.float32(np.inf)),
         np.array([-np.inf, np.inf, np.nan, -3.0, 7.5, 1e30, -1e30, 1048576.0], dtype=np.float32),
         np.random.default_rng(5).uniform(-2, 2, 500).astype(np.float32)]).astype(np.float32)
-    got = _serving._hit_tie_level(torch.from_numpy(p)).numpy()
+    got = _select.hit_tie_level(torch.from_numpy(p)).numpy()
     want = np.array([_core.hit_tie_level(float(v)) for v in p], dtype=np.float32)
     np.testing.assert_array_equal(got, want)
 

@@ -32,35 +32,14 @@ import numpy as np
 import torch
 
 import spin_dsa
-from spin_dsa import _core
 
 from . import _hash
-from ._state import PARTS, State, blocks_for_entries, build
-from ._paging import remap, visible_entries
+from . import _select
+from ._state import CHURN_KEEP, CHURN_WEIGHT, OFFSET_SCALE, PARTS, State, blocks_for_entries, build
+from ._paging import remap
 from ._paging import topk as _exact_topk
 
 PREDICTORS = tuple(PARTS)
-
-_FLT_MAX = float(np.finfo(np.float32).max)
-_INT64_MAX = (1 << 63) - 1
-# The ranking's constants, the library's own (include/spin/selection_tables.h). The Triton
-# kernels compile the same values in as literals (tests/device/test_tables.py checks them).
-_LIB = _core.selection_constants()
-_OFFSET_SCALE = _LIB["offset_mean_scale"]  # the offset EMA's fixed-point scale, 2^30
-_TOPK_FIRST_BASE = _LIB["topk_first_base"]  # topk_first's blocks rank from 2^20
-_RECENT_BASE = _LIB["recent_base"]  # recent_blocks' blocks rank at 2^19 - distance
-_UNKNOWN_BASE = _LIB["unknown_base"]  # a block nothing is known about ranks at -2 - distance
-_TOPK_HITS_CAP = _LIB["topk_hits_cap"]  # hits capped at 2^20 - 1 under topk_first
-_CHURN_KEEP, _CHURN_WEIGHT = _LIB["churn_ema_keep"], _LIB["churn_ema_weight"]  # the churn EMA
-
-
-def _hit_tie_level(p):
-    """PredictorBase::hit_tie_level (spin_dsa._core.hit_tie_level) on a float32 tensor: p in
-    quarters of [-1, 1], as 0, 1/8, ..., 7/8 (NaN: 0). tests/device/test_tables.py holds the two
-    equal."""
-    quarter = torch.floor((p + 1.0) * 4.0)
-    return torch.where(quarter > 0, quarter.clamp(max=7.0), 0.0) * 0.125
-
 
 def _check_tensor(t, name, device, ndim, kinds, rows=None):
     """Serving's one tensor check (kind, device, rank, dtype kind, rows), before any work: the
@@ -214,10 +193,6 @@ class Serving:
                 f"serving: {call}: layer {layer} is outside 0..{self.spec.num_layers - 1}")
         return slots.long().contiguous(), int(layer)  # the kernels index 1-D arguments densely
 
-    def _row_visible(self, seq_lens, next_n):
-        """[batch, next_n] entries each row sees."""
-        return visible_entries(seq_lens, next_n, self.spec.compress_ratio).view(-1, next_n)
-
     def select(self, slots, layer, seq_lens, next_n=1):
         """(blocks int32 [batch·next_n, width], counts int32 [batch·next_n]) on the device."""
         S, layer = self._check_step_args(slots, layer, "select")
@@ -247,46 +222,9 @@ class Serving:
                 or not 1 <= next_n <= self.spec.max_next_n:
             raise spin_dsa.InvalidArgument(
                 f"serving: {call}: next_n {next_n!r} is outside 1..max_next_n = {self.spec.max_next_n}")
-        next_n, batch, n_layers = int(next_n), S.shape[0], len(layers)
-        shape = (n_layers, batch * next_n, self.spec.width)
-        if self._kernel is not None:  # one fused launch, the step's bookkeeping in it
-            blocks = torch.empty(shape, dtype=torch.int32, device=self.device)
-            counts = torch.empty(shape[:2], dtype=torch.int32, device=self.device)
-            self._kernel.launch(self.spec, self.tables, self.state, S, self._layer_tensor(layers),
-                                seq_lens, next_n, blocks, counts,
-                                radix=self.kth_search == "radix")
-            return blocks, counts
-        visible = self._row_visible(seq_lens, next_n).clamp(max=self.spec.max_entries)
-        n = blocks_for_entries(visible, self.spec.block_entries)  # [batch, next_n] blocks each row sees
-        # Groups g = (layer, slot), layer-major: every layer's rows in one batch.
-        S_g = S.repeat(n_layers)
-        L_g = self._layer_tensor(layers).repeat_interleave(batch)
-        chosen = self._choose(S_g, L_g, n.repeat(n_layers, 1))
-        union = chosen.any(dim=1)  # [groups, N]: a request's blocks, scored once for all rows
-        blocks, counts = self._compact_ids(union)
-        self._open_step(S, S_g, L_g, seq_lens, next_n, visible.repeat(n_layers, 1))
-        if next_n == 1:  # one row a request: the groups are the rows (no copy)
-            return blocks.reshape(shape), counts.reshape(shape[:2])
-        return (blocks.repeat_interleave(next_n, dim=0).view(shape),
-                counts.repeat_interleave(next_n, dim=0).view(shape[:2]))
+        return _select.select(self.spec, self.tables, self.state, S, self._layer_tensor(layers),
+                              seq_lens, int(next_n), self._kernel, self.kth_search == "radix")
 
-    def _open_step(self, S, S_g, L_g, seq_lens, next_n, visible):
-        """The torch path's bookkeeping of a select (the select kernel's _open_step): the
-        groups' pending rows emptied and flagged selected, their rows' visibility, each slot's
-        rows and the tokens cached before them."""
-        self._mark_selected(S_g, L_g)
-        # The open step's pending rows start empty, reset here once for every layer selected (the
-        # observe kernel writes only the blocks it observes). The values are device scalars: a
-        # Python number here would be a host-to-device copy, which a CUDA graph cannot capture.
-        self.state.pending_x.index_put_((S_g, L_g), self.tables.nan)
-        self.state.row0_sum.index_put_((S_g, L_g), self.tables.zero_sum)
-        self.state.row0_count.index_put_((S_g, L_g), self.tables.zero_count)
-        if self.spec.needs_hits:
-            self.state.pending_hits.index_put_((S_g, L_g), self.tables.zero_hits)
-        self.state.open_next_n.index_fill_(0, S, next_n)
-        self.state.opened[S] = seq_lens.long() - next_n
-        self.state.opened[self.spec.pad_slot:].fill_(0)
-        self.state.visible[S_g, L_g, :next_n] = visible
 
     # Under CUDA-graph capture nothing may copy from the host: layer ids come from a device
     # arange, flags are set with index_fill_ (the value is a kernel argument, not a tensor).
@@ -296,96 +234,6 @@ class Serving:
         if layers == list(range(first, first + len(layers))):
             return self.tables.layer_ids[first:first + len(layers)]
         return torch.cat([self.tables.layer_ids[l:l + 1] for l in layers])
-
-    def _mark_selected(self, S, L):
-        self.state.selected.index_put_((S, L), self.tables.true)
-        # The pad slot never opens a step: its rows (several a batch) would update one state in
-        # a racy order; kept empty, what they select is the same on every run and every rank.
-        self.state.selected[self.spec.pad_slot].fill_(False)
-
-    def _choose(self, S, layer, n):
-        """[batch, next_n, N] each row's set: forced, then exploration, then the highest rank."""
-        b = self.tables.block_ids
-        n3 = n.unsqueeze(-1)
-        valid = b < n3
-        forced = valid & ((b < int(self.spec.config["sink_blocks"]))
-                          | (b >= n3 - int(self.spec.config["local_blocks"])))
-        candidate = valid & ~forced
-        chosen = forced
-        n_explore, n_history = self._explore_counts(S, layer, n)
-        if self.spec.fill == "random" or self.spec.explores:
-            key = self._explore_keys(S, layer)
-            picked = _smallest(key.unsqueeze(1), candidate, n_explore)
-            chosen, candidate = chosen | picked, candidate & ~picked
-        if self.spec.fill == "ranked":
-            key = _rank_keys(self._rank(S, layer, n), b)
-            chosen = chosen | _smallest(key, candidate, n_history)
-        return torch.where(self.tables.keep_all[n].unsqueeze(-1), valid, chosen)
-
-    def _explore_counts(self, S, layer, n):
-        """[batch, next_n] exploration and history counts: the tables', or with explore_churn
-        min(llround(share · budget), left) from each (slot, layer)'s share, as select_row."""
-        if not self.spec.explore_churn:
-            return self.tables.n_explore[n], self.tables.n_history[n]
-        x = self.state.explore_share[S, layer].unsqueeze(1) * self.tables.budget[n].double()
-        whole = torch.floor(x)
-        left = self.tables.left[n]
-        explore = torch.minimum((whole + (x - whole >= 0.5).double()).long(), left)
-        return explore, left - explore
-
-    def _explore_keys(self, S, layer):
-        """[batch, N] the exploration order: the library's hash (top 32 bits) or last_seen age,
-        then the block index (mark_explored in predictor_base.cpp)."""
-        if self.spec.fill == "random" or self.spec.config["explore_policy"] == "uniform":
-            key = _hash.step_key(self.state.req_key[S], layer, self.state.step[S])
-            # The top 32 bits, moved down by 2^31 so that int64 order is their uint32 order.
-            high = _hash.high32(_hash.draws(key, self.tables.counter)) - (1 << 31)
-        else:
-            high = self.state.last_seen[S, layer].long() + 1 - (1 << 31)  # age, unsigned order
-        return high * (1 << 32) + self.tables.block_ids
-
-    def _rank(self, S, layer, n):
-        """[batch, next_n, N] float32 p[b] as the library's ema_rank / step-reuse rank them."""
-        d = (n.unsqueeze(-1) - 1 - self.tables.block_ids).clamp(min=0)
-        unknown = _UNKNOWN_BASE - d.to(torch.float32)
-        if self.spec.keeps_topk:
-            hits = self.state.prev_hits[S, layer].unsqueeze(1).int()
-        if self.spec.step_reuse:
-            return torch.where(hits > 0, hits.to(torch.float32), unknown)
-        p = unknown
-        bucket = self.tables.bucket[d.clamp(max=self.tables.bucket.shape[0] - 1)]
-        offset = torch.gather(self.state.offset_ema[S, layer].unsqueeze(1).expand(-1, n.shape[1], -1),
-                              2, bucket)
-        known_offset = torch.gather(
-            self.state.offset_count[S, layer].unsqueeze(1).expand(-1, n.shape[1], -1), 2, bucket) > 0
-        slot = self.state.slot_ema[S, layer].float().unsqueeze(1)
-        known_slot = slot == slot  # NaN: never observed
-        if self.spec.use_offset:
-            p = torch.where(known_offset, offset, p)
-        if self.spec.use_slot:
-            p = torch.where(known_slot, slot, p)
-        if self.spec.use_slot and self.spec.use_offset:
-            if self.spec.config["combine"] == "max":
-                both = torch.maximum(slot, offset)
-            else:  # w·s + (1-w)·o, each operation rounded to float32 as the library does
-                both = self.tables.w * slot + self.tables.one_minus_w * offset
-            p = torch.where(known_slot & known_offset, both, p)
-        if self.spec.recent > 0:  # kRecentBase - distance, newest first (predictor_ema.cpp)
-            p = torch.where(d < self.spec.recent, _RECENT_BASE - d.to(torch.float32), p)
-        if self.spec.topk_first:  # above every p, most hits first, ties by p (kTopkFirstBase, predictor_ema.cpp)
-            raised = (_TOPK_FIRST_BASE + hits.clamp(max=_TOPK_HITS_CAP).to(torch.float32)) + _hit_tie_level(p)
-            p = torch.where(hits > 0, raised, p)
-        return p
-
-    def _compact_ids(self, union):
-        """[batch, N] mask → (ascending ids [batch, width] -1 padded, counts [batch]) int32."""
-        batch = union.shape[0]
-        position = torch.cumsum(union, dim=1) - 1
-        target = torch.where(union, position, self.spec.width).clamp(max=self.spec.width)
-        out = torch.full((batch, self.spec.width + 1), -1, dtype=torch.int64, device=self.device)
-        out.scatter_(1, target, self.tables.block_ids.expand(batch, -1))
-        out[:, self.spec.width] = -1
-        return out[:, :self.spec.width].to(torch.int32), union.sum(dim=1).to(torch.int32)
 
     def observe_scored(self, slots, layer, scored, topk=None, *, blocks, positions=None):
         """The scored blocks' logits of the open step: float32 [batch·next_n, ≥ width·E], row r's
@@ -480,10 +328,11 @@ class Serving:
                                         chunk_blocks=self.observe_chunk_blocks)
             self._commit_kernel.prefill_offsets(self.spec, self.state, S, layer)
             return
-        visible = self._row_visible(seq_lens, 1).reshape(-1).clamp(max=self.spec.max_entries)
+        visible = _select.row_visible(self.spec, seq_lens, 1).reshape(-1).clamp(max=self.spec.max_entries)
         values = self._padded_row(logits, n_cols)
         layers = torch.full_like(S, layer)
-        self._open_step(S, S, layers, seq_lens, 1, visible.view(-1, 1))  # a step of one row
+        _select.open_step(self.spec, self.tables, self.state, S, S, layers, seq_lens, 1,
+                          visible.view(-1, 1))  # a step of one row
         self.state.prefill_open.index_fill_(0, S, True)  # its commit measures no churn (the library's)
         blocks = self.tables.block_ids[:n_blocks].expand(batch, -1)
         x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None, k, E,
@@ -647,7 +496,7 @@ class Serving:
         use = use & (now > 0) & (self.state.prev_hits[S] > 0).any(dim=2)
         measured = 1.0 - kept.double() / now.clamp(min=1).double()
         old = self.state.churn_ema[S]
-        ema = torch.where(old < 0, measured, _CHURN_KEEP * old + _CHURN_WEIGHT * measured)
+        ema = torch.where(old < 0, measured, CHURN_KEEP * old + CHURN_WEIGHT * measured)
         ema = torch.where(use, ema, old)
         self.state.churn_ema[S] = ema
         ratio = float(self.spec.config["explore_ratio"])
@@ -706,7 +555,7 @@ class _SlotState:
         d = (newest.unsqueeze(-1) - o.tables.block_ids).clamp(min=0, max=o.tables.bucket.shape[0] - 1)
         bucket = torch.where(observed, o.tables.bucket[d], K)
         x0 = torch.where(observed, x, torch.zeros_like(x)).half().float()  # at binary16
-        fixed = torch.where(observed, torch.round(x0.double() * _OFFSET_SCALE).long(), 0)
+        fixed = torch.where(observed, torch.round(x0.double() * OFFSET_SCALE).long(), 0)
         shape = (*bucket.shape[:-1], K + 1)
         sums = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(-1, bucket, fixed)
         ns = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(
@@ -717,7 +566,7 @@ class _SlotState:
         """One offset-EMA update per bucket with a count, by the bucket's mean."""
         o = self.o
         touched = ns > 0
-        mean = (sums.double() / _OFFSET_SCALE / ns.clamp(min=1).double()).float()
+        mean = (sums.double() / OFFSET_SCALE / ns.clamp(min=1).double()).float()
         ema = o.tables.one_minus_beta * self.offset + o.tables.beta * mean
         updated = torch.where(self.count == 0, mean, ema)
         self.offset = torch.where(touched, updated, self.offset)
@@ -746,24 +595,6 @@ def _kernel_module(impl, device, name):
         if impl == "triton":
             raise spin_dsa.InvalidArgument(f"spin_dsa.device: impl triton needs triton ({e})")
         return None
-
-
-def _smallest(key, mask, k):
-    """Per row, the k[row] smallest keys among `mask` (keys distinct: the block index is in the
-    low 32 bits), as a mask. key [..., N] broadcastable to mask; k [...]."""
-    key = torch.where(mask, key, _INT64_MAX)
-    ordered = torch.sort(key, dim=-1).values
-    kth = torch.gather(ordered, -1, (k - 1).clamp(min=0).unsqueeze(-1))
-    return mask & (key <= kth) & (k > 0).unsqueeze(-1)
-
-
-def _rank_keys(p, block_ids):
-    """Highest p first, ties to the lower block: (~float_order(sanitize(p)) << 32 | b) as int64 in
-    the same order as the library's uint64 keys (mark_ranked in predictor_base.cpp)."""
-    p = torch.where(p >= -_FLT_MAX, p, -_FLT_MAX) + 0.0  # NaN, -inf → -FLT_MAX; -0 → +0
-    bits = p.view(torch.int32).long() & 0xFFFFFFFF
-    order = torch.where(bits >= 1 << 31, 0xFFFFFFFF - bits, bits + (1 << 31))
-    return (0xFFFFFFFF - order - (1 << 31)) * (1 << 32) + block_ids
 
 
 def _pool(values, blocks, visible, topk, k, E, pooling, rank=None):

@@ -32,6 +32,19 @@ PARTS = {
 }
 
 
+# The ranking's constants, the library's own (include/spin/selection_tables.h). The Triton
+# kernels compile the same values in as literals (tests/device/test_tables.py checks them).
+_LIB = _core.selection_constants()
+OFFSET_SCALE = _LIB["offset_mean_scale"]  # the offset EMA's fixed-point scale, 2^30
+TOPK_FIRST_BASE = _LIB["topk_first_base"]  # topk_first's blocks rank from 2^20
+RECENT_BASE = _LIB["recent_base"]  # recent_blocks' blocks rank at 2^19 - distance
+UNKNOWN_BASE = _LIB["unknown_base"]  # a block nothing is known about ranks at -2 - distance
+TOPK_HITS_CAP = _LIB["topk_hits_cap"]  # hits capped at 2^20 - 1 under topk_first
+CHURN_KEEP, CHURN_WEIGHT = _LIB["churn_ema_keep"], _LIB["churn_ema_weight"]  # the churn EMA
+FLT_MAX = float(np.finfo(np.float32).max)
+INT64_MAX = (1 << 63) - 1
+
+
 def blocks_for_entries(entries, block_entries):
     """The library's blocks_for_entries, ceil(entries / block_entries), for an int, a numpy array
     or a tensor alike."""
@@ -189,8 +202,7 @@ def build(predictor, config, max_requests, num_layers, max_entries, max_next_n, 
         alpha=f32(spec.alpha), one_minus_alpha=f32(spec.one_minus_alpha), beta=f32(spec.beta),
         one_minus_beta=f32(spec.one_minus_beta), w=f32(spec.w), one_minus_w=f32(spec.one_minus_w),
         churn_constants=torch.tensor(  # the close kernel's float64 operands
-            [_core.selection_constants()["churn_ema_keep"],
-             _core.selection_constants()["churn_ema_weight"], float(c["explore_ratio"]),
+            [CHURN_KEEP, CHURN_WEIGHT, float(c["explore_ratio"]),
              float(c["explore_churn"]) or 1.0], dtype=torch.float64, device=dev),
         nan=torch.full((), float("nan"), dtype=torch.float16, device=dev),
         true=torch.ones((), dtype=torch.bool, device=dev),

@@ -3,7 +3,7 @@ batch finishes the open step's replay into that layer's state: row 0's offset-EM
 per-bucket sums its observe kept (observe applied its slot EMA already), then the accepted draft
 rows 1..last in order from the pending rows — the slot EMA and last-seen of every observed block,
 then one offset-EMA update per touched distance bucket with the bucket's mean — where the torch
-reference (_serving._SlotState) runs ~70 kernels over [batch, layers, blocks] temporaries. The
+reference (_commit.py over _state.SlotUpdate) runs ~70 kernels over [batch, layers, blocks] temporaries. The
 last row is read inside the kernels (_last_row: given, or from the engine's lengths).
 
 The arithmetic is the reference's and the library's (src/predict/block_state.cpp): the EMAs as

@@ -1,7 +1,7 @@
 """observe_scored fused into one Triton kernel: programs per row (a chunk of its blocks each) pool
 its compact logits — the k-th and largest score from the row's top-k columns, each scored
 block's max, the normalised value x in float64, the top-k hits per block — in one launch per
-layer, where the torch reference (_serving._pool + _store_pending) takes ~40. Row 0 of a request
+layer, where the torch reference (_observe._pool + _store_pending) takes ~40. Row 0 of a request
 (replayed by commit in every mtp_update mode) goes into the state at once: each observed block's
 slot EMA and last-seen, its value added to its distance bucket's fixed-point sum for commit's
 offset update; draft rows 1.. go to the pending rows that commit replays once acceptance is

@@ -2,7 +2,7 @@
 group computes every row's set — forced blocks, the exploration draw, the history ranking — their
 union and its ascending ids, in one launch for a whole step (Serving.select_layers) or a layer.
 
-The torch code in _serving.py (_choose + _compact_ids) is its reference: the same keys, the same
+The torch code in _select.py (_choose + _compact_ids) is its reference: the same keys, the same
 arithmetic, tested bit for bit against it and against the C++ library. What it changes is the
 launch count (one instead of ~60 torch kernels a call) and the memory traffic (the state is read
 once; the per-row key arrays never leave registers).

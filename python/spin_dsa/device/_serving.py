@@ -33,13 +33,11 @@ import torch
 
 import spin_dsa
 
-from . import _hash
-from . import _select
-from ._state import CHURN_KEEP, CHURN_WEIGHT, OFFSET_SCALE, PARTS, State, blocks_for_entries, build
-from ._paging import remap
-from ._paging import topk as _exact_topk
+from . import _commit, _hash, _observe, _select
+from ._state import PARTS, State, build
 
 PREDICTORS = tuple(PARTS)
+
 
 def _check_tensor(t, name, device, ndim, kinds, rows=None):
     """Serving's one tensor check (kind, device, rank, dtype kind, rows), before any work: the
@@ -272,22 +270,8 @@ class Serving:
                     f"serving: observe_scored: topk has {topk.shape[1]} columns, below topk = {k}")
         if positions is not None:
             self._check_positions(positions, topk, rows, k)
-        E_pow2 = E & (E - 1) == 0
-        if self._observe_kernel is not None and topk is not None and E_pow2 and rows > 0:
-            self._observe_kernel.launch(self.spec, self.tables, self.state, S, layer, next_n, scored,
-                                        topk, blocks, positions,
-                                        chunk_blocks=self.observe_chunk_blocks)
-            return
-        visible = self.state.visible[S, layer, :next_n].reshape(-1)
-        if topk is not None:
-            topk = topk[:, :k].long()
-        if positions is not None:
-            remap(topk, blocks[:, :self.spec.width], E, out=positions)
-        blocks = blocks[:, :self.spec.width].long()
-        values = scored[:, :self.spec.width * E].reshape(rows, self.spec.width, E)
-        x, hits = _pool(values, blocks, visible, topk, k, E, self.spec.config["pooling"],
-                        self._row_rank(visible))
-        self._store_pending(S, layer, next_n, blocks, x, hits, visible)
+        _observe.observe(self.spec, self.tables, self.state, S, layer, next_n, scored, topk, blocks,
+                         positions, self._observe_kernel, self.observe_chunk_blocks)
 
     def _check_positions(self, positions, topk, rows, k):
         if topk is None:
@@ -311,96 +295,8 @@ class Serving:
         S, layer = self._check_step_args(slots, layer, "prefill")
         _check_tensor(seq_lens, "seq_lens", self.device, 1, "int", rows=S.shape[0])
         _check_tensor(logits, "logits", self.device, 2, "float32", rows=S.shape[0])
-        E, batch = self.spec.block_entries, S.shape[0]
-        n_cols = min(logits.shape[1], self.spec.max_entries)
-        n_blocks = blocks_for_entries(n_cols, E)
-        k = int(self.spec.config["topk"])
-        if self._observe_kernel is not None and E & (E - 1) == 0 and n_blocks > 0:
-            # Four launches and the top-k's: the step opened for (slot, layer), the row's top-k by
-            # the library's rule (ties to the lower position), one observe over every block
-            # (compact column c is block c), the offsets updated at once.
-            values = logits if logits.shape[1] == n_blocks * E else self._padded_row(logits, n_cols)
-            self._commit_kernel.prefill_open(self.spec, self.state, S, layer, seq_lens.contiguous())
-            cols = _exact_topk(values, self.state.visible[S, layer, 0], k)
-            blocks = self.tables.block_ids32[:n_blocks].expand(batch, -1)
-            self._observe_kernel.launch(self.spec, self.tables, self.state, S, layer, 1, values, cols,
-                                        blocks, width=n_blocks,
-                                        chunk_blocks=self.observe_chunk_blocks)
-            self._commit_kernel.prefill_offsets(self.spec, self.state, S, layer)
-            return
-        visible = _select.row_visible(self.spec, seq_lens, 1).reshape(-1).clamp(max=self.spec.max_entries)
-        values = self._padded_row(logits, n_cols)
-        layers = torch.full_like(S, layer)
-        _select.open_step(self.spec, self.tables, self.state, S, S, layers, seq_lens, 1,
-                          visible.view(-1, 1))  # a step of one row
-        self.state.prefill_open.index_fill_(0, S, True)  # its commit measures no churn (the library's)
-        blocks = self.tables.block_ids[:n_blocks].expand(batch, -1)
-        x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None, k, E,
-                        self.spec.config["pooling"], self._row_rank(visible))
-        self._store_pending(S, layer, 1, blocks, x, hits, visible)
-        self._prefill_offsets(S, layers)
-
-    def _padded_row(self, logits, n_cols):
-        """The first n_cols columns of logits in whole blocks, -inf after them."""
-        batch, E = logits.shape[0], self.spec.block_entries
-        values = torch.full((batch, blocks_for_entries(n_cols, E) * E), float("-inf"),
-                            dtype=torch.float32, device=self.device)
-        values[:, :n_cols] = logits[:, :n_cols]
-        return values
-
-    def _prefill_offsets(self, S, layers):
-        """A prefill's offset update at once, as the library's observe_prefill applies its row
-        (a second prefill of the layer before the commit then sees the first's), its sums
-        emptied so that the commit adds nothing."""
-        use = (S != self.spec.pad_slot).unsqueeze(-1)
-        state = _SlotState(self, S, layers)
-        state.apply_offsets(torch.where(use, self.state.row0_sum[S, layers], 0),
-                            torch.where(use, self.state.row0_count[S, layers], 0))
-        self.state.offset_ema[S, layers] = state.offset
-        self.state.offset_count[S, layers] = state.count
-        self.state.row0_sum.index_put_((S, layers), self.tables.zero_sum)
-        self.state.row0_count.index_put_((S, layers), self.tables.zero_count)
-
-    def _row_rank(self, visible):
-        """Max pooling's rank for rows seeing `visible` entries; None where every rank is 1."""
-        if not self.spec.deep_pool:
-            return None
-        return self.tables.pool_rank[blocks_for_entries(visible, self.spec.block_entries)].long()
-
-    def _store_pending(self, S, layer, next_n, blocks, x, hits, visible):
-        """Pooled rows → the open step's pending rows of (slot, layer): x at the observed blocks,
-        NaN elsewhere."""
-        N, batch = self.spec.max_blocks, S.shape[0]
-        target = torch.where(torch.isnan(x), N, blocks.clamp(min=0, max=N)).clamp(max=N)
-        row_x = torch.full((batch * next_n, N + 1), float("nan"), dtype=torch.float32,
-                           device=self.device)
-        row_x.scatter_(1, target, x)
-        row_x[:, N] = float("nan")
-        row_x = row_x.reshape(batch, next_n, N + 1)
-        newest = (blocks_for_entries(visible, self.spec.block_entries) - 1).reshape(batch, next_n)
-        self._observe_row0(S, layer, row_x[:, 0, :N], newest[:, 0])
-        self.state.pending_x[S, layer, :next_n - 1] = row_x[:, 1:].half()  # at binary16, as the state takes it
-        if self.spec.needs_hits:
-            row_hits = torch.zeros(batch * next_n, N + 1, dtype=torch.int32, device=self.device)
-            row_hits.scatter_(1, target, hits.to(torch.int32))
-            row_hits[:, N] = 0
-            self.state.pending_hits[S, layer, :next_n, :N + 1] = (
-                row_hits.reshape(batch, next_n, N + 1).to(self.state.pending_hits.dtype))
-        self.state.pending_newest[S, layer, :next_n] = newest
-
-    def _observe_row0(self, S, layer, x, newest):
-        """Row 0 of the open step at `layer` (x [batch, N], NaN = not observed): its slot EMA
-        and last-seen now, its offsets as fixed-point sums per bucket for commit — the observe
-        kernel's split of BlockState::apply. The pad slot is left alone."""
-        state = _SlotState(self, S, layer)
-        use = (S != self.spec.pad_slot).unsqueeze(-1)
-        observed = state.apply_slot(x, use)
-        sums, counts = state.bucket_sums(x, newest, observed)
-        self.state.row0_sum[S, layer] += sums
-        self.state.row0_count[S, layer] += counts.int()
-        self.state.slot_ema[S, layer] = state.slot.half()
-        if self.spec.ages:
-            self.state.last_seen[S, layer] = state.seen
+        _observe.prefill(self.spec, self.tables, self.state, S, layer, seq_lens, logits,
+                         self._observe_kernel, self._commit_kernel, self.observe_chunk_blocks)
 
     def commit(self, slots, accepted=None, *, seq_lens=None, query_lens=None):
         """Closes the open step of every slot: accepted (int tensor [batch], None = zeros) draft
@@ -428,83 +324,14 @@ class Serving:
         if accepted is None and seq_lens is None:
             accepted = torch.zeros(batch, dtype=torch.int64, device=self.device)
         rows = tuple(None if t is None else t.contiguous() for t in (accepted, seq_lens, query_lens))
-        if self._commit_kernel is not None:  # three launches (_commit_kernel.py)
-            self._commit_kernel.launch(self.spec, self.tables, self.state, S, rows)
-            if self.spec.keeps_topk:
-                self._commit_kernel.close(self.spec, self.tables, self.state, S, rows)
-            self._commit_kernel.finish(self.spec, self.state, S)
-            return
-        last = self._last_rows(S, rows)
-        state = _SlotState(self, S)
-        selected = self.state.selected[S]  # row 0 is replayed wherever a layer was selected
-        state.apply_offsets(torch.where(selected.unsqueeze(-1), self.state.row0_sum[S], 0),
-                            torch.where(selected.unsqueeze(-1), self.state.row0_count[S], 0))
-        for j in range(1, self.spec.max_next_n):
-            use = selected & (j <= last).unsqueeze(1)  # [batch, L]
-            state.apply(self.state.pending_x[S, :, j - 1, :self.spec.max_blocks].float(),
-                        self.state.pending_newest[S, :, j], use)
-        state.store()
-        self._close(S, last)
-
-    def _last_rows(self, S, rows):
-        """Each slot's last replayed row (_commit_kernel._last_row's reference)."""
-        accepted, seq_lens, query_lens = rows
-        opened_rows = self.state.open_next_n[S]
-        if accepted is None:
-            accepted = self._lengths_accepted(S, seq_lens, query_lens)
-        mode = self.spec.config["mtp_update"]  # the last row replayed: prefix, row 0 or every row
-        last = (accepted.long() if mode == "prefix" else opened_rows - 1 if mode == "all-rows"
-                else opened_rows * 0)
-        return last.clamp(min=0).minimum(opened_rows - 1)
+        _commit.commit(self.spec, self.tables, self.state, S, rows, self._commit_kernel)
 
     def accepted_tokens(self, slots, seq_lens, query_lens):
         """The accepted draft tokens commit(slots, seq_lens=, query_lens=) reads off the
         lengths, before it runs (int64 [batch]; 0 where nothing was accepted) — for an engine
         that reports them (a recorder)."""
-        return self._lengths_accepted(slots.long(), seq_lens, query_lens).clamp(min=0)
-
-    def _lengths_accepted(self, S, seq_lens, query_lens):
-        """Tokens cached before this step's rows, less those before the open step's rows, less
-        its sampled token (negative where nothing was accepted; _commit_kernel._last_row)."""
-        return seq_lens.long() - query_lens.long() - self.state.opened[S] - 1
-
-    def _close(self, S, last):
-        """After the replay (the torch path): the churn of the top-k and its blocks from the
-        newest replayed row, the step closed and counted."""
-        if self.spec.keeps_topk:  # the newest replayed row's top-k blocks, per selected layer
-            batch, N = S.shape[0], self.spec.max_blocks
-            newest = torch.gather(self.state.pending_hits[S, :, :, :N], 2,
-                                  last.view(batch, 1, 1, 1).expand(-1, self.spec.num_layers, 1, N))
-            newest = newest.squeeze(2).int()
-            selected = self.state.selected[S]
-            if self.spec.explore_churn:
-                self._measure_churn(S, newest, selected & ~self.state.prefill_open[S].unsqueeze(1))
-            self.state.prev_hits[S] = torch.where(selected.unsqueeze(-1), newest,
-                                            self.state.prev_hits[S].int()).to(self.state.prev_hits.dtype)
-        opened = self.state.selected[S].any(dim=1)
-        self.state.selected.index_fill_(0, S, False)
-        self.state.prefill_open.index_fill_(0, S, False)
-        self.state.step.index_add_(0, S, opened.long())
-
-    def _measure_churn(self, S, newest, use):
-        """BudgetMoveState::update's churn EMA for the (slot, layer)s in `use` [batch, L], from
-        the newest row's hits [batch, L, N] and the top-k before it (prev_hits): the share of the
-        top-k's entries in blocks that did not hold it before; then the exploration share it
-        gives — float64 operations in the library's order."""
-        now = newest.sum(dim=2)
-        kept = torch.where(self.state.prev_hits[S] > 0, newest, 0).sum(dim=2)
-        use = use & (now > 0) & (self.state.prev_hits[S] > 0).any(dim=2)
-        measured = 1.0 - kept.double() / now.clamp(min=1).double()
-        old = self.state.churn_ema[S]
-        ema = torch.where(old < 0, measured, CHURN_KEEP * old + CHURN_WEIGHT * measured)
-        ema = torch.where(use, ema, old)
-        self.state.churn_ema[S] = ema
-        ratio = float(self.spec.config["explore_ratio"])
-        # A device divisor (explore_churn): a Python one lets CUDA multiply by its reciprocal (not the library's
-        # rounding); the close kernel and the library divide.
-        scale = torch.minimum(ema / self.tables.churn_constants[3], torch.ones_like(ema))
-        self.state.explore_share[S] = torch.where(ema < 0, torch.zeros_like(ema), ratio * scale)
-
+        return _commit.lengths_accepted(self.state, slots.long(), seq_lens,
+                                        query_lens).clamp(min=0)
 
 
 # Serving's sizes and rule read through to its spec, the one place that holds them.
@@ -512,73 +339,6 @@ for _name in ("predictor", "config", "max_requests", "num_layers", "max_entries"
               "compress_ratio", "block_entries", "max_blocks", "width", "pad_slot",
               "dense_blocks"):
     setattr(Serving, _name, property(lambda self, _n=_name: getattr(self.spec, _n)))
-
-
-class _SlotState:
-    """The batch's slots' state gathered once (every layer, or one), updated row by row, stored
-    back: BlockState::apply as the slot part (each observed block's EMA and last-seen) and the
-    offset part (one EMA update per touched bucket with its mean, from a fixed-point sum)."""
-
-    def __init__(self, owner, S, layer=None):
-        self.o, self.S = owner, S
-        at = S if layer is None else (S, layer)
-        self.slot = owner.state.slot_ema[at].float()  # NaN: never observed
-        self.seen = owner.state.last_seen[at] if owner.spec.ages else None
-        self.offset = owner.state.offset_ema[at]
-        self.count = owner.state.offset_count[at]
-        self.step = owner.state.step[S].int().view(-1, *([1] * (self.slot.dim() - 1)))
-
-    def apply(self, x, newest, use):
-        """One pending row per (slot, layer) where `use`: x [batch, L, N] (NaN = not observed),
-        newest [batch, L]."""
-        observed = self.apply_slot(x, use.unsqueeze(-1))
-        self.apply_offsets(*self.bucket_sums(x, newest, observed))
-
-    def apply_slot(self, x, use):
-        """The slot EMA (x taken at binary16, the EMA rounded to it) and last-seen of every
-        observed block where `use` (broadcast over blocks); returns which blocks were observed."""
-        o = self.o
-        observed = ~torch.isnan(x) & use
-        x0 = torch.where(observed, x, torch.zeros_like(x)).half().float()
-        ema = o.tables.one_minus_alpha * self.slot + o.tables.alpha * x0
-        updated = torch.where(torch.isnan(self.slot), x0, ema).half().float()
-        self.slot = torch.where(observed, updated, self.slot)
-        if self.seen is not None:
-            self.seen = torch.where(observed, self.step, self.seen)
-        return observed
-
-    def bucket_sums(self, x, newest, observed):
-        """Per bucket of distance from `newest`: the observed values' fixed-point sum (int64)
-        and count."""
-        o = self.o
-        K = o.spec.n_buckets
-        d = (newest.unsqueeze(-1) - o.tables.block_ids).clamp(min=0, max=o.tables.bucket.shape[0] - 1)
-        bucket = torch.where(observed, o.tables.bucket[d], K)
-        x0 = torch.where(observed, x, torch.zeros_like(x)).half().float()  # at binary16
-        fixed = torch.where(observed, torch.round(x0.double() * OFFSET_SCALE).long(), 0)
-        shape = (*bucket.shape[:-1], K + 1)
-        sums = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(-1, bucket, fixed)
-        ns = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(
-            -1, bucket, observed.long())
-        return sums[..., :K], ns[..., :K]
-
-    def apply_offsets(self, sums, ns):
-        """One offset-EMA update per bucket with a count, by the bucket's mean."""
-        o = self.o
-        touched = ns > 0
-        mean = (sums.double() / OFFSET_SCALE / ns.clamp(min=1).double()).float()
-        ema = o.tables.one_minus_beta * self.offset + o.tables.beta * mean
-        updated = torch.where(self.count == 0, mean, ema)
-        self.offset = torch.where(touched, updated, self.offset)
-        self.count = self.count + touched.int()
-
-    def store(self):
-        o, S = self.o, self.S
-        o.state.slot_ema[S] = self.slot.half()
-        if self.seen is not None:
-            o.state.last_seen[S] = self.seen
-        o.state.offset_ema[S] = self.offset
-        o.state.offset_count[S] = self.count
 
 
 def _kernel_module(impl, device, name):
@@ -597,63 +357,3 @@ def _kernel_module(impl, device, name):
         return None
 
 
-def _pool(values, blocks, visible, topk, k, E, pooling, rank=None):
-    """Pools rows of compact logits as src/predict/pooling.cpp does with max (or topk-hits)
-    pooling: values [rows, C, E], blocks [rows, C] (-1 padded), visible [rows], topk [rows, k]
-    compact columns or None, rank [rows] max pooling's rank or None (1: the block's best).
-    Returns x float32 [rows, C] (NaN: block not observed) and the block's top-k hits [rows, C]."""
-    rows, C = blocks.shape
-    col = torch.arange(E, device=values.device)
-    position = blocks.unsqueeze(-1) * E + col
-    seen = (blocks.unsqueeze(-1) >= 0) & (position < visible.view(-1, 1, 1))
-    # NaN is refused by the library and cannot be checked here without a sync: it counts as not
-    # scored, the same on every device (a GPU's max ignores NaN, a CPU's propagates it).
-    v = torch.where(seen & (values == values), values, float("-inf"))
-    flat = v.reshape(rows, C * E)
-    if topk is not None:
-        valid = topk >= 0
-        score = torch.gather(flat, 1, topk.clamp(min=0, max=C * E - 1))
-        k_eff = valid.sum(dim=1)
-        kth = torch.where(valid, score, float("inf")).amin(dim=1)
-        row_max = torch.where(valid, score, float("-inf")).amax(dim=1)
-        block = torch.where(valid, topk // E, C)
-        hits = torch.zeros(rows, C + 1, dtype=torch.int64, device=v.device)
-        hits = hits.scatter_add_(1, block.clamp(max=C), valid.long())[:, :C]
-        kth = torch.where(k_eff > 0, kth.double(), 0.0)
-    else:
-        finite = v > float("-inf")
-        count = finite.reshape(rows, -1).sum(dim=1)
-        k_eff = count.clamp(max=k)
-        top = torch.topk(flat, min(k, C * E), dim=1).values
-        kth32 = torch.gather(top, 1, (k_eff - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-        row_max = top[:, 0]
-        greater = (v > kth32.view(-1, 1, 1)).sum(dim=-1)
-        equal = ((v == kth32.view(-1, 1, 1)) & finite).sum(dim=-1)
-        ties_left = k_eff - greater.sum(dim=1)
-        before = torch.cumsum(equal, dim=1) - equal  # ties go to the lower positions first
-        take = (ties_left.unsqueeze(1) - before).clamp(min=0).minimum(equal)
-        hits = greater + take
-        kth = torch.where(k_eff > 0, kth32.double(), 0.0)
-    row_max64 = row_max.double()
-    spread = row_max64 - kth
-    fallback = torch.where((k_eff > 0) & (row_max != 0), row_max64.abs(), 1.0)
-    spread = torch.where(spread > 0, spread, fallback)
-    block_max = v.amax(dim=-1)
-    observed = block_max > float("-inf")
-    if pooling == "topk-hits":  # a tensor divisor: CUDA multiplies by a scalar's reciprocal
-        x = (hits.double() / torch.full((), float(E), dtype=torch.float64,
-                                        device=hits.device)).float()
-    else:
-        pooled = block_max if rank is None else _ranked_max(v, rank)
-        r = (pooled.double() - kth.unsqueeze(1)) / spread.unsqueeze(1)
-        x = torch.where(r >= 0, r, r / (1.0 - r)).float()
-    return torch.where(observed, x, float("nan")), torch.where(observed, hits, 0)
-
-
-def _ranked_max(v, rank):
-    """Each block's rank-th largest scored value (the smallest when it has fewer; -inf when it has
-    none): v [rows, C, E] with -inf for unscored entries, rank [rows] (pooling.cpp ranked_max)."""
-    ordered = v.sort(dim=-1, descending=True).values
-    scored = (v > float("-inf")).sum(dim=-1)
-    at = (torch.minimum(rank.view(-1, 1), scored) - 1).clamp(min=0)
-    return ordered.gather(-1, at.unsqueeze(-1)).squeeze(-1)

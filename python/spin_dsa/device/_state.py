@@ -284,3 +284,67 @@ class State:
     def memory_bytes(self):
         """Bytes of every tensor of the state (the pad slot's row included)."""
         return sum(t.numel() * t.element_size() for t in vars(self).values())
+
+
+class SlotUpdate:
+    """The batch's slots' state gathered once (every layer, or one), updated row by row, stored
+    back: BlockState::apply as the slot part (each observed block's EMA and last-seen) and the
+    offset part (one EMA update per touched bucket with its mean, from a fixed-point sum)."""
+
+    def __init__(self, spec, tables, state, S, layer=None):
+        self.spec, self.tables, self.state, self.S = spec, tables, state, S
+        at = S if layer is None else (S, layer)
+        self.slot = state.slot_ema[at].float()  # NaN: never observed
+        self.seen = state.last_seen[at] if spec.ages else None
+        self.offset = state.offset_ema[at]
+        self.count = state.offset_count[at]
+        self.step = state.step[S].int().view(-1, *([1] * (self.slot.dim() - 1)))
+
+    def apply(self, x, newest, use):
+        """One pending row per (slot, layer) where `use`: x [batch, L, N] (NaN = not observed),
+        newest [batch, L]."""
+        observed = self.apply_slot(x, use.unsqueeze(-1))
+        self.apply_offsets(*self.bucket_sums(x, newest, observed))
+
+    def apply_slot(self, x, use):
+        """The slot EMA (x taken at binary16, the EMA rounded to it) and last-seen of every
+        observed block where `use` (broadcast over blocks); returns which blocks were observed."""
+        observed = ~torch.isnan(x) & use
+        x0 = torch.where(observed, x, torch.zeros_like(x)).half().float()
+        ema = self.tables.one_minus_alpha * self.slot + self.tables.alpha * x0
+        updated = torch.where(torch.isnan(self.slot), x0, ema).half().float()
+        self.slot = torch.where(observed, updated, self.slot)
+        if self.seen is not None:
+            self.seen = torch.where(observed, self.step, self.seen)
+        return observed
+
+    def bucket_sums(self, x, newest, observed):
+        """Per bucket of distance from `newest`: the observed values' fixed-point sum (int64)
+        and count."""
+        K = self.spec.n_buckets
+        d = (newest.unsqueeze(-1) - self.tables.block_ids).clamp(min=0, max=self.tables.bucket.shape[0] - 1)
+        bucket = torch.where(observed, self.tables.bucket[d], K)
+        x0 = torch.where(observed, x, torch.zeros_like(x)).half().float()  # at binary16
+        fixed = torch.where(observed, torch.round(x0.double() * OFFSET_SCALE).long(), 0)
+        shape = (*bucket.shape[:-1], K + 1)
+        sums = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(-1, bucket, fixed)
+        ns = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(
+            -1, bucket, observed.long())
+        return sums[..., :K], ns[..., :K]
+
+    def apply_offsets(self, sums, ns):
+        """One offset-EMA update per bucket with a count, by the bucket's mean."""
+        touched = ns > 0
+        mean = (sums.double() / OFFSET_SCALE / ns.clamp(min=1).double()).float()
+        ema = self.tables.one_minus_beta * self.offset + self.tables.beta * mean
+        updated = torch.where(self.count == 0, mean, ema)
+        self.offset = torch.where(touched, updated, self.offset)
+        self.count = self.count + touched.int()
+
+    def store(self):
+        state, S = self.state, self.S
+        state.slot_ema[S] = self.slot.half()
+        if self.seen is not None:
+            state.last_seen[S] = self.seen
+        state.offset_ema[S] = self.offset
+        state.offset_count[S] = self.count

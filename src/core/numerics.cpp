@@ -67,36 +67,6 @@ uint16_t bf16_from_float(float x) {
 
 float bf16_to_float(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
 
-uint16_t half_from_float(float x) {
-  const uint32_t bits = std::bit_cast<uint32_t>(x);
-  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
-  const uint32_t abs = bits & 0x7FFFFFFF;
-  if (abs > 0x7F800000) return static_cast<uint16_t>(sign | 0x7E00 | ((abs >> 13) & 0x3FF));  // quiet NaN
-  if (abs >= 0x477FF000) return static_cast<uint16_t>(sign | 0x7C00);  // |x| ≥ 65520 (inf included) rounds to inf
-  if (abs < 0x38800000) {
-    // Below 2^-14: a subnormal half, m·2^-24 — the scaling is exact and nearbyint rounds half
-    // to even; m = 1024 is the smallest normal, whose bits are m as well.
-    const float scaled = std::bit_cast<float>(abs) * 16777216.0f;
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(scaled)));
-  }
-  // Normal: the exponent rebiased (127 → 15), the 23-bit mantissa rounded to 10 bits, half to
-  // even; a carry out of the mantissa moves into the exponent, as it should.
-  uint32_t h = abs - (112u << 23);
-  h += 0xFFF + ((h >> 13) & 1);
-  return static_cast<uint16_t>(sign | (h >> 13));
-}
-
-float half_to_float(uint16_t bits) {
-  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000) << 16;
-  const uint32_t exponent = (bits >> 10) & 0x1F, mantissa = bits & 0x3FF;
-  if (exponent == 0) {  // zero or subnormal: mantissa · 2^-24, exact in a float
-    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-    return sign ? -magnitude : magnitude;
-  }
-  if (exponent == 31) return std::bit_cast<float>(sign | 0x7F800000 | (mantissa << 13));  // inf, NaN
-  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
-}
-
 float ue8m0_scale(float amax) {
   const float a = std::fmax(amax, kQuantAmaxFloor);
   const float s = a * (1.0f / kE4m3Max);  // fl32(amax · fl32(1/448)), as act_quant computes it

@@ -52,23 +52,24 @@ void BlockState::apply(const PooledRow& row, int32_t step) {
   if (row.blocks.empty()) return;
   ensure_blocks(std::max<int64_t>(row.newest_block, row.blocks.back()) + 1);
   const size_t n = row.blocks.size();
-  for (size_t i = 0; i < n; ++i) {
-    const size_t b = static_cast<size_t>(row.blocks[i]);
-    const float x = round_to_half(row.x[i]);
-    const float old = half_to_float(slot_[b]);
-    slot_[b] = half_from_float(last_seen_[b] == kNeverSeen ? x : (1.0f - alpha_) * old + alpha_ * x);
-    last_seen_[b] = step;
-  }
-  // Blocks ascend, so distances descend and buckets come in runs: one pass, no scratch. One EMA
-  // update per bucket per row (with the run's mean) so a wide far bucket does not get dozens of
-  // updates from a single step while a near bucket gets one.
+  // Blocks ascend, so distances descend and buckets come in runs: one pass, no scratch, each x
+  // rounded to binary16 once for its slot and its bucket. One offset EMA update per bucket per
+  // row (with the run's mean) so a wide far bucket does not get dozens of updates from a single
+  // step while a near bucket gets one.
   size_t i = 0;
   while (i < n) {
     const int32_t bucket = offset_bucket(row.newest_block - row.blocks[i]);
     int64_t sum = 0;
     size_t j = i;
-    for (; j < n && offset_bucket(row.newest_block - row.blocks[j]) == bucket; ++j)
-      sum += offset_fixed_point(round_to_half(row.x[j]));
+    for (; j < n && offset_bucket(row.newest_block - row.blocks[j]) == bucket; ++j) {
+      const size_t b = static_cast<size_t>(row.blocks[j]);
+      const float x = round_to_half(row.x[j]);
+      const float old = half_to_float(slot_[b]);
+      const float ema = last_seen_[b] == kNeverSeen ? x : (1.0f - alpha_) * old + alpha_ * x;
+      slot_[b] = half_from_float(ema);
+      last_seen_[b] = step;
+      sum += offset_fixed_point(x);
+    }
     const float mean = offset_mean(sum, static_cast<int64_t>(j - i));
     float& o = offset_[static_cast<size_t>(bucket)];
     int32_t& count = offset_count_[static_cast<size_t>(bucket)];

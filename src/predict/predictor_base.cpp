@@ -143,7 +143,7 @@ Status PredictorBase::check_step_input(int32_t layer, const StepInput& in) const
   if (in.next_n < 1 || in.next_n > kMaxNextN)
     return invalid_argument("{}: next_n {} is outside the supported 1..{}", name_, in.next_n,
                             kMaxNextN);
-  // last_seen is stored as int32 (8 bytes of state per block, not 12).
+  // last_seen is stored as int32 (6 bytes of state per block with the binary16 slot, not 10).
   if (in.step < 0 || in.step > INT32_MAX)
     return invalid_argument("{}: step {} is outside [0, 2^31)", name_, in.step);
   if (in.num_entries < 0) return invalid_argument("{}: num_entries {} < 0", name_, in.num_entries);

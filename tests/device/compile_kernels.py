@@ -23,23 +23,23 @@ from spin_dsa.device import _commit_kernel, _observe_kernel, _paging_kernel, _se
 HOPPER = GPUTarget("cuda", 90, 32)
 
 SELECT_POINTERS = dict(
-    SLOT="*i64", LAYER="*i64", SEQ_LENS="*i32", SLOT_EMA="*fp32", LAST_SEEN="*i32",
+    SLOT="*i64", LAYER="*i64", SEQ_LENS="*i32", SLOT_EMA="*fp16", LAST_SEEN="*i32",
     OFFSET_EMA="*fp32", OFFSET_COUNT="*i32", PREV_HITS="*u8", REQ_KEY="*i64", STEP="*i64",
     N_EXPLORE="*i64", N_HISTORY="*i64", KEEP_ALL="*i32", BUCKET="*i64", COUNTER="*i64",
     SHARE="*fp64", BUDGET="*i64", LEFT="*i64", OUT="*i32", COUNTS="*i32", SELECTED="*u8",
-    OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", PENDING_X="*fp32",
+    OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", PENDING_X="*fp16",
     PENDING_HITS="*u8", ROW0_SUM="*i64", ROW0_COUNT="*i32", w="fp32", one_minus_w="fp32")
 # The last replayed row's inputs: an engine's int32 lengths, its int64 query lengths.
 ROWS_POINTERS = dict(SLOT="*i64", ACCEPTED="*i32", SEQ_LENS="*i32", QUERY_LENS="*i64",
                      OPENED="*i64", OPEN_NEXT_N="*i64")
 OBSERVE_POINTERS = dict(
     SCORED="*fp32", TOPK="*i32", SEL_VISIBLE="*i64", SLOT="*i64", RANK="*i32",
-    PENDING_X="*fp32", PENDING_HITS="*u8", HIT_WORDS="*i32", PENDING_NEWEST="*i64", POSITIONS="*i32",
-    ROW_BLOCKS="*i32", SLOT_EMA="*fp32", LAST_SEEN="*i8", STEP="*i64", BUCKET="*i64",
+    PENDING_X="*fp16", PENDING_HITS="*u8", HIT_WORDS="*i32", PENDING_NEWEST="*i64", POSITIONS="*i32",
+    ROW_BLOCKS="*i32", SLOT_EMA="*fp16", LAST_SEEN="*i32", STEP="*i64", BUCKET="*i64",
     ROW0_SUM="*i64", ROW0_COUNT="*i32", alpha="fp32", one_minus_alpha="fp32")
 COMMIT_POINTERS = dict(
-    ROWS_POINTERS, SELECTED="*u8", ROW0_SUM="*i64", ROW0_COUNT="*i32", STEP="*i64", PENDING_X="*fp32",
-    PENDING_NEWEST="*i64", SLOT_EMA="*fp32", LAST_SEEN="*i8", OFFSET_EMA="*fp32",
+    ROWS_POINTERS, SELECTED="*u8", ROW0_SUM="*i64", ROW0_COUNT="*i32", STEP="*i64", PENDING_X="*fp16",
+    PENDING_NEWEST="*i64", SLOT_EMA="*fp16", LAST_SEEN="*i32", OFFSET_EMA="*fp32",
     OFFSET_COUNT="*i32", DIST_LO="*i64", DIST_HI="*i64", alpha="fp32", one_minus_alpha="fp32",
     beta="fp32", one_minus_beta="fp32")
 
@@ -77,6 +77,12 @@ def compile_ptx(fn, pointers, constexprs, **options):
     return k.asm["ptx"]
 
 
+def _rounds_to_half_as_the_library(ptx):
+    """The slot EMA's float32 → binary16 conversions round to nearest even (cvt.rn, as
+    half_from_float in src/core/numerics.cpp), never toward zero."""
+    return "cvt.rn.f16.f32" in ptx and "cvt.rz.f16" not in ptx
+
+
 def main():
     compiled = 0
     for name, flags in PREDICTORS.items():
@@ -102,9 +108,10 @@ def main():
                           num_warps=4, enable_fp_fusion=False)
         assert "div.rn.f64" in ptx and "div.approx" not in ptx, "observe: not IEEE division"
         assert "fma.rn.f64" not in ptx and "fma.rn.f32" not in ptx, "observe: a fused multiply-add"
+        assert _rounds_to_half_as_the_library(ptx), "observe: binary16 not rounded to nearest even"
         compiled += 1
     # Row 0's slot EMA with stalest exploration's int32 last-seen steps.
-    ptx = compile_ptx(_observe_kernel.observe_kernel, dict(OBSERVE_POINTERS, LAST_SEEN="*i32"),
+    ptx = compile_ptx(_observe_kernel.observe_kernel, OBSERVE_POINTERS,
                       dict(E=64, BLOCK_C=64, BLOCK_K=2048, HITS=True, TOPK_HITS=False, DEEP=False,
                            REMAP=True, LANES=4, AGES=True), num_warps=4, enable_fp_fusion=False)
     assert "fma.rn.f32" not in ptx, "observe (ages): a fused multiply-add"
@@ -137,10 +144,11 @@ def main():
                       enable_fp_fusion=False)
     assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, "commit: a fused multiply-add"
     assert "div.rn.f64" in ptx and "div.approx" not in ptx, "commit: not IEEE division"
+    assert _rounds_to_half_as_the_library(ptx), "commit: binary16 not rounded to nearest even"
     compiled += 1
     compile_ptx(_commit_kernel.prefill_open_kernel,
                 dict(SLOT="*i64", SEQ_LENS="*i64", SELECTED="*u8", PREFILL_OPEN="*u8",
-                     OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", PENDING_X="*fp32",
+                     OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", PENDING_X="*fp16",
                      PENDING_HITS="*u8", ROW0_SUM="*i64", ROW0_COUNT="*i32"),
                 dict(BLOCK=2048, HITS=True), num_warps=4)
     ptx = compile_ptx(_commit_kernel.prefill_offsets_kernel,

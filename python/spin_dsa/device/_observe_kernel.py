@@ -109,6 +109,9 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_VISIBLE, SLOT, 
             squash = tl.where(ratio >= 0.0, 1.0, 1.0 - ratio)  # r ≥ 0: r; else r / (1 - r)
             x = (ratio / squash).to(tl.float32)
         x = x.to(tl.float16).to(tl.float32)  # the state takes observations at binary16
+        # A NaN value (a +inf score: the library refuses it, a device cannot check) observes
+        # nothing, as in the torch reference; else it would reset the slot to "never observed".
+        observed = observed & (x == x)
         if j == 0:
             _observe_row0(x, block, observed & (s != pad_slot), s, group, newest, SLOT_EMA,
                           LAST_SEEN, STEP, BUCKET, ROW0_SUM, ROW0_COUNT, n_blocks, n_buckets,

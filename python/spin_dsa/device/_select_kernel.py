@@ -222,7 +222,7 @@ def _open_step(s, group, seq_len, first_layer, SELECTED, OPEN_NEXT_N, OPENED, PE
     b = tl.arange(0, BLOCK).to(tl.int64)
     for j in range(max_next_n - 1):  # the draft rows' observations
         row = group * (max_next_n - 1) + j
-        tl.store(PENDING_X + row * (n_blocks + 1) + b, tl.full([BLOCK], float("nan"), tl.float32),
+        tl.store(PENDING_X + row * (n_blocks + 1) + b, tl.full([BLOCK], float("nan"), tl.float16),
                  mask=b < n_blocks)
         tl.store(PENDING_X + row * (n_blocks + 1) + n_blocks, float("nan"))
     for k0 in range(0, n_buckets, BLOCK):  # row 0's offset sums

@@ -22,11 +22,11 @@ def commit(spec, tables, state, S, rows, commit_kernel=None):
     update = SlotUpdate(spec, tables, state, S)
     selected = state.selected[S]  # row 0 is replayed wherever a layer was selected
     update.apply_offsets(torch.where(selected.unsqueeze(-1), state.row0_sum[S], 0),
-                        torch.where(selected.unsqueeze(-1), state.row0_count[S], 0))
+                         torch.where(selected.unsqueeze(-1), state.row0_count[S], 0))
     for j in range(1, spec.max_next_n):
         use = selected & (j <= last).unsqueeze(1)  # [batch, L]
         update.apply(state.pending_x[S, :, j - 1, :spec.max_blocks].float(),
-                    state.pending_newest[S, :, j], use)
+                     state.pending_newest[S, :, j], use)
     update.store()
     _close(spec, tables, state, S, last)
 
@@ -59,9 +59,10 @@ def _close(spec, tables, state, S, last):
         newest = newest.squeeze(2).int()
         selected = state.selected[S]
         if spec.explore_churn:
-            _measure_churn(spec, tables, state, S, newest, selected & ~state.prefill_open[S].unsqueeze(1))
+            measured = selected & ~state.prefill_open[S].unsqueeze(1)  # a prefill measures none
+            _measure_churn(spec, tables, state, S, newest, measured)
         state.prev_hits[S] = torch.where(selected.unsqueeze(-1), newest,
-                                        state.prev_hits[S].int()).to(state.prev_hits.dtype)
+                                         state.prev_hits[S].int()).to(state.prev_hits.dtype)
     opened = state.selected[S].any(dim=1)
     state.selected.index_fill_(0, S, False)
     state.prefill_open.index_fill_(0, S, False)

@@ -83,7 +83,7 @@ def _prefill_offsets(spec, tables, state, S, layers):
     use = (S != spec.pad_slot).unsqueeze(-1)
     update = SlotUpdate(spec, tables, state, S, layers)
     update.apply_offsets(torch.where(use, state.row0_sum[S, layers], 0),
-                        torch.where(use, state.row0_count[S, layers], 0))
+                         torch.where(use, state.row0_count[S, layers], 0))
     state.offset_ema[S, layers] = update.offset
     state.offset_count[S, layers] = update.count
     state.row0_sum.index_put_((S, layers), tables.zero_sum)

@@ -353,8 +353,8 @@ def test_commit_leaves_a_slot_without_an_open_step_alone(impl):
                            blocks=blocks)
     dev.commit(S)
     before = {n: getattr(dev.state, n).clone() for n in ("slot_ema", "last_seen", "offset_ema",
-                                                   "offset_count", "step", "prev_hits",
-                                                   "churn_ema", "explore_share")}
+                                                         "offset_count", "step", "prev_hits",
+                                                         "churn_ema", "explore_share")}
     dev.commit(torch.tensor([0, 1]), torch.tensor([0, 0]))  # neither has an open step
     for name, t in before.items():  # (the slot EMA is NaN where never observed)
         torch.testing.assert_close(getattr(dev.state, name), t, rtol=0, atol=0, equal_nan=True,
@@ -469,7 +469,8 @@ def test_strided_slots_and_lengths_select_and_commit_as_contiguous_ones():
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
     for d in pair:
         d.commit(slots, seq_lens=(seq + 2)[::1], query_lens=torch.tensor([1, 7, 1, 7, 1, 7])[::2])
-    assert torch.equal(pair[0].state.step, pair[1].state.step) and pair[1].state.step.tolist()[:4] == [1, 0, 1, 1]
+    assert torch.equal(pair[0].state.step, pair[1].state.step)
+    assert pair[1].state.step.tolist()[:4] == [1, 0, 1, 1]
 
 
 def test_commit_takes_accepted_or_lengths_not_both():

@@ -24,8 +24,8 @@ def main(rank, init_file, model_dir, diverge):
     try:
         for s in range(harness.STEPS):
             if diverge and rank == 1 and s == 2:
-                rt.serving.state.slot_ema.add_(torch.rand(rt.serving.state.slot_ema.shape,
-                                                    generator=torch.Generator().manual_seed(5)))
+                slot_ema = rt.serving.state.slot_ema
+                slot_ema.add_(torch.rand(slot_ema.shape, generator=torch.Generator().manual_seed(5)))
             order = (0, 1) if s % 3 else (1, 0)
             rt.begin_step([("a", "b")[i] for i in order], [3, 3], [])
             for l in range(harness.LAYERS):

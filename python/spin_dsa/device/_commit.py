@@ -18,7 +18,7 @@ def commit(spec, tables, state, S, rows, commit_kernel=None):
             commit_kernel.close(spec, tables, state, S, rows)
         commit_kernel.finish(spec, state, S)
         return
-    last = _last_rows(spec, tables, state, S, rows)
+    last = _last_rows(spec, state, S, rows)
     update = SlotUpdate(spec, tables, state, S)
     selected = state.selected[S]  # row 0 is replayed wherever a layer was selected
     update.apply_offsets(torch.where(selected.unsqueeze(-1), state.row0_sum[S], 0),
@@ -31,7 +31,7 @@ def commit(spec, tables, state, S, rows, commit_kernel=None):
     _close(spec, tables, state, S, last)
 
 
-def _last_rows(spec, tables, state, S, rows):
+def _last_rows(spec, state, S, rows):
     """Each slot's last replayed row (_commit_kernel._last_row's reference)."""
     accepted, seq_lens, query_lens = rows
     opened_rows = state.open_next_n[S]
@@ -59,8 +59,8 @@ def _close(spec, tables, state, S, last):
         newest = newest.squeeze(2).int()
         selected = state.selected[S]
         if spec.explore_churn:
-            measured = selected & ~state.prefill_open[S].unsqueeze(1)  # a prefill measures none
-            _measure_churn(spec, tables, state, S, newest, measured)
+            measurable = selected & ~state.prefill_open[S].unsqueeze(1)  # a prefill measures none
+            _measure_churn(spec, tables, state, S, newest, measurable)
         state.prev_hits[S] = torch.where(selected.unsqueeze(-1), newest,
                                          state.prev_hits[S].int()).to(state.prev_hits.dtype)
     opened = state.selected[S].any(dim=1)

@@ -3,8 +3,9 @@ batch finishes the open step's replay into that layer's state: row 0's offset-EM
 per-bucket sums its observe kept (observe applied its slot EMA already), then the accepted draft
 rows 1..last in order from the pending rows — the slot EMA and last-seen of every observed block,
 then one offset-EMA update per touched distance bucket with the bucket's mean — where the torch
-reference (_commit.py over _state.SlotUpdate) runs ~70 kernels over [batch, layers, blocks] temporaries. The
-last row is read inside the kernels (_last_row: given, or from the engine's lengths).
+reference (_commit.py over _state.SlotUpdate) runs ~70 kernels over [batch, layers, blocks]
+temporaries. The last row is read inside the kernels (_last_row: given, or from the engine's
+lengths).
 
 The arithmetic is the reference's and the library's (src/predict/block_state.cpp): the EMAs as
 separate float32 multiplies and adds (launched without fp fusion), each observation in fixed
@@ -110,7 +111,7 @@ def commit_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SEL
             old = tl.load(SLOT_EMA + state + b, mask=fresh, other=0.0).to(tl.float32)
             new = tl.where(old == old, one_minus_alpha * old + alpha * xs, xs)  # NaN: never seen
             tl.store(SLOT_EMA + state + b, new.to(tl.float16), mask=fresh)
-            if AGES:  # stalest exploration's ages (Serving.last_seen)
+            if AGES:  # stalest exploration's ages (State.last_seen)
                 tl.store(LAST_SEEN + state + b, tl.zeros_like(b).to(tl.int32) + step, mask=fresh)
         # Buckets 0..63: one block each, at distance d.
         nb = newest - near
@@ -164,10 +165,10 @@ def launch(spec, tables, state, S, rows):
     row_args, constexprs = _rows_args(spec, state, rows)
     _per_slot_and_layer(
         commit_kernel, spec, S, S, *row_args, state.selected.view(torch.uint8), state.row0_sum,
-        state.row0_count, state.step, state.pending_x,
-        state.pending_newest, state.slot_ema, state.last_seen, state.offset_ema, state.offset_count, tables.dist_lo,
-        tables.dist_hi, S.shape[0], spec.num_layers, spec.max_next_n, spec.max_blocks, spec.n_buckets,
-        spec.alpha, spec.one_minus_alpha, spec.beta, spec.one_minus_beta,
+        state.row0_count, state.step, state.pending_x, state.pending_newest, state.slot_ema,
+        state.last_seen, state.offset_ema, state.offset_count, tables.dist_lo, tables.dist_hi,
+        S.shape[0], spec.num_layers, spec.max_next_n, spec.max_blocks, spec.n_buckets, spec.alpha,
+        spec.one_minus_alpha, spec.beta, spec.one_minus_beta,
         AGES=spec.ages, K_PAD=triton.next_power_of_2(spec.n_buckets), **constexprs)
 
 
@@ -178,7 +179,7 @@ def close_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELE
                  MODE: tl.constexpr, FROM_LENGTHS: tl.constexpr):
     """The end of commit for one (slot, layer): the newest replayed row's top-k hits become the
     layer's last top-k (prev_hits) where it was selected and, with explore_churn, the churn EMA
-    and the exploration share it gives — Serving._close / _measure_churn's torch ops, whose
+    and the exploration share it gives — _commit._close / _measure_churn's torch ops, whose
     float64 operations this takes in the same order (CONSTANTS: keep, weight, explore_ratio,
     explore_churn as float64)."""
     i = tl.program_id(0)
@@ -216,12 +217,14 @@ def close_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELE
 
 
 def close(spec, tables, state, S, rows):
-    """close_kernel over the batch's slots S and every layer (needs the hits kept: _keeps_topk)."""
+    """close_kernel over the batch's slots S and every layer (needs the hits kept:
+    spec.keeps_topk)."""
     row_args, constexprs = _rows_args(spec, state, rows)
     _per_slot_and_layer(
         close_kernel, spec, S, S, *row_args, state.selected.view(torch.uint8),
-        state.prefill_open.view(torch.uint8), state.pending_hits, state.prev_hits, state.churn_ema, state.explore_share,
-        tables.churn_constants, spec.num_layers, spec.max_next_n, spec.max_blocks, spec.hits_row,
+        state.prefill_open.view(torch.uint8), state.pending_hits, state.prev_hits, state.churn_ema,
+        state.explore_share, tables.churn_constants, spec.num_layers, spec.max_next_n,
+        spec.max_blocks, spec.hits_row,
         EXPLORE_CHURN=spec.explore_churn,
         **constexprs)
 
@@ -229,7 +232,7 @@ def close(spec, tables, state, S, rows):
 @triton.jit
 def finish_kernel(SLOT, SELECTED, PREFILL_OPEN, STEP, num_layers, L_PAD: tl.constexpr):
     """The step closed, one program per batch slot: counted where any layer had opened it, its
-    flags cleared (Serving._close's bookkeeping). Launched after the kernels that read the flags.
+    flags cleared (_commit._close's bookkeeping). Launched after the kernels that read the flags.
     Slots are distinct in a batch but for the pad slot, which never opens a step."""
     s = tl.load(SLOT + tl.program_id(0))
     layers = tl.arange(0, L_PAD)
@@ -293,9 +296,9 @@ def prefill_open(spec, state, S, layer, seq_lens):
         return
     prefill_open_kernel[(S.shape[0],)](
         S, seq_lens, state.selected.view(torch.uint8), state.prefill_open.view(torch.uint8),
-        state.open_next_n, state.opened, state.visible, state.pending_x, state.pending_hits, state.row0_sum,
-        state.row0_count, layer, spec.pad_slot, spec.num_layers, spec.max_blocks, spec.max_next_n, spec.n_buckets,
-        spec.hits_row, spec.compress_ratio, spec.max_entries,
+        state.open_next_n, state.opened, state.visible, state.pending_x, state.pending_hits,
+        state.row0_sum, state.row0_count, layer, spec.pad_slot, spec.num_layers, spec.max_blocks,
+        spec.max_next_n, spec.n_buckets, spec.hits_row, spec.compress_ratio, spec.max_entries,
         BLOCK=triton.next_power_of_2(max(spec.max_blocks, 16)), HITS=spec.needs_hits, num_warps=4)
 
 
@@ -304,6 +307,6 @@ def prefill_offsets(spec, state, S, layer):
     if S.shape[0] == 0:
         return
     prefill_offsets_kernel[(S.shape[0],)](
-        S, state.row0_sum, state.row0_count, state.offset_ema, state.offset_count, layer, spec.pad_slot,
-        spec.num_layers, spec.n_buckets, spec.beta, spec.one_minus_beta,
+        S, state.row0_sum, state.row0_count, state.offset_ema, state.offset_count, layer,
+        spec.pad_slot, spec.num_layers, spec.n_buckets, spec.beta, spec.one_minus_beta,
         K_PAD=triton.next_power_of_2(spec.n_buckets), num_warps=1, enable_fp_fusion=False)

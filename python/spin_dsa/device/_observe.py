@@ -13,7 +13,7 @@ from ._state import SlotUpdate, blocks_for_entries
 
 
 def observe(spec, tables, state, S, layer, next_n, scored, topk, blocks, positions,
-            observe_kernel=None, chunk_blocks=256):
+            observe_kernel, chunk_blocks):
     """Serving.observe_scored's work, its arguments checked: one launch with the kernel (where
     the top-k is given and a block's entries are a power of two), else torch ops."""
     rows = scored.shape[0]
@@ -31,13 +31,14 @@ def observe(spec, tables, state, S, layer, next_n, scored, topk, blocks, positio
     blocks = blocks[:, :spec.width].long()
     values = scored[:, :spec.width * E].reshape(rows, spec.width, E)
     x, hits = _pool(values, blocks, visible, topk, k, E, spec.config["pooling"],
-                    _row_rank(spec, tables, state, visible))
+                    _row_rank(spec, tables, visible))
     _store_pending(spec, tables, state, S, layer, next_n, blocks, x, hits, visible)
 
 
-def prefill(spec, tables, state, S, layer, seq_lens, logits, observe_kernel=None,
-            commit_kernel=None, chunk_blocks=256):
-    """Serving.prefill's work, its arguments checked."""
+def prefill(spec, tables, state, S, layer, seq_lens, logits, observe_kernel, commit_kernel,
+            chunk_blocks):
+    """Serving.prefill's work, its arguments checked. The kernels come together (a Serving's
+    impl): the observe kernel's path opens and closes the step with the commit module's."""
     E, batch = spec.block_entries, S.shape[0]
     n_cols = min(logits.shape[1], spec.max_entries)
     n_blocks = blocks_for_entries(n_cols, E)
@@ -62,7 +63,7 @@ def prefill(spec, tables, state, S, layer, seq_lens, logits, observe_kernel=None
     state.prefill_open.index_fill_(0, S, True)  # its commit measures no churn (the library's)
     blocks = tables.block_ids[:n_blocks].expand(batch, -1)
     x, hits = _pool(values.reshape(batch, n_blocks, E), blocks, visible, None, k, E,
-                    spec.config["pooling"], _row_rank(spec, tables, state, visible))
+                    spec.config["pooling"], _row_rank(spec, tables, visible))
     _store_pending(spec, tables, state, S, layer, 1, blocks, x, hits, visible)
     _prefill_offsets(spec, tables, state, S, layers)
 
@@ -90,7 +91,7 @@ def _prefill_offsets(spec, tables, state, S, layers):
     state.row0_count.index_put_((S, layers), tables.zero_count)
 
 
-def _row_rank(spec, tables, state, visible):
+def _row_rank(spec, tables, visible):
     """Max pooling's rank for rows seeing `visible` entries; None where every rank is 1."""
     if not spec.deep_pool:
         return None

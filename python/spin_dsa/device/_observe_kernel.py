@@ -35,10 +35,10 @@ def observe_kernel(SCORED, stride_scored, TOPK, stride_topk, SEL_VISIBLE, SLOT, 
     # Program (r, p): row r's blocks [p·chunk, (p + 1)·chunk) of its selection; every program of
     # a row derives the row's k-th score and spread from the top-k itself (2048 loads, no
     # cross-program dependency), program 0 counts the hits. The pending rows were reset to NaN /
-    # 0 when the step's blocks were selected (Serving._select).
+    # 0 when the step's blocks were selected (_select.select).
     # The row's blocks are the caller's (the step's plan: rows sharing a slot — an engine's pad
     # rows — each keep theirs); its visible entries are read from the open step's state
-    # (Serving._visible [slots, layers, max_next_n]) here, not gathered by torch ops.
+    # (State.visible [slots, layers, max_next_n]) here, not gathered by torch ops.
     r = tl.program_id(0)
     part = tl.program_id(1)
     i = r // next_n
@@ -134,7 +134,7 @@ def _observe_row0(x, block, apply, s, group, newest, SLOT_EMA, LAST_SEEN, STEP, 
     old = tl.load(SLOT_EMA + at, mask=apply, other=0.0).to(tl.float32)  # NaN: never observed
     ema = tl.where(old == old, one_minus_alpha * old + alpha * x, x)
     tl.store(SLOT_EMA + at, ema.to(tl.float16), mask=apply)
-    if AGES:  # stalest exploration's ages (Serving.last_seen)
+    if AGES:  # stalest exploration's ages (State.last_seen)
         mark = tl.load(STEP + s).to(tl.int32)
         tl.store(LAST_SEEN + at, tl.zeros_like(block).to(tl.int32) + mark, mask=apply)
     bucket = tl.load(BUCKET + tl.maximum(newest - block, 0), mask=apply, other=0)
@@ -145,11 +145,11 @@ def _observe_row0(x, block, apply, s, group, newest, SLOT_EMA, LAST_SEEN, STEP, 
 
 
 def launch(spec, tables, state, S, layer, next_n, scored, topk, blocks, positions=None,
-           width=None, chunk_blocks=256):
+           width=None, *, chunk_blocks):
     """observe_kernel for the rows of S's open step at `layer`: scored [rows, ≥ width·E] float32,
     topk [rows, ≥ k] int compact columns, blocks int32 [rows, ≥ width] the rows' selected blocks
     (unit column stride); positions: int32 [rows, k] to receive the remapped top-k (request
-    positions), or None. width: the compact columns in blocks (default the object's; a prefill
+    positions), or None. width: the compact columns in blocks (default spec.width; a prefill
     observes every block)."""
     width = spec.width if width is None else width
     rows = scored.shape[0]
@@ -166,10 +166,10 @@ def launch(spec, tables, state, S, layer, next_n, scored, topk, blocks, position
     out = positions if remap else topk          # a pointer the kernel never touches without REMAP
     observe_kernel[(rows, triton.cdiv(width, chunk))](
         scored, scored.stride(0), topk, topk.stride(0), state.visible, S, tables.pool_rank,
-        state.pending_x, state.pending_hits, state.pending_hits.view(torch.int32), state.pending_newest, out,
-        out.stride(0), blocks, blocks.stride(0), state.slot_ema, state.last_seen, state.step, tables.bucket,
-        state.row0_sum, state.row0_count, layer, spec.num_layers, spec.pad_slot, spec.n_buckets,
-        spec.alpha, spec.one_minus_alpha,
+        state.pending_x, state.pending_hits, state.pending_hits.view(torch.int32),
+        state.pending_newest, out, out.stride(0), blocks, blocks.stride(0), state.slot_ema,
+        state.last_seen, state.step, tables.bucket, state.row0_sum, state.row0_count, layer,
+        spec.num_layers, spec.pad_slot, spec.n_buckets, spec.alpha, spec.one_minus_alpha,
         spec.max_next_n, spec.max_blocks, spec.hits_row, width, k, next_n, chunk,
         E=spec.block_entries, BLOCK_C=block_c, BLOCK_K=triton.next_power_of_2(k),
         HITS=spec.needs_hits, TOPK_HITS=topk_hits, DEEP=spec.deep_pool, REMAP=remap,

@@ -46,7 +46,7 @@ def select(spec, tables, state, S, layer_ids, seq_lens, next_n, kernel=None, rad
     L_g = layer_ids.repeat_interleave(batch)
     chosen = _choose(spec, tables, state, S_g, L_g, n.repeat(n_layers, 1))
     union = chosen.any(dim=1)  # [groups, N]: a request's blocks, scored once for all rows
-    blocks, counts = _compact_ids(spec, tables, state, union)
+    blocks, counts = _compact_ids(spec, tables, union)
     open_step(spec, tables, state, S, S_g, L_g, seq_lens, next_n, visible.repeat(n_layers, 1))
     if next_n == 1:  # one row a request: the groups are the rows (no copy)
         return blocks.reshape(shape), counts.reshape(shape[:2])
@@ -158,12 +158,12 @@ def _rank(spec, tables, state, S, layer, n):
     return p
 
 
-def _compact_ids(spec, tables, state, union):
+def _compact_ids(spec, tables, union):
     """[batch, N] mask → (ascending ids [batch, width] -1 padded, counts [batch]) int32."""
     batch = union.shape[0]
     position = torch.cumsum(union, dim=1) - 1
     target = torch.where(union, position, spec.width).clamp(max=spec.width)
-    out = torch.full((batch, spec.width + 1), -1, dtype=torch.int64, device=state.step.device)
+    out = torch.full((batch, spec.width + 1), -1, dtype=torch.int64, device=union.device)
     out.scatter_(1, target, tables.block_ids.expand(batch, -1))
     out[:, spec.width] = -1
     return out[:, :spec.width].to(torch.int32), union.sum(dim=1).to(torch.int32)

@@ -139,7 +139,7 @@ def select_kernel(SLOT, LAYER, SEQ_LENS, SLOT_EMA, LAST_SEEN, OFFSET_EMA, OFFSET
         if STEP_REUSE or TOPK_FIRST:
             hits = tl.load(PREV_HITS + state + b, mask=inside, other=0).to(tl.int32)
         if not STEP_REUSE:
-            # binary16, NaN where never observed (Serving.slot_ema)
+            # binary16, NaN where never observed (State.slot_ema)
             slot = tl.load(SLOT_EMA + state + b, mask=inside, other=float("nan")).to(tl.float32)
             known_slot = slot == slot
 
@@ -247,7 +247,7 @@ def launch(spec, tables, state, S, layers, seq_lens, next_n, out, counts, radix=
     """select_kernel over every (layer of `layers`, slot of S) group, layer-major: S int64
     [batch], layers int64 [n_layers] (device), seq_lens int [batch]; writes out [n_layers ·
     batch · next_n, width] int32 (every row of a request the same), counts [n_layers · batch ·
-    next_n] int32, and opens the step (Serving._open_step's bookkeeping) — the select's one
+    next_n] int32, and opens the step (_select.open_step's bookkeeping) — the select's one
     launch."""
     batch = S.shape[0]
     groups = layers.shape[0] * batch
@@ -257,12 +257,14 @@ def launch(spec, tables, state, S, layers, seq_lens, next_n, out, counts, radix=
     c = spec.config
     select_kernel[(groups,)](
         S, layers, seq_lens, state.slot_ema, state.last_seen, state.offset_ema, state.offset_count,
-        state.prev_hits, state.req_key, state.step, tables.n_explore, tables.n_history, tables.keep_all_i32,
-        tables.bucket, tables.counter, state.explore_share, tables.budget, tables.left, out, counts,
-        state.selected.view(torch.uint8), state.open_next_n, state.opened, state.visible, state.pending_x,
-        state.pending_hits, state.row0_sum, state.row0_count, batch, spec.pad_slot, spec.num_layers, spec.max_blocks,
-        spec.n_buckets, spec.width, spec.max_next_n, spec.hits_row, spec.compress_ratio, spec.block_entries, spec.max_entries,
-        int(c["sink_blocks"]), int(c["local_blocks"]), spec.recent, spec.w, spec.one_minus_w,
+        state.prev_hits, state.req_key, state.step, tables.n_explore, tables.n_history,
+        tables.keep_all_i32, tables.bucket, tables.counter, state.explore_share, tables.budget,
+        tables.left, out, counts, state.selected.view(torch.uint8), state.open_next_n,
+        state.opened, state.visible, state.pending_x, state.pending_hits, state.row0_sum,
+        state.row0_count, batch, spec.pad_slot, spec.num_layers, spec.max_blocks, spec.n_buckets,
+        spec.width, spec.max_next_n, spec.hits_row, spec.compress_ratio, spec.block_entries,
+        spec.max_entries, int(c["sink_blocks"]), int(c["local_blocks"]), spec.recent, spec.w,
+        spec.one_minus_w,
         NEXT_N=next_n, BLOCK=block, RANKED=spec.fill == "ranked", RANDOM=spec.fill == "random",
         EXPLORES=spec.explores, STALEST=c["explore_policy"] == "stalest",
         USE_SLOT=spec.use_slot, USE_OFFSET=spec.use_offset, STEP_REUSE=spec.step_reuse,

@@ -160,12 +160,7 @@ class Serving:
         if self._active[slot]:
             raise spin_dsa.FailedPrecondition(
                 f"serving: add: slot {slot} holds a request; drop(slot) first")
-        for t, v in ((self.state.slot_ema, float("nan")), (self.state.last_seen, -1), (self.state.offset_ema, 0.0),
-                     (self.state.offset_count, 0), (self.state.prev_hits, 0), (self.state.selected, False),
-                     (self.state.step, 0), (self.state.churn_ema, -1.0),
-                     (self.state.explore_share, self.spec.share0),
-                     (self.state.prefill_open, False)):
-            t[slot].fill_(v)
+        self.state.reset(slot, self.spec.share0)
         self.state.req_key[slot] = _hash.request_key(int(self.spec.config["seed"]), int(request_id))
         self._active[slot] = True
 
@@ -223,9 +218,8 @@ class Serving:
         return _select.select(self.spec, self.tables, self.state, S, self._layer_tensor(layers),
                               seq_lens, int(next_n), self._kernel, self.kth_search == "radix")
 
-
     # Under CUDA-graph capture nothing may copy from the host: layer ids come from a device
-    # arange, flags are set with index_fill_ (the value is a kernel argument, not a tensor).
+    # arange (a view where they are a range).
     def _layer_tensor(self, layers):
         """int64 [len(layers)] on the device: a view of the layer ids where they are a range."""
         first = layers[0]
@@ -355,5 +349,3 @@ def _kernel_module(impl, device, name):
         if impl == "triton":
             raise spin_dsa.InvalidArgument(f"spin_dsa.device: impl triton needs triton ({e})")
         return None
-
-

@@ -322,12 +322,14 @@ class SlotUpdate:
         """Per bucket of distance from `newest`: the observed values' fixed-point sum (int64)
         and count."""
         K = self.spec.n_buckets
-        d = (newest.unsqueeze(-1) - self.tables.block_ids).clamp(min=0, max=self.tables.bucket.shape[0] - 1)
+        farthest = self.tables.bucket.shape[0] - 1
+        d = (newest.unsqueeze(-1) - self.tables.block_ids).clamp(min=0, max=farthest)
         bucket = torch.where(observed, self.tables.bucket[d], K)
         x0 = torch.where(observed, x, torch.zeros_like(x)).half().float()  # at binary16
         fixed = torch.where(observed, torch.round(x0.double() * OFFSET_SCALE).long(), 0)
         shape = (*bucket.shape[:-1], K + 1)
-        sums = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(-1, bucket, fixed)
+        sums = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(-1, bucket,
+                                                                                   fixed)
         ns = torch.zeros(shape, dtype=torch.int64, device=x.device).scatter_add_(
             -1, bucket, observed.long())
         return sums[..., :K], ns[..., :K]

@@ -115,7 +115,7 @@ isa_independent_stress='^(Cli\.(RandomArgumentVectorsNeverCrashHangOrDestroy|Int
 # ASan suites; under qemu they took 25 of this section's 30 minutes (CI, 2026-12-03), so they are
 # left out here. Every target is still built by the cross compiler. The fuzz target is off in this
 # preset (it needs clang + libFuzzer for the host). Correctness only: qemu timings mean nothing.
-isa_sensitive='^((IndexerKernel|AttentionKernel|IndexerDispatch|IndexerValidation|AttentionValidation|CpuCap|Fp32Keys|LatentCache|Topk|Bf16|CounterRng|E4m3|Hadamard|Quantize|QuantizeBlock|Ue8m0|IndexerKeyCache|PageAllocator|PageLayout|QuantizeQueries|RequestPages|PredictPooling|Engine|EngineInputs)\.|.*_spin_cpu_|.*_cpu_without_bf16$)'
+isa_sensitive='^((IndexerKernel|AttentionKernel|IndexerDispatch|IndexerValidation|AttentionValidation|CpuCap|Fp32Keys|LatentCache|Topk|Bf16|Half|CounterRng|E4m3|Hadamard|Quantize|QuantizeBlock|Ue8m0|IndexerKeyCache|PageAllocator|PageLayout|QuantizeQueries|RequestPages|PredictPooling|Engine|EngineInputs)\.|.*_spin_cpu_|.*_cpu_without_bf16$)'
 aarch64() {
   echo "=== spin tests: aarch64 (cross-compiled, run under qemu-user) ==="
   local jobs start

@@ -78,6 +78,7 @@ struct PredictorBenchOptions {
   int threads = 0;
   double min_seconds = 0.3;
   std::string json_path;
+  std::vector<std::string> settings;  // predictor config overrides, key=value (after target_sparsity)
 };
 int run_predictor_bench(const PredictorBenchOptions& options);
 

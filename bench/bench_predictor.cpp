@@ -4,12 +4,14 @@
 // entries its selection scores over the full indexer's, plus that overhead).
 // Reproduce with: spin bench predictor --json predictor.json
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "bench_common.h"
@@ -17,6 +19,7 @@
 #include "spin/indexer.h"
 #include "spin/predict.h"
 #include "spin/rng.h"
+#include "spin/settings.h"
 #include "spin/topk.h"
 
 namespace spin::bench {
@@ -28,18 +31,32 @@ static int report_failure(const Status& s) {
 }
 
 
+// The benchmark's config: the defaults at `sparsity`, then the --set overrides, checked.
+static Result<PredictorConfig> bench_config(const PredictorBenchOptions& options) {
+  PredictorConfig config;
+  config.target_sparsity = options.sparsity;
+  for (const std::string& item : options.settings) {
+    const Result<Setting> kv = split_setting(item);
+    if (!kv.ok()) return kv.status();
+    SPIN_RETURN_IF_ERROR(config.set(kv->key, kv->value));
+  }
+  SPIN_RETURN_IF_ERROR(config.validate());
+  return config;
+}
+
 int run_predictor_bench(const PredictorBenchOptions& options) {
   const int threads = options.threads > 0 ? options.threads : omp_get_max_threads();
-  fmt::print("spin bench predictor — {} at sparsity {:.2f}, page 64, top-k 2048, rows 1; indexer on {} threads\n",
-             options.predictor, options.sparsity, threads);
+  const Result<PredictorConfig> configured = bench_config(options);
+  if (!configured.ok()) return report_failure(configured.status());
+  fmt::print("spin bench predictor — {} at sparsity {:.2f}{}{}, page 64, top-k 2048, rows 1; indexer on {} threads\n",
+             options.predictor, options.sparsity, options.settings.empty() ? "" : ", ",
+             fmt::join(options.settings, " "), threads);
   fmt::print("cpu: {}\n\n", cpu_summary());
   fmt::print("{:>8} {:>7} {:>12} {:>12} {:>12} {:>14} {:>10}\n", "context", "blocks", "select_us", "observe_us",
              "total_us", "indexer_us", "overhead");
   nlohmann::json records = nlohmann::json::array();
   for (int64_t context : options.contexts) {
-    PredictorConfig config;
-    config.target_sparsity = options.sparsity;
-    auto made = make_predictor(options.predictor, config, 1, 0);
+    auto made = make_predictor(options.predictor, configured.value(), 1, 0);
     if (!made.ok()) {
       fmt::print(stderr, "spin: error: {}\n", made.status().to_string());
       return 1;
@@ -100,12 +117,13 @@ int run_predictor_bench(const PredictorBenchOptions& options) {
                observe_us, total, indexer_us, overhead);
     std::fflush(stdout);
     nlohmann::json record = machine_json(threads);
-    record.update({{"bench", "predictor"}, {"predictor", options.predictor}, {"context", context}, {"rows", 1},
+    record.update({{"bench", "predictor"}, {"predictor", options.predictor},
+                   {"context", context}, {"rows", 1},
                    {"blocks", n_blocks}, {"sparsity", options.sparsity}, {"select_us", select_us},
                    {"observe_us", observe_us}, {"time_us", total}, {"indexer_full_us", indexer_us},
                    {"overhead_fraction", overhead}, {"work_fraction", work}, {"cost_fraction", work + overhead},
                    {"state_bytes", predictor->memory_bytes()},
-                   {"config", config.to_string()}});
+                   {"config", configured->to_string()}});
     records.push_back(record);
   }
   return finish_records(options.json_path, records);

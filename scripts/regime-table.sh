@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Issue 30's table: spin's default against the paper's spin (--preset paper), prev-iter and
-# step-reuse — and the per-layer adaptive rule (--set adapt=1) — closed loop at 30 % and 50 %
+# Issue 30's table: spin's default (adapt=1 since 2026-12-06) against the paper's spin (--preset
+# paper), prev-iter and step-reuse — and the fixed rule it replaced (`fixed`: --set adapt=0; `adapt`
+# spells the default out) — closed loop at 30 % and 50 %
 # sparsity, mean recall / p99 miss, one line per cell, each the `spin replay` it ran.
 #   [RULES="adapt ..."] ./scripts/regime-table.sh [SCENARIO|TRACE.safetensors[@TOPK]|TRACE.st ...]
 # Scenarios are generated once into build/regime-traces/ (`spin trace gen --scenario S`, the
 # scenario's own steps; S:STEPS for fewer); a recorded trace is replayed at its own top-k, or at
 # TOPK (`--topk`); a .st file is replayed as it is (e.g. `spin trace convert`'s score trace of a
 # generated one: the same figures without scoring the keys at every replay). RULES: the columns to
-# run (default: all five). Default items: the built-in scenarios of the table in docs/results.md.
+# run (default: default paper prev-iter step-reuse fixed). Default items: the built-in scenarios of the table in docs/results.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 spin=build/release/tools/spin
@@ -19,7 +20,7 @@ if (( ${#items[@]} == 0 )); then
 fi
 declare -A rule=([default]="--predictor spin" [paper]="--predictor spin --preset paper"
                  [prev-iter]="--predictor prev-iter" [step-reuse]="--predictor step-reuse"
-                 [adapt]="--predictor spin --set adapt=1")
+                 [adapt]="--predictor spin --set adapt=1" [fixed]="--predictor spin --set adapt=0")
 for item in "${items[@]}"; do
   topk=()
   if [[ "$item" == *.st ]]; then
@@ -35,8 +36,8 @@ for item in "${items[@]}"; do
     [[ -f "$trace" ]] || "$spin" trace gen --scenario "$scenario" "${steps[@]}" --out "$trace" >/dev/null
   fi
   for sparsity in 0.3 0.5; do
-    for name in ${RULES:-default paper prev-iter step-reuse adapt}; do
-      [[ -n "${rule[$name]:-}" ]] || { echo "regime-table: unknown rule '$name' in RULES (default paper prev-iter step-reuse adapt)" >&2; exit 2; }
+    for name in ${RULES:-default paper prev-iter step-reuse fixed}; do
+      [[ -n "${rule[$name]:-}" ]] || { echo "regime-table: unknown rule '$name' in RULES (default paper prev-iter step-reuse adapt fixed)" >&2; exit 2; }
       # shellcheck disable=SC2086  # the rule is a list of flags
       read -r mean p99 < <("$spin" replay "$trace" ${rule[$name]} --sparsity "$sparsity" "${topk[@]}" 2>/dev/null |
                            jq -r '"\(.recall_mean) \(.miss_p99)"')

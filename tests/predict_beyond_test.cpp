@@ -337,7 +337,7 @@ TEST(PredictAdapt, ExplorationShareRisesAtOnceFallsSlowlyAndKeepsItsFloor) {
 // window's first blocks (36, 37) and the prefill pointed at 5 and 6 — the window ranks as well or
 // better, kept.
 // Returns block 30's rank key at the last step: 2^19 - 9 when the window is on, an EMA value off.
-float window_rank_after(bool old, int32_t adapt) {
+float window_rank_after(bool old, int32_t adapt, int64_t steps = 12) {
   PredictorConfig c;
   c.page_size = 4;
   c.topk = 8;
@@ -355,7 +355,7 @@ float window_rank_after(bool old, int32_t adapt) {
   const std::vector<float> prefill = testing::block_scores(before, 4), truth = testing::block_scores(after, 4);
   observe_full_prefill(*p, prefill, entries);
   Selection sel;
-  for (int64_t step = 1; step <= 8; ++step) {
+  for (int64_t step = 1; step <= steps; ++step) {
     StepInput in{step, entries, 1};
     in.want_scores = true;
     EXPECT_TRUE(p->select(0, in, &sel).ok());
@@ -366,10 +366,14 @@ float window_rank_after(bool old, int32_t adapt) {
 }
 
 TEST(PredictAdapt, AdditionsStayWhileTheyRankBetter) {
+  static_assert(kAdditionsGainWarmup < 12, "window_rank_after's steps must outlast the warm-up");
   constexpr float kWindowed = 524288.0f - 9.0f;  // kRecentBase - distance (predictor_ema.cpp)
   EXPECT_EQ(window_rank_after(true, 0), kWindowed);
   EXPECT_EQ(window_rank_after(false, 0), kWindowed);
   EXPECT_LT(window_rank_after(true, 1), 1000.0f);  // dropped: the EMA ranks the layer
+  // ... but not before the gain was measured on kAdditionsGainWarmup steps (step 8's select has
+  // seven: steps 1–7 committed).
+  EXPECT_EQ(window_rank_after(true, 1, kAdditionsGainWarmup), kWindowed);
   EXPECT_EQ(window_rank_after(false, 1), kWindowed);
 }
 

@@ -14,6 +14,7 @@
 #include "predict/budget_moves.h"
 #include "predict/pooling.h"
 #include "predict/predictor_base.h"
+#include "predict/probe_share.h"
 #include "predict/select_rules.h"
 #include "predict_testing.h"
 #include "spin/predict.h"
@@ -181,6 +182,12 @@ TEST(PredictTables, ConstantsAreThePredictorsOwn) {
   }
   EXPECT_EQ(k.churn_ema_keep, kChurnEmaKeep);
   EXPECT_EQ(k.churn_ema_weight, kChurnEmaWeight);
+  EXPECT_EQ(k.explore_share_step, kExploreShareStep);
+  EXPECT_EQ(k.explore_share_fall, kExploreShareFall);
+  EXPECT_EQ(k.explore_share_floor, kExploreShareFloor);
+  EXPECT_EQ(k.explore_share_ceiling, kExploreShareCeiling);
+  EXPECT_EQ(k.additions_gain_weight, kAdditionsGainWeight);
+  EXPECT_EQ(k.additions_gain_warmup, kAdditionsGainWarmup);
   // The offset buckets' constants are the ones offset_bucket() runs.
   EXPECT_EQ(offset_bucket(k.offset_exact_distances - 1), k.offset_exact_distances - 1);
   EXPECT_EQ(offset_bucket(2 * k.offset_exact_distances),

@@ -114,6 +114,7 @@ std::vector<Command> add_bench_commands(CLI::App& app) {
       ->check(one_of(predictor_names(), "predictor"));
   predictor_cmd->add_option("--sparsity", predictor->sparsity, "target sparsity")->check(sparsity());
   predictor_cmd->add_option("--steps", predictor->steps, "timed decode steps")->check(int_range(1, 1000000));
+  predictor_cmd->add_option("--set", predictor->settings, "predictor config overrides, \"key=value ...\" (see spin config)");
   add_common(predictor_cmd, predictor->threads, predictor->json_path);
 
   auto attention = std::make_shared<bench::AttentionBenchOptions>();

@@ -74,8 +74,8 @@ struct PredictorConfig {
   int32_t explicit_budget_blocks = -1;  // ≥ 0 overrides target_sparsity; -1 = use sparsity
   int32_t sink_blocks = 1;              // forced: the first blocks (attention sinks)
   int32_t local_blocks = 2;             // forced: the newest blocks (hold never-scored entries)
-  double explore_ratio = 0.1;           // spin: share of the budget drawn at random (times churn scaling)
-  double explore_churn = 0.1;           // share = ratio·min(1, layer churn EMA / this); 0 = always ratio
+  double explore_ratio = 0.1;           // spin: share of the budget drawn at random (adapt moves it per layer)
+  double explore_churn = 0.1;           // adapt=0: share = ratio·min(1, layer churn EMA / this); 0 = always ratio
   ExplorePolicy explore_policy = ExplorePolicy::kUniform;  // which unranked blocks exploration draws
   double alpha = 0.5;                   // slot[b] ← (1-alpha)·slot[b] + alpha·x
   double beta = 0.1;                    // offset[bucket] ← (1-beta)·offset + beta·x
@@ -83,7 +83,7 @@ struct PredictorConfig {
   double combine_weight = 0.8;          // w of Combine::kWeighted
   int32_t topk_first = 1;               // spin: the last top-k's blocks rank first, most hits first
   int32_t recent_blocks = 16;           // spin: the newest blocks rank next, newest first (0 = none)
-  int32_t adapt = 0;                    // spin: 1 = per layer, exploration by its yield, additions by their gain
+  int32_t adapt = 1;                    // spin: 1 = per layer, exploration by its yield, additions by their gain
   Pooling pooling = Pooling::kMax;      // how a block's entry scores become one observation x[b]
   double pool_depth = 0.2;              // spin, max pooling: x = the m-th best, m from this share (pool_rank)
   MtpUpdate mtp_update = MtpUpdate::kPrefix;  // which rows of an MTP step update the state

@@ -43,6 +43,15 @@ struct SelectionConstants {
   float unknown_base;               // a block nothing is known about ranks at this - d
   double churn_ema_keep;            // explore_churn's churn EMA: keep · ema + weight · measured
   double churn_ema_weight;
+  // adapt (PredictorConfig::adapt): a layer's exploration share moves by up to step · explore_ratio
+  // a commit, within [floor, ceiling] · explore_ratio, a fall taken by `fall` of its move; the
+  // additions' gain is an EMA of weight additions_gain_weight (src/predict/probe_share.h).
+  double explore_share_step;
+  double explore_share_fall;
+  double explore_share_floor;
+  double explore_share_ceiling;
+  double additions_gain_weight;
+  int64_t additions_gain_warmup;    // ... acted on after this many measured steps
 };
 SelectionConstants selection_constants();
 

@@ -45,7 +45,7 @@ def selection_tables(config: Mapping[str, object] | str | None, max_blocks: int)
 
 def selection_constants() -> dict[str, int | float]:
     """
-    The ranking's constants (include/spin/selection_tables.h): offset_mean_scale, offset_exact_distances, offset_buckets_per_octave, topk_first_base, topk_hits_cap, recent_base, unknown_base, churn_ema_keep, churn_ema_weight.
+    The ranking's constants (include/spin/selection_tables.h): offset_mean_scale, offset_exact_distances, offset_buckets_per_octave, topk_first_base, topk_hits_cap, recent_base, unknown_base, churn_ema_keep, churn_ema_weight, explore_share_step, explore_share_fall, explore_share_floor, explore_share_ceiling, additions_gain_weight, additions_gain_warmup.
     """
 
 def hit_tie_level(p: float) -> float:

@@ -352,11 +352,19 @@ void bind_predict(nb::module_& m) {
         out["unknown_base"] = static_cast<double>(k.unknown_base);
         out["churn_ema_keep"] = k.churn_ema_keep;
         out["churn_ema_weight"] = k.churn_ema_weight;
+        out["explore_share_step"] = k.explore_share_step;
+        out["explore_share_fall"] = k.explore_share_fall;
+        out["explore_share_floor"] = k.explore_share_floor;
+        out["explore_share_ceiling"] = k.explore_share_ceiling;
+        out["additions_gain_weight"] = k.additions_gain_weight;
+        out["additions_gain_warmup"] = k.additions_gain_warmup;
         return out;
       },
       "The ranking's constants (include/spin/selection_tables.h): offset_mean_scale, "
       "offset_exact_distances, offset_buckets_per_octave, topk_first_base, topk_hits_cap, "
-      "recent_base, unknown_base, churn_ema_keep, churn_ema_weight.");
+      "recent_base, unknown_base, churn_ema_keep, churn_ema_weight, explore_share_step, "
+      "explore_share_fall, explore_share_floor, explore_share_ceiling, additions_gain_weight, "
+      "additions_gain_warmup.");
   m.def("hit_tie_level", &spin::hit_tie_level, nb::arg("p"),
         "spin's topk_first tie level of a float32 ranking value p: p in quarters of [-1, 1], as 0, "
         "1/8, ..., 7/8 (NaN: 0).");

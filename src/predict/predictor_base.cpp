@@ -534,11 +534,10 @@ Status PredictorBase::commit(int32_t accepted) {
 // it scored (the forced ones left out, as every ranking keeps them), the m that rank highest by
 // each, m = the blocks that held the row's top-k — the tightest budget that could hold all of
 // it. The ranking whose m blocks held more of the top-k ordered this layer's blocks better; the
-// gain is their difference over the top-k's entries, averaged with weight kAdaptWeight. Only
+// gain is their difference over the top-k's entries, averaged with weight kAdditionsGainWeight. Only
 // blocks both rankings could be judged on count, so the one in use is not favoured by having
 // chosen what was scored beyond them.
 void PredictorBase::score_rankings(int32_t layer, int32_t row, int64_t visible) {
-  constexpr double kAdaptWeight = 0.125;  // ~8 steps of memory: a layer's regime, not one step's luck
   Layer& l = layers_[static_cast<size_t>(layer)];
   const PooledRow& newest = l.pending[static_cast<size_t>(row)];
   const int64_t n = blocks_for_entries(config_, visible);
@@ -554,7 +553,8 @@ void PredictorBase::score_rankings(int32_t layer, int32_t row, int64_t visible) 
   const int64_t with = hits_in_top(newest, p_.data(), n, m);
   const int64_t without = hits_in_top(newest, q_.data(), n, m);
   const double gain = static_cast<double>(with - without) / static_cast<double>(total);
-  l.additions_gain = (1.0 - kAdaptWeight) * l.additions_gain + kAdaptWeight * gain;
+  l.additions_gain = (1.0 - kAdditionsGainWeight) * l.additions_gain + kAdditionsGainWeight * gain;
+  l.gain_steps = std::min(l.gain_steps + 1, kAdditionsGainWarmup);
 }
 
 int64_t PredictorBase::hits_in_top(const PooledRow& newest, const float* p, int64_t n_blocks, int64_t m) {
@@ -612,6 +612,7 @@ void PredictorBase::reset() {
     l.moves = BudgetMoveState{};
     l.share.reset();
     l.additions_gain = 0;
+    l.gain_steps = 0;
     l.explore.reset();
   }
   open_ = false;

@@ -116,9 +116,11 @@ class PredictorBase : public BlockPredictor {
     (void)without;
     return false;
   }
-  // adapt: whether `layer` keeps spin's additions (its measured advantage is ≥ 0).
+  // adapt: whether `layer` keeps spin's additions (its measured advantage is ≥ 0, or not yet
+  // measured on kAdditionsGainWarmup steps).
   bool keeps_additions(int32_t layer) const {
-    return config_.adapt == 0 || layers_[static_cast<size_t>(layer)].additions_gain >= 0.0;
+    const Layer& l = layers_[static_cast<size_t>(layer)];
+    return config_.adapt == 0 || l.gain_steps < kAdditionsGainWarmup || l.additions_gain >= 0.0;
   }
   // reserve() for what a predictor keeps itself (hisa's pooled keys); kInvalidArgument if it
   // cannot promise allocation-free steps.
@@ -187,6 +189,7 @@ class PredictorBase : public BlockPredictor {
     // adapt: EMA of how much more of each step's top-k the ranking with spin's additions put
     // first than the one without (score_rankings); < 0 = this layer ranks without them.
     double additions_gain = 0;
+    int32_t gain_steps = 0;  // steps the gain was measured on, up to kAdditionsGainWarmup
   };
 
   Status check_step_input(int32_t layer, const StepInput& in) const;

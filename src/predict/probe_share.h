@@ -27,6 +27,12 @@ inline constexpr double kExploreShareStep = 0.5;
 inline constexpr double kExploreShareFall = 0.25;  // the share of a downward move taken per step
 inline constexpr double kExploreShareFloor = 0.5;
 inline constexpr double kExploreShareCeiling = 4.0;
+// adapt's additions gain: an EMA of this weight, ~8 steps of memory (a layer's regime, not one
+// step's luck; PredictorBase::score_rankings), acted on once the layer has measured it on
+// kAdditionsGainWarmup steps: from 0, one step's dip turned a stable layer's additions off
+// (cached-507k-mtp lost 0.06–0.10 of mean recall; docs/results.md "adapt is the default").
+inline constexpr double kAdditionsGainWeight = 0.125;
+inline constexpr int32_t kAdditionsGainWarmup = 8;
 
 struct ProbeShareState {
   std::vector<int32_t> probe_picked, margin_picked;  // row 0's picks of the open step, ascending

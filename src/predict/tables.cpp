@@ -10,6 +10,7 @@
 #include "predict/budget_moves.h"
 #include "predict/pooling.h"
 #include "predict/predictor_base.h"
+#include "predict/probe_share.h"
 #include "predict/select_rules.h"
 #include "spin/selection_tables.h"
 
@@ -89,6 +90,12 @@ SelectionConstants selection_constants() {
   k.unknown_base = PredictorBase::unknown_score(0);
   k.churn_ema_keep = kChurnEmaKeep;
   k.churn_ema_weight = kChurnEmaWeight;
+  k.explore_share_step = kExploreShareStep;
+  k.explore_share_fall = kExploreShareFall;
+  k.explore_share_floor = kExploreShareFloor;
+  k.explore_share_ceiling = kExploreShareCeiling;
+  k.additions_gain_weight = kAdditionsGainWeight;
+  k.additions_gain_warmup = kAdditionsGainWarmup;
   return k;
 }
 

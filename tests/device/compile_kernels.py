@@ -28,7 +28,8 @@ SELECT_POINTERS = dict(
     N_EXPLORE="*i64", N_HISTORY="*i64", KEEP_ALL="*i32", BUCKET="*i64", COUNTER="*i64",
     SHARE="*fp64", BUDGET="*i64", LEFT="*i64", OUT="*i32", COUNTS="*i32", SELECTED="*u8",
     OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", PENDING_X="*fp16",
-    PENDING_HITS="*u8", ROW0_SUM="*i64", ROW0_COUNT="*i32", w="fp32", one_minus_w="fp32")
+    PENDING_HITS="*u8", ROW0_SUM="*i64", ROW0_COUNT="*i32", ADDITIONS_GAIN="*fp64",
+    GAIN_STEPS="*i32", GAIN="*fp64", EXPLORE_YIELD="*i64", w="fp32", one_minus_w="fp32")
 # The last replayed row's inputs: an engine's int32 lengths, its int64 query lengths.
 ROWS_POINTERS = dict(SLOT="*i64", ACCEPTED="*i32", SEQ_LENS="*i32", QUERY_LENS="*i64",
                      OPENED="*i64", OPEN_NEXT_N="*i64")
@@ -36,7 +37,10 @@ OBSERVE_POINTERS = dict(
     SCORED="*fp32", TOPK="*i32", SEL_VISIBLE="*i64", SLOT="*i64", RANK="*i32",
     PENDING_X="*fp16", PENDING_HITS="*u8", HIT_WORDS="*i32", PENDING_NEWEST="*i64", POSITIONS="*i32",
     ROW_BLOCKS="*i32", SLOT_EMA="*fp16", LAST_SEEN="*i32", STEP="*i64", BUCKET="*i64",
-    ROW0_SUM="*i64", ROW0_COUNT="*i32", alpha="fp32", one_minus_alpha="fp32")
+    ROW0_SUM="*i64", ROW0_COUNT="*i32", OFFSET_EMA="*fp32", OFFSET_COUNT="*i32", PREV_HITS="*u8",
+    REQ_KEY="*i64", COUNTER="*i64", SHARE="*fp64", BUDGET="*i64", LEFT="*i64",
+    ADDITIONS_GAIN="*fp64", GAIN_STEPS="*i32", GAIN="*fp64", EXPLORE_YIELD="*i64", alpha="fp32",
+    one_minus_alpha="fp32", w="fp32", one_minus_w="fp32")
 COMMIT_POINTERS = dict(
     ROWS_POINTERS, SELECTED="*u8", ROW0_SUM="*i64", ROW0_COUNT="*i32", STEP="*i64", PENDING_X="*fp16",
     PENDING_NEWEST="*i64", SLOT_EMA="*fp16", LAST_SEEN="*i32", OFFSET_EMA="*fp32",
@@ -46,7 +50,10 @@ COMMIT_POINTERS = dict(
 # The constexpr flags _select_kernel.launch passes for each device predictor.
 PREDICTORS = {
     "spin": dict(RANKED=True, RANDOM=False, EXPLORES=True, USE_SLOT=True, USE_OFFSET=True,
-                 STEP_REUSE=False, TOPK_FIRST=True, EXPLORE_CHURN=True),
+                 STEP_REUSE=False, TOPK_FIRST=True, ADAPT=True),
+    "spin (adapt=0)": dict(RANKED=True, RANDOM=False, EXPLORES=True, USE_SLOT=True,
+                           USE_OFFSET=True, STEP_REUSE=False, TOPK_FIRST=True,
+                           EXPLORE_CHURN=True),
     "spin (paper's defaults)": dict(RANKED=True, RANDOM=False, EXPLORES=True, USE_SLOT=True,
                                     USE_OFFSET=True, STEP_REUSE=False),
     "prev-iter": dict(RANKED=True, RANDOM=False, EXPLORES=False, USE_SLOT=True,
@@ -60,6 +67,11 @@ PREDICTORS = {
     "all-keep": dict(RANKED=False, RANDOM=False, EXPLORES=False, USE_SLOT=False,
                      USE_OFFSET=False, STEP_REUSE=False),
 }
+
+
+# The observe kernel's adapt flags off (spin's fixed rule and the other predictors).
+OBSERVE_FLAGS = dict(ADAPT=False, WIDTH_PAD=2048, STALEST=False, USE_SLOT=True, USE_OFFSET=True,
+                     COMBINE_MAX=False, TOPK_FIRST=True, RADIX=False)
 
 
 def compile_ptx(fn, pointers, constexprs, **options):
@@ -89,7 +101,8 @@ def main():
         for stalest, combine_max, next_n, block, radix in ((False, False, 1, 2048, False),
                                                            (True, True, 3, 8192, name == "spin")):
             ptx = compile_ptx(_select_kernel.select_kernel, SELECT_POINTERS,
-                              dict(dict(TOPK_FIRST=False, EXPLORE_CHURN=False), **flags,
+                              dict(dict(TOPK_FIRST=False, EXPLORE_CHURN=False, ADAPT=False),
+                                   **flags,
                                    STALEST=stalest, COMBINE_MAX=combine_max, NEXT_N=next_n,
                                    BLOCK=block, HITS=flags["STEP_REUSE"] or
                                    flags.get("TOPK_FIRST", False), RADIX=radix),
@@ -102,7 +115,7 @@ def main():
                                                     (True, False, "*i32", True, True),  # pool_depth
                                                     (True, True, "*i32", False, True)):
         ptx = compile_ptx(_observe_kernel.observe_kernel, dict(OBSERVE_POINTERS, TOPK=topk_type),
-                          dict(E=64, BLOCK_C=64, BLOCK_K=2048, HITS=hits,
+                          dict(OBSERVE_FLAGS, E=64, BLOCK_C=64, BLOCK_K=2048, HITS=hits,
                                TOPK_HITS=topk_hits, DEEP=deep, REMAP=remap, LANES=4,
                                AGES=False),
                           num_warps=4, enable_fp_fusion=False)
@@ -112,10 +125,24 @@ def main():
         compiled += 1
     # Row 0's slot EMA with stalest exploration's int32 last-seen steps.
     ptx = compile_ptx(_observe_kernel.observe_kernel, OBSERVE_POINTERS,
-                      dict(E=64, BLOCK_C=64, BLOCK_K=2048, HITS=True, TOPK_HITS=False, DEEP=False,
-                           REMAP=True, LANES=4, AGES=True), num_warps=4, enable_fp_fusion=False)
+                      dict(OBSERVE_FLAGS, E=64, BLOCK_C=64, BLOCK_K=2048, HITS=True,
+                           TOPK_HITS=False, DEEP=False, REMAP=True, LANES=4, AGES=True),
+                      num_warps=4, enable_fp_fusion=False)
     assert "fma.rn.f32" not in ptx, "observe (ages): a fused multiply-add"
     compiled += 1
+    # adapt (spin's default): the row-0 program measures the rows over the selected blocks —
+    # 2,048 of them at 128K, 8,192 at 512K (8 warps, as observe launches it).
+    for width_pad, warps, stalest, combine_max, topk_first, radix in (
+            (2048, 8, False, False, True, False), (8192, 8, True, True, False, True)):
+        ptx = compile_ptx(_observe_kernel.observe_kernel, OBSERVE_POINTERS,
+                          dict(OBSERVE_FLAGS, E=64, BLOCK_C=64, BLOCK_K=2048, HITS=True,
+                               TOPK_HITS=False, DEEP=True, REMAP=True, LANES=4, AGES=stalest,
+                               ADAPT=True, WIDTH_PAD=width_pad, STALEST=stalest,
+                               COMBINE_MAX=combine_max, TOPK_FIRST=topk_first, RADIX=radix),
+                          num_warps=warps, enable_fp_fusion=False)
+        assert "fma.rn.f32" not in ptx and "fma.rn.f64" not in ptx, "observe (adapt): an FMA"
+        assert "div.rn.f64" in ptx and "div.approx" not in ptx, "observe (adapt): not IEEE"
+        compiled += 1
     for next_n, bp in ((1, 1), (4, 2)):  # compaction, the engine's int32 tables, int64 seq_lens
         compile_ptx(_paging_kernel._compact_kernel,
                     dict(BLOCKS="*i32", COUNTS="*i32", TABLE_IN="*i32", SEQ="*i64", TABLE="*i32",
@@ -126,12 +153,14 @@ def main():
     compile_ptx(_paging_kernel._remap_kernel, dict(TOPK="*i32", BLOCKS="*i32", OUT="*i32"),
                 dict(TILE=_paging_kernel.REMAP_TILE), num_warps=4)
     compiled += 1
-    for churn in (False, True):
+    for churn, adapt in ((False, True), (True, False)):
         ptx = compile_ptx(_commit_kernel.close_kernel,
                           dict(ROWS_POINTERS, SELECTED="*u8", PREFILL_OPEN="*u8",
                                PENDING_HITS="*u8", PREV_HITS="*u8", CHURN_EMA="*fp64",
-                               EXPLORE_SHARE="*fp64", CONSTANTS="*fp64"),
-                          dict(EXPLORE_CHURN=churn, BLOCK=1024, MODE=0, FROM_LENGTHS=churn),
+                               EXPLORE_SHARE="*fp64", CONSTANTS="*fp64", ADDITIONS_GAIN="*fp64",
+                               GAIN_STEPS="*i32", GAIN="*fp64", EXPLORE_YIELD="*i64", ADAPT_CONSTANTS="*fp64"),
+                          dict(KEEPS_TOPK=True, EXPLORE_CHURN=churn, ADAPT=adapt, BLOCK=1024,
+                               MODE=0, FROM_LENGTHS=churn),
                           num_warps=4, enable_fp_fusion=False)
         assert "fma.rn.f64" not in ptx and "div.approx" not in ptx, "close: FMA or approximate division"
         compiled += 1
@@ -149,8 +178,9 @@ def main():
     compile_ptx(_commit_kernel.prefill_open_kernel,
                 dict(SLOT="*i64", SEQ_LENS="*i64", SELECTED="*u8", PREFILL_OPEN="*u8",
                      OPEN_NEXT_N="*i64", OPENED="*i64", VISIBLE="*i64", PENDING_X="*fp16",
-                     PENDING_HITS="*u8", ROW0_SUM="*i64", ROW0_COUNT="*i32"),
-                dict(BLOCK=2048, HITS=True), num_warps=4)
+                     PENDING_HITS="*u8", ROW0_SUM="*i64", ROW0_COUNT="*i32", GAIN="*fp64",
+                     EXPLORE_YIELD="*i64"),
+                dict(BLOCK=2048, HITS=True, ADAPT=True), num_warps=4)
     ptx = compile_ptx(_commit_kernel.prefill_offsets_kernel,
                       dict(SLOT="*i64", ROW0_SUM="*i64", ROW0_COUNT="*i32", OFFSET_EMA="*fp32",
                            OFFSET_COUNT="*i32", beta="fp32", one_minus_beta="fp32"),

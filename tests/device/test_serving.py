@@ -10,6 +10,7 @@ spin_dsa = pytest.importorskip("spin_dsa")
 device = pytest.importorskip("spin_dsa.device")
 
 from host_sync import no_host_sync  # noqa: E402
+from spin_dsa.device._state import GAIN_WARMUP  # noqa: E402
 
 E = 16  # small pages keep many blocks per request at test sizes
 
@@ -52,8 +53,9 @@ def topk_positions(row, k):
 
 def run_both(predictor, config, *, seed, next_n, steps=14, layers=3, max_requests=6,
              max_entries=2048, compress_ratio=1, all_layers=False, impl="torch",
-             kth_search="bitwise"):
-    """Drives the library and the device object with the same calls; asserts every select."""
+             kth_search="bitwise", on_step=None):
+    """Drives the library and the device object with the same calls; asserts every select.
+    on_step(dev): called after each step's commit."""
     config = dict(config, page_size=E)
     lib = spin_dsa.Serving(max_requests, layers, max_entries, predictor, config, next_n,
                            compress_ratio)
@@ -124,6 +126,8 @@ def run_both(predictor, config, *, seed, next_n, steps=14, layers=3, max_request
             dev.commit(t_slots, torch.from_numpy(accepted))
         for s, a in zip(slots, accepted):  # rejected drafts leave the cache
             live[s][1] -= next_n - 1 - int(a)
+        if on_step is not None:
+            on_step(dev)
     assert selects >= steps  # the trace really ran
     return selects
 
@@ -217,6 +221,10 @@ def test_every_device_predictor_matches_the_library(predictor):
     {"preset": "paper"},  # the paper's, as the library's preset spells it (5 % exploration)
     {"recent_blocks": 40, "explore_churn": 0.5},
     {"pool_depth": 1.0},  # m up to E: every block observed by a deep entry
+    {"adapt": 0},  # the fixed rule: explore_churn's share, the additions always
+    {"adapt": 0, "explore_churn": 0.0},
+    {"adapt": 1, "explore_policy": "stalest", "explore_ratio": 0.3},
+    {"adapt": 1, "combine": "max", "topk_first": 0, "mtp_update": "all-rows"},
 ])
 def test_spin_ablations_match_the_library(config):
     run_both("spin", dict({"target_sparsity": 0.7, "topk": 32}, **config), seed=7, next_n=3,
@@ -240,6 +248,9 @@ def test_compressed_rows_match_the_library():
     ("spin", {"topk_first": 0, "explore_churn": 0.0, "recent_blocks": 0, "pool_depth": 0.0}, 1),
     ("spin", {"preset": "paper"}, 2),
     ("spin", {"pool_depth": 1.0}, 2),
+    ("spin", {"adapt": 0}, 2),
+    ("spin", {"adapt": 1, "explore_policy": "stalest", "explore_ratio": 0.3}, 3),
+    ("spin", {"adapt": 1, "combine": "max", "topk_first": 0}, 2),
 ])
 def test_the_triton_kernels_match_the_library(predictor, config, next_n):
     pytest.importorskip("triton")
@@ -248,9 +259,28 @@ def test_the_triton_kernels_match_the_library(predictor, config, next_n):
              all_layers=True, impl="triton")
 
 
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_a_layer_drops_the_additions_when_the_library_does(impl):
+    """adapt: past its warm-up a layer whose measured gain of spin's additions is negative ranks
+    without them; the device switches where the library does (seed 28: two layers at step 7,
+    selected without them at steps 8 and 9)."""
+    if impl == "triton":
+        pytest.importorskip("triton")
+    switched = []
+
+    def watch(dev):
+        st = dev.state
+        switched.append(int(((st.additions_gain < 0) & (st.gain_steps >= GAIN_WARMUP)).sum()))
+
+    run_both("spin", {"target_sparsity": 0.6, "topk": 32}, seed=28, next_n=2, steps=10, layers=2,
+             max_requests=3, max_entries=640, all_layers=True, impl=impl, on_step=watch)
+    assert any(switched[:-1]), switched  # a later step selected with the switch
+
+
 @pytest.mark.parametrize("predictor,config,next_n", [
     ("spin", {}, 1),
     ("spin", {"explore_policy": "stalest", "explore_ratio": 0.3}, 2),  # many equal ages: ties
+    ("spin", {"adapt": 1, "topk_first": 0}, 2),
     ("step-reuse", {}, 1),
 ])
 def test_the_radix_kth_search_selects_what_the_bitwise_one_does(predictor, config, next_n):
@@ -365,6 +395,8 @@ def test_commit_leaves_a_slot_without_an_open_step_alone(impl):
 @pytest.mark.parametrize("config", [
     {"topk": 32},
     {"topk": 300, "block_pages": 32},  # 512-entry blocks: hits in int16, two to an atomic word
+    {"topk": 32, "adapt": 0},
+    {"topk": 32, "adapt": 1, "topk_first": 0, "explore_policy": "stalest"},
 ])
 def test_the_kernels_keep_the_state_the_torch_path_keeps(config):
     """select_layers', observe's and commit's launches do the step's bookkeeping inside the
@@ -419,7 +451,10 @@ def test_the_kernels_keep_the_state_the_torch_path_keeps(config):
             for dev in pair:
                 dev.observe_scored(slots, layer, scored.clone(), cols, blocks=blocks)
             same_state(f"observe {step}.{layer}")
-        assert int(pair[1].state.pending_hits.sum()) > 0  # the hits were counted
+        if pair[1].spec.needs_hits:
+            assert int(pair[1].state.pending_hits.sum()) > 0  # the hits were counted
+        if pair[1].spec.adapt:  # something was measured (and compared above)
+            assert int(pair[1].state.explore_yield[:3].sum()) > 0
         query = torch.tensor([2, 2, 1, 1])
         lengths = dict(seq_lens=seq + 2 * step + 1 + query, query_lens=query)  # 1 accepted
         for dev in pair:
@@ -529,8 +564,6 @@ def test_host_only_predictors_and_options_are_refused_by_name():
         device.Serving(2, 1, 1024, "spin", {"pooling": "mean"})
     with pytest.raises(spin_dsa.InvalidArgument, match="budget_moves"):
         device.Serving(2, 1, 1024, "spin", {"budget_moves": "layers"})
-    with pytest.raises(spin_dsa.InvalidArgument, match="adapt=1 is host-only"):
-        device.Serving(2, 1, 1024, "spin", {"adapt": 1})
     with pytest.raises(spin_dsa.SpinError):
         device.Serving(2, 1, 0, "spin")  # the library's own size check
     with pytest.raises(spin_dsa.SpinError):

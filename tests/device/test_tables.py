@@ -106,7 +106,7 @@ def test_refusals():
 @pytest.mark.parametrize("predictor", device.PREDICTORS)
 @pytest.mark.parametrize("dense_blocks", [0, 5])
 def test_serving_builds_its_tensors_from_the_tables(config, predictor, dense_blocks):
-    cfg = dict(config, adapt=0, budget_moves="none")
+    cfg = dict(config, budget_moves="none")
     c = spin_dsa.check_config(cfg)
     E = int(c["page_size"]) * int(c["block_pages"])
     max_blocks = 150
@@ -143,7 +143,16 @@ def test_constants_are_the_librarys_and_the_kernels():
     assert k == {"offset_mean_scale": 2.0 ** 30, "offset_exact_distances": 64,
                  "offset_buckets_per_octave": 4, "topk_first_base": 2.0 ** 20,
                  "topk_hits_cap": (1 << 20) - 1, "recent_base": 2.0 ** 19, "unknown_base": -2.0,
-                 "churn_ema_keep": 0.8, "churn_ema_weight": 0.2}
+                 "churn_ema_keep": 0.8, "churn_ema_weight": 0.2, "explore_share_step": 0.5,
+                 "explore_share_fall": 0.25, "explore_share_floor": 0.5,
+                 "explore_share_ceiling": 4.0, "additions_gain_weight": 0.125,
+                 "additions_gain_warmup": 8}
+    # adapt's constants reach the kernels as float64 tensors, the ratio's products formed here.
+    ratio = 0.07
+    t = device.Serving(1, 1, 1024, "spin", {"explore_ratio": ratio}, impl="torch").tables
+    assert t.adapt_constants.tolist() == [
+        k["explore_share_step"] * ratio, k["explore_share_floor"] * ratio,
+        k["explore_share_ceiling"] * ratio, k["explore_share_fall"], k["additions_gain_weight"]]
     assert (_state.OFFSET_SCALE, _state.TOPK_FIRST_BASE, _state.RECENT_BASE,
             _state.UNKNOWN_BASE, _state.TOPK_HITS_CAP, _state.CHURN_KEEP,
             _state.CHURN_WEIGHT) == (

@@ -24,8 +24,12 @@ def main(rank, init_file, model_dir, diverge):
     try:
         for s in range(harness.STEPS):
             if diverge and rank == 1 and s == 2:
-                slot_ema = rt.serving.state.slot_ema
-                slot_ema.add_(torch.rand(slot_ema.shape, generator=torch.Generator().manual_seed(5)))
+                # The EMA perturbed, the last top-k forgotten (its blocks otherwise rank first and
+                # fill this small budget), the exploration draw keyed differently.
+                st = rt.serving.state
+                st.slot_ema.add_(torch.rand(st.slot_ema.shape, generator=torch.Generator().manual_seed(5)))
+                st.prev_hits.zero_()
+                st.req_key.add_(1)
             order = (0, 1) if s % 3 else (1, 0)
             rt.begin_step([("a", "b")[i] for i in order], [3, 3], [])
             for l in range(harness.LAYERS):

@@ -6,6 +6,7 @@ _state.py, as the library's PredictorBase::commit.
 
 import torch
 
+from . import _adapt
 from ._state import CHURN_KEEP, CHURN_WEIGHT, SlotUpdate
 
 
@@ -14,7 +15,7 @@ def commit(spec, tables, state, S, rows, commit_kernel=None):
     the unused ones None."""
     if commit_kernel is not None:  # three launches (_commit_kernel.py)
         commit_kernel.launch(spec, tables, state, S, rows)
-        if spec.keeps_topk:
+        if spec.keeps_topk or spec.adapt:
             commit_kernel.close(spec, tables, state, S, rows)
         commit_kernel.finish(spec, state, S)
         return
@@ -51,7 +52,9 @@ def lengths_accepted(state, S, seq_lens, query_lens):
 
 def _close(spec, tables, state, S, last):
     """After the replay (the torch path): the churn of the top-k and its blocks from the
-    newest replayed row, the step closed and counted."""
+    newest replayed row, adapt's share and gain, the step closed and counted."""
+    if spec.adapt:
+        _adapt.apply(spec, tables, state, S, last)
     if spec.keeps_topk:  # the newest replayed row's top-k blocks, per selected layer
         batch, N = S.shape[0], spec.max_blocks
         newest = torch.gather(state.pending_hits[S, :, :, :N], 2,

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ._select_kernel import _open_step
+from ._state import GAIN_WARMUP
 
 
 @triton.jit
@@ -174,20 +175,38 @@ def launch(spec, tables, state, S, rows):
 
 @triton.jit
 def close_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELECTED, PREFILL_OPEN,
-                 PENDING_HITS, PREV_HITS, CHURN_EMA, EXPLORE_SHARE, CONSTANTS, num_layers,
-                 max_next_n, n_blocks, hits_row, EXPLORE_CHURN: tl.constexpr, BLOCK: tl.constexpr,
-                 MODE: tl.constexpr, FROM_LENGTHS: tl.constexpr):
+                 PENDING_HITS, PREV_HITS, CHURN_EMA, EXPLORE_SHARE, CONSTANTS, ADDITIONS_GAIN,
+                 GAIN_STEPS, GAIN, EXPLORE_YIELD, ADAPT_CONSTANTS, num_layers, max_next_n,
+                 n_blocks, hits_row, gain_warmup,
+                 KEEPS_TOPK: tl.constexpr, EXPLORE_CHURN: tl.constexpr, ADAPT: tl.constexpr,
+                 BLOCK: tl.constexpr, MODE: tl.constexpr, FROM_LENGTHS: tl.constexpr):
     """The end of commit for one (slot, layer): the newest replayed row's top-k hits become the
     layer's last top-k (prev_hits) where it was selected and, with explore_churn, the churn EMA
     and the exploration share it gives — _commit._close / _measure_churn's torch ops, whose
     float64 operations this takes in the same order (CONSTANTS: keep, weight, explore_ratio,
-    explore_churn as float64)."""
+    explore_churn as float64); with adapt, the additions' gain and the exploration share from
+    what observe measured (_adapt.apply)."""
     i = tl.program_id(0)
     layer = tl.program_id(1)
     s = tl.load(SLOT + i)
     group = s * num_layers + layer
     selected = tl.load(SELECTED + group) != 0
     last = _last_row(i, s, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, MODE, FROM_LENGTHS)
+    if KEEPS_TOPK:
+        _close_topk(s, group, selected, last, PREFILL_OPEN, PENDING_HITS, PREV_HITS, CHURN_EMA,
+                    EXPLORE_SHARE, CONSTANTS, max_next_n, n_blocks, hits_row, EXPLORE_CHURN,
+                    BLOCK)
+    if ADAPT:
+        decode = selected & (tl.load(PREFILL_OPEN + s) == 0)
+        _close_adapt(group, decode, last, ADDITIONS_GAIN, GAIN_STEPS, GAIN, EXPLORE_YIELD,
+                     EXPLORE_SHARE, ADAPT_CONSTANTS, max_next_n, gain_warmup)
+
+
+@triton.jit
+def _close_topk(s, group, selected, last, PREFILL_OPEN, PENDING_HITS, PREV_HITS, CHURN_EMA,
+                EXPLORE_SHARE, CONSTANTS, max_next_n, n_blocks, hits_row,
+                EXPLORE_CHURN: tl.constexpr, BLOCK: tl.constexpr):
+    """The last top-k from the newest replayed row, and explore_churn's churn EMA and share."""
     newest = PENDING_HITS + (group * max_next_n + last) * hits_row
     prev = PREV_HITS + group * n_blocks
     now = tl.zeros((), tl.int64)
@@ -216,16 +235,46 @@ def close_kernel(SLOT, ACCEPTED, SEQ_LENS, QUERY_LENS, OPENED, OPEN_NEXT_N, SELE
         tl.store(EXPLORE_SHARE + group, tl.where(ema < 0, 0.0, ratio * scale))
 
 
+@triton.jit
+def _close_adapt(group, decode, last, ADDITIONS_GAIN, GAIN_STEPS, GAIN, EXPLORE_YIELD,
+                 EXPLORE_SHARE, ADAPT_CONSTANTS, max_next_n, gain_warmup):
+    """adapt at the commit of a decode step (_adapt.apply's float64 operations in its order):
+    the additions' gain EMA from the newest replayed row's gain (NaN: none measured), the
+    exploration share from row 0's yield — up at once, down by `fall` of the move, clamped."""
+    step, floor = tl.load(ADAPT_CONSTANTS), tl.load(ADAPT_CONSTANTS + 1)
+    ceiling, fall = tl.load(ADAPT_CONSTANTS + 2), tl.load(ADAPT_CONSTANTS + 3)
+    weight = tl.load(ADAPT_CONSTANTS + 4)
+    gain = tl.load(GAIN + group * max_next_n + last)
+    old = tl.load(ADDITIONS_GAIN + group)
+    moved = (1.0 - weight) * old + weight * gain
+    measured = decode & (gain == gain)
+    tl.store(ADDITIONS_GAIN + group, tl.where(measured, moved, old))
+    steps = tl.load(GAIN_STEPS + group)
+    tl.store(GAIN_STEPS + group, tl.where(measured, tl.minimum(steps + 1, gain_warmup), steps))
+    slots = tl.load(EXPLORE_YIELD + group * 4)
+    novel = tl.load(EXPLORE_YIELD + group * 4 + 1)
+    margin = tl.load(EXPLORE_YIELD + group * 4 + 2)
+    margin_count = tl.load(EXPLORE_YIELD + group * 4 + 3)
+    rp = novel.to(tl.float64) / tl.maximum(slots, 1).to(tl.float64)
+    rm = margin.to(tl.float64) / tl.maximum(margin_count, 1).to(tl.float64)
+    share = tl.load(EXPLORE_SHARE + group)
+    both = tl.where(rp + rm > 0, rp + rm, 1.0)  # (0: no move; a 1 keeps the division finite)
+    target = tl.minimum(tl.maximum(share + (step * (rp - rm)) / both, floor), ceiling)
+    moved_share = tl.where(target >= share, target, share + fall * (target - share))
+    use = decode & (slots > 0) & (margin_count > 0) & (rp + rm > 0)
+    tl.store(EXPLORE_SHARE + group, tl.where(use, moved_share, share))
+
+
 def close(spec, tables, state, S, rows):
-    """close_kernel over the batch's slots S and every layer (needs the hits kept:
-    spec.keeps_topk)."""
+    """close_kernel over the batch's slots S and every layer (spec.keeps_topk or spec.adapt)."""
     row_args, constexprs = _rows_args(spec, state, rows)
     _per_slot_and_layer(
         close_kernel, spec, S, S, *row_args, state.selected.view(torch.uint8),
         state.prefill_open.view(torch.uint8), state.pending_hits, state.prev_hits, state.churn_ema,
-        state.explore_share, tables.churn_constants, spec.num_layers, spec.max_next_n,
-        spec.max_blocks, spec.hits_row,
-        EXPLORE_CHURN=spec.explore_churn,
+        state.explore_share, tables.churn_constants, state.additions_gain, state.gain_steps,
+        state.gain, state.explore_yield, tables.adapt_constants, spec.num_layers, spec.max_next_n,
+        spec.max_blocks, spec.hits_row, GAIN_WARMUP,
+        KEEPS_TOPK=spec.keeps_topk, EXPLORE_CHURN=spec.explore_churn, ADAPT=spec.adapt,
         **constexprs)
 
 
@@ -255,9 +304,10 @@ def finish(spec, state, S):
 
 @triton.jit(do_not_specialize=["layer", "pad_slot"])
 def prefill_open_kernel(SLOT, SEQ_LENS, SELECTED, PREFILL_OPEN, OPEN_NEXT_N, OPENED, VISIBLE,
-                        PENDING_X, PENDING_HITS, ROW0_SUM, ROW0_COUNT, layer, pad_slot, num_layers,
-                        n_blocks, max_next_n, n_buckets, hits_row, compress_ratio, max_entries,
-                        BLOCK: tl.constexpr, HITS: tl.constexpr):
+                        PENDING_X, PENDING_HITS, ROW0_SUM, ROW0_COUNT, GAIN, EXPLORE_YIELD, layer,
+                        pad_slot, num_layers, n_blocks, max_next_n, n_buckets, hits_row,
+                        compress_ratio, max_entries, BLOCK: tl.constexpr, HITS: tl.constexpr,
+                        ADAPT: tl.constexpr):
     """A prefill opens its step for (slot, layer), one program per batch row: a select's opening
     (the select kernel's _open_step, a step of one row) — a prefill step, measuring no churn at
     its commit — and the row's visible entries (len // compress_ratio, capped)."""
@@ -266,8 +316,8 @@ def prefill_open_kernel(SLOT, SEQ_LENS, SELECTED, PREFILL_OPEN, OPEN_NEXT_N, OPE
     group = s * num_layers + layer
     seq_len = tl.load(SEQ_LENS + i).to(tl.int64)
     _open_step(s, group, seq_len, i >= 0, SELECTED, OPEN_NEXT_N, OPENED, PENDING_X, PENDING_HITS,
-               ROW0_SUM, ROW0_COUNT, pad_slot, n_blocks, n_buckets, max_next_n, hits_row, 1,
-               BLOCK, HITS)
+               ROW0_SUM, ROW0_COUNT, GAIN, EXPLORE_YIELD, pad_slot, n_blocks, n_buckets,
+               max_next_n, hits_row, 1, BLOCK, HITS, ADAPT)
     tl.store(PREFILL_OPEN + s, 1)
     tl.store(VISIBLE + group * max_next_n, tl.minimum(tl.maximum(seq_len, 0) // compress_ratio,
                                                      max_entries))
@@ -297,9 +347,11 @@ def prefill_open(spec, state, S, layer, seq_lens):
     prefill_open_kernel[(S.shape[0],)](
         S, seq_lens, state.selected.view(torch.uint8), state.prefill_open.view(torch.uint8),
         state.open_next_n, state.opened, state.visible, state.pending_x, state.pending_hits,
-        state.row0_sum, state.row0_count, layer, spec.pad_slot, spec.num_layers, spec.max_blocks,
-        spec.max_next_n, spec.n_buckets, spec.hits_row, spec.compress_ratio, spec.max_entries,
-        BLOCK=triton.next_power_of_2(max(spec.max_blocks, 16)), HITS=spec.needs_hits, num_warps=4)
+        state.row0_sum, state.row0_count, state.gain, state.explore_yield, layer, spec.pad_slot,
+        spec.num_layers, spec.max_blocks, spec.max_next_n, spec.n_buckets, spec.hits_row,
+        spec.compress_ratio, spec.max_entries,
+        BLOCK=triton.next_power_of_2(max(spec.max_blocks, 16)), HITS=spec.needs_hits,
+        ADAPT=spec.adapt, num_warps=4)
 
 
 def prefill_offsets(spec, state, S, layer):

@@ -6,14 +6,14 @@ library's src/predict/pooling.cpp and block_state.cpp are the reference of both.
 
 import torch
 
-from . import _select
+from . import _adapt, _select
 from ._paging import remap
 from ._paging import topk as _exact_topk
 from ._state import SlotUpdate, blocks_for_entries
 
 
 def observe(spec, tables, state, S, layer, next_n, scored, topk, blocks, positions,
-            observe_kernel, chunk_blocks):
+            observe_kernel, chunk_blocks, radix=False):
     """Serving.observe_scored's work, its arguments checked: one launch with the kernel (where
     the top-k is given and a block's entries are a power of two), else torch ops."""
     rows = scored.shape[0]
@@ -21,7 +21,7 @@ def observe(spec, tables, state, S, layer, next_n, scored, topk, blocks, positio
     E_pow2 = E & (E - 1) == 0
     if observe_kernel is not None and topk is not None and E_pow2 and rows > 0:
         observe_kernel.launch(spec, tables, state, S, layer, next_n, scored, topk, blocks,
-                              positions, chunk_blocks=chunk_blocks)
+                              positions, chunk_blocks=chunk_blocks, measure=True, radix=radix)
         return
     visible = state.visible[S, layer, :next_n].reshape(-1)
     if topk is not None:
@@ -32,6 +32,8 @@ def observe(spec, tables, state, S, layer, next_n, scored, topk, blocks, positio
     values = scored[:, :spec.width * E].reshape(rows, spec.width, E)
     x, hits = _pool(values, blocks, visible, topk, k, E, spec.config["pooling"],
                     _row_rank(spec, tables, visible))
+    if spec.adapt:  # before row 0 moves the state (_adapt.py)
+        _adapt.measure(spec, tables, state, S, layer, next_n, blocks, hits)
     _store_pending(spec, tables, state, S, layer, next_n, blocks, x, hits, visible)
 
 

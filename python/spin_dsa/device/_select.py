@@ -9,8 +9,8 @@ import torch
 
 from . import _hash
 from ._paging import visible_entries
-from ._state import (FLT_MAX, INT64_MAX, RECENT_BASE, TOPK_FIRST_BASE, TOPK_HITS_CAP, UNKNOWN_BASE,
-                     blocks_for_entries)
+from ._state import (FLT_MAX, GAIN_WARMUP, INT64_MAX, RECENT_BASE, TOPK_FIRST_BASE, TOPK_HITS_CAP,
+                     UNKNOWN_BASE, blocks_for_entries)
 
 
 def row_visible(spec, seq_lens, next_n):
@@ -67,6 +67,9 @@ def open_step(spec, tables, state, S, S_g, L_g, seq_lens, next_n, visible):
     state.row0_count.index_put_((S_g, L_g), tables.zero_count)
     if spec.needs_hits:
         state.pending_hits.index_put_((S_g, L_g), tables.zero_hits)
+    if spec.adapt:  # nothing measured yet (observe measures, _adapt.py)
+        state.gain.index_put_((S_g, L_g), tables.nan64)
+        state.explore_yield.index_put_((S_g, L_g), tables.zero_sum)
     state.open_next_n.index_fill_(0, S, next_n)
     state.opened[S] = seq_lens.long() - next_n
     state.opened[spec.pad_slot:].fill_(0)
@@ -83,27 +86,41 @@ def _mark_selected(spec, tables, state, S, L):
 def _choose(spec, tables, state, S, layer, n):
     """[batch, next_n, N] each row's set: forced, then exploration, then the highest rank."""
     b = tables.block_ids
-    n3 = n.unsqueeze(-1)
-    valid = b < n3
-    forced = valid & ((b < int(spec.config["sink_blocks"]))
-                      | (b >= n3 - int(spec.config["local_blocks"])))
-    candidate = valid & ~forced
-    chosen = forced
+    valid, candidate = candidates(spec, b, n)
+    chosen = valid & ~candidate  # forced
     n_explore, n_history = _explore_counts(spec, tables, state, S, layer, n)
     if spec.fill == "random" or spec.explores:
         key = _explore_keys(spec, tables, state, S, layer)
         picked = _smallest(key.unsqueeze(1), candidate, n_explore)
         chosen, candidate = chosen | picked, candidate & ~picked
     if spec.fill == "ranked":
-        key = _rank_keys(_rank(spec, tables, state, S, layer, n), b)
-        chosen = chosen | _smallest(key, candidate, n_history)
+        p = _rank(spec, tables, state, S, layer, n, keeps_additions(spec, state, S, layer))
+        chosen = chosen | _smallest(_rank_keys(p, b), candidate, n_history)
     return torch.where(tables.keep_all[n].unsqueeze(-1), valid, chosen)
 
 
+def candidates(spec, block_ids, n):
+    """([..., N] the blocks rows of n blocks see, [..., N] those of them not forced)."""
+    n3 = n.unsqueeze(-1)
+    valid = block_ids < n3
+    forced = valid & ((block_ids < int(spec.config["sink_blocks"]))
+                      | (block_ids >= n3 - int(spec.config["local_blocks"])))
+    return valid, valid & ~forced
+
+
+def keeps_additions(spec, state, S, layer):
+    """Whether spin's additions apply to each group's ranking: always, or with adapt where the
+    layer's measured gain is ≥ 0 or not yet measured on GAIN_WARMUP steps ([batch] bool;
+    PredictorBase::keeps_additions)."""
+    if not spec.adapt:
+        return True
+    return (state.additions_gain[S, layer] >= 0.0) | (state.gain_steps[S, layer] < GAIN_WARMUP)
+
+
 def _explore_counts(spec, tables, state, S, layer, n):
-    """[batch, next_n] exploration and history counts: the tables', or with explore_churn
-    min(llround(share · budget), left) from each (slot, layer)'s share, as select_row."""
-    if not spec.explore_churn:
+    """[batch, next_n] exploration and history counts: the tables', or with explore_churn or
+    adapt min(llround(share · budget), left) from each (slot, layer)'s share, as select_row."""
+    if not (spec.explore_churn or spec.adapt):
         return tables.n_explore[n], tables.n_history[n]
     x = state.explore_share[S, layer].unsqueeze(1) * tables.budget[n].double()
     whole = torch.floor(x)
@@ -124,8 +141,10 @@ def _explore_keys(spec, tables, state, S, layer):
     return high * (1 << 32) + tables.block_ids
 
 
-def _rank(spec, tables, state, S, layer, n):
-    """[batch, next_n, N] float32 p[b] as the library's ema_rank / step-reuse rank them."""
+def _rank(spec, tables, state, S, layer, n, additions=True):
+    """[batch, next_n, N] float32 p[b] as the library's ema_rank / step-reuse rank them;
+    additions (True, False or [batch] bool): where spin's additions — the recency window, the
+    last top-k first — apply (predictor_ema.cpp add_additions)."""
     d = (n.unsqueeze(-1) - 1 - tables.block_ids).clamp(min=0)
     unknown = UNKNOWN_BASE - d.to(torch.float32)
     if spec.keeps_topk:
@@ -150,11 +169,16 @@ def _rank(spec, tables, state, S, layer, n):
         else:  # w·s + (1-w)·o, each operation rounded to float32 as the library does
             both = tables.w * slot + tables.one_minus_w * offset
         p = torch.where(known_slot & known_offset, both, p)
+    if additions is False:
+        return p
+    # Where the additions apply: everywhere, or a group's mask (a device tensor; a Python bool
+    # made a tensor here would be a host-to-device copy, which a CUDA graph cannot capture).
+    on = True if additions is True else additions.view(-1, *([1] * (p.dim() - 1)))
     if spec.recent > 0:  # kRecentBase - distance, newest first (predictor_ema.cpp)
-        p = torch.where(d < spec.recent, RECENT_BASE - d.to(torch.float32), p)
+        p = torch.where((d < spec.recent) & on, RECENT_BASE - d.to(torch.float32), p)
     if spec.topk_first:  # above every p, most hits first, ties by p (kTopkFirstBase, predictor_ema.cpp)
         raised = (TOPK_FIRST_BASE + hits.clamp(max=TOPK_HITS_CAP).to(torch.float32)) + hit_tie_level(p)
-        p = torch.where(hits > 0, raised, p)
+        p = torch.where((hits > 0) & on, raised, p)
     return p
 
 

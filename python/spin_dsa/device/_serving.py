@@ -64,10 +64,6 @@ def _refuse_host_only_options(c):
     if c["budget_moves"] != "none":
         raise spin_dsa.InvalidArgument(
             f"spin_dsa.device: budget_moves={c['budget_moves']} is host-only; use none")
-    if c["adapt"] != 0:
-        raise spin_dsa.InvalidArgument(
-            "spin_dsa.device: adapt=1 is host-only (the commit kernel does not measure a "
-            "layer's exploration yield and ranking gain yet); use 0")
 
 
 class Serving:
@@ -265,7 +261,8 @@ class Serving:
         if positions is not None:
             self._check_positions(positions, topk, rows, k)
         _observe.observe(self.spec, self.tables, self.state, S, layer, next_n, scored, topk, blocks,
-                         positions, self._observe_kernel, self.observe_chunk_blocks)
+                         positions, self._observe_kernel, self.observe_chunk_blocks,
+                         self.kth_search == "radix")
 
     def _check_positions(self, positions, topk, rows, k):
         if topk is None:

@@ -41,6 +41,8 @@ RECENT_BASE = _LIB["recent_base"]  # recent_blocks' blocks rank at 2^19 - distan
 UNKNOWN_BASE = _LIB["unknown_base"]  # a block nothing is known about ranks at -2 - distance
 TOPK_HITS_CAP = _LIB["topk_hits_cap"]  # hits capped at 2^20 - 1 under topk_first
 CHURN_KEEP, CHURN_WEIGHT = _LIB["churn_ema_keep"], _LIB["churn_ema_weight"]  # the churn EMA
+GAIN_WEIGHT = _LIB["additions_gain_weight"]  # adapt: the additions' gain EMA
+GAIN_WARMUP = _LIB["additions_gain_warmup"]  # ... acted on after this many measured steps
 FLT_MAX = float(np.finfo(np.float32).max)
 INT64_MAX = (1 << 63) - 1
 
@@ -79,8 +81,9 @@ class Spec:
     step_reuse: bool
     topk_first: bool           # spin ranks the last top-k's blocks first
     explore_churn: bool        # spin scales exploration by the top-k's churn
+    adapt: bool                # spin adapts each layer's share and additions (config adapt=1)
     recent: int                # recent_blocks: the newest blocks rank right after those
-    share0: float              # the exploration share until a layer has measured its churn
+    share0: float              # a layer's exploration share before it measured anything
     keeps_topk: bool           # the last top-k's hits are read at select
     needs_hits: bool           # ... or pooled (topk-hits)
     ages: bool                 # stalest exploration orders by last_seen's step
@@ -126,7 +129,11 @@ class Tables:
     w: torch.Tensor
     one_minus_w: torch.Tensor
     churn_constants: torch.Tensor  # keep, weight, explore_ratio, explore_churn (float64)
+    # adapt's float64 operands: its share's step, floor and ceiling (each times explore_ratio, as
+    # the library multiplies them), its fall, the additions' gain weight.
+    adapt_constants: torch.Tensor
     nan: torch.Tensor          # binary16: empties pending_x
+    nan64: torch.Tensor        # float64: empties gain
     true: torch.Tensor
     zero_hits: torch.Tensor
     zero_sum: torch.Tensor
@@ -158,7 +165,8 @@ def build(predictor, config, max_requests, num_layers, max_entries, max_next_n, 
     # Max pooling's rank per block count (PredictorConfig::pool_depth; 1 outside spin's family).
     rank = t["pool_rank"] if explores else np.ones_like(budget)
     topk_first = explores and c["topk_first"] == 1
-    explore_churn = explores and c["explore_churn"] > 0
+    adapt = explores and c["adapt"] == 1
+    explore_churn = explores and c["explore_churn"] > 0 and not adapt  # adapt has its own share
     keeps_topk = step_reuse or topk_first or explore_churn
     needs_hits = keeps_topk or c["pooling"] == "topk-hits"
     # A block holds at most min(topk, block entries) of a top-k: the narrowest integer that
@@ -175,7 +183,7 @@ def build(predictor, config, max_requests, num_layers, max_entries, max_next_n, 
         block_entries=block_entries, max_blocks=n_max,
         width=min(n_max, int(max_next_n) * widest), n_buckets=len(t["bucket_lo"]),
         fill=fill, use_slot=use_slot, use_offset=use_offset, explores=explores,
-        step_reuse=step_reuse, topk_first=topk_first, explore_churn=explore_churn,
+        step_reuse=step_reuse, topk_first=topk_first, explore_churn=explore_churn, adapt=adapt,
         recent=int(c["recent_blocks"]) if explores else 0,
         share0=0.0 if explore_churn else float(c["explore_ratio"]),
         keeps_topk=keeps_topk, needs_hits=needs_hits,
@@ -204,12 +212,21 @@ def build(predictor, config, max_requests, num_layers, max_entries, max_next_n, 
         churn_constants=torch.tensor(  # the close kernel's float64 operands
             [CHURN_KEEP, CHURN_WEIGHT, float(c["explore_ratio"]),
              float(c["explore_churn"]) or 1.0], dtype=torch.float64, device=dev),
+        adapt_constants=torch.tensor(_adapt_constants(float(c["explore_ratio"])),
+                                     dtype=torch.float64, device=dev),
         nan=torch.full((), float("nan"), dtype=torch.float16, device=dev),
+        nan64=torch.full((), float("nan"), dtype=torch.float64, device=dev),
         true=torch.ones((), dtype=torch.bool, device=dev),
         zero_hits=torch.zeros((), dtype=hits_dtype, device=dev),
         zero_sum=torch.zeros((), dtype=torch.int64, device=dev),
         zero_count=torch.zeros((), dtype=torch.int32, device=dev))
     return spec, tables
+
+
+def _adapt_constants(ratio):
+    """Tables.adapt_constants: products in float64, as the library's commit forms them."""
+    return [_LIB["explore_share_step"] * ratio, _LIB["explore_share_floor"] * ratio,
+            _LIB["explore_share_ceiling"] * ratio, _LIB["explore_share_fall"], GAIN_WEIGHT]
 
 
 @dataclass
@@ -221,7 +238,9 @@ class State:
     offset_count: torch.Tensor   # [R, L, K] int32
     prev_hits: torch.Tensor      # [R, L, N] hits_dtype (N = 0 where nothing reads them)
     churn_ema: torch.Tensor      # [R, L] float64: explore_churn's top-k churn EMA, -1 unmeasured
-    explore_share: torch.Tensor  # [R, L] float64: the exploration share it gives
+    explore_share: torch.Tensor  # [R, L] float64: the exploration share (explore_churn's or adapt's)
+    additions_gain: torch.Tensor  # [R, L] float64: adapt's gain EMA of spin's additions (< 0: off,
+    gain_steps: torch.Tensor      # [R, L] int32: once measured on GAIN_WARMUP steps, counted here)
     # The open step. Row 0 is replayed in every mtp_update mode, so observe applies its slot EMA
     # at once (nothing reads a (slot, layer)'s state between its observe and the commit) and
     # keeps its offset observations as fixed-point sums per bucket, which commit applies in the
@@ -234,6 +253,13 @@ class State:
     pending_x: torch.Tensor      # [R, L, J - 1, N + 1] binary16
     pending_hits: torch.Tensor   # [R, L, J, hits_row] hits_dtype
     pending_newest: torch.Tensor  # [R, L, J] int64: each row's newest block
+    # adapt's measurements of the open step, taken at observe from the state select read (before
+    # row 0 moves it; commit reads them): each row's gain of the additions (NaN: none measured),
+    # and row 0's exploration yield — the blocks explored, the top-k hits of the novel ones
+    # (those history would not have picked), those of as many of history's lowest picks, and
+    # how many those are (0 where nothing was recorded).
+    gain: torch.Tensor           # [R, L, J] float64 (J = 0 without adapt)
+    explore_yield: torch.Tensor  # [R, L, 4] int64 (4 = 0 without adapt)
     selected: torch.Tensor       # [R, L] bool: layers selected in the open step
     prefill_open: torch.Tensor   # [R] bool: the open step is a prefill (no churn measured)
     open_next_n: torch.Tensor    # [R] int64: the open step's rows
@@ -259,11 +285,15 @@ class State:
             prev_hits=full((R, L, hits_blocks), 0, spec.hits_dtype),
             churn_ema=full((R, L), -1.0, torch.float64),
             explore_share=full((R, L), spec.share0, torch.float64),
+            additions_gain=full((R, L if spec.adapt else 0), 0.0, torch.float64),
+            gain_steps=full((R, L if spec.adapt else 0), 0, torch.int32),
             row0_sum=full((R, L, K), 0, torch.int64),
             row0_count=full((R, L, K), 0, torch.int32),
             pending_x=full((R, L, J - 1, N + 1), float("nan"), torch.float16),
             pending_hits=full((R, L, J, spec.hits_row), 0, spec.hits_dtype),
             pending_newest=full((R, L, J), 0, torch.int64),
+            gain=full((R, L, J if spec.adapt else 0), float("nan"), torch.float64),
+            explore_yield=full((R, L, 4 if spec.adapt else 0), 0, torch.int64),
             selected=full((R, L), False, torch.bool),
             prefill_open=full((R,), False, torch.bool),
             open_next_n=full((R,), 1, torch.int64),
@@ -277,7 +307,7 @@ class State:
         for t, v in ((self.slot_ema, float("nan")), (self.last_seen, -1), (self.offset_ema, 0.0),
                      (self.offset_count, 0), (self.prev_hits, 0), (self.selected, False),
                      (self.step, 0), (self.churn_ema, -1.0), (self.explore_share, share0),
-                     (self.prefill_open, False)):
+                     (self.additions_gain, 0.0), (self.gain_steps, 0), (self.prefill_open, False)):
             t[slot].fill_(v)
 
     @property

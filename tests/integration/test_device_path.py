@@ -393,14 +393,19 @@ def test_verify_ranks_proves_agreement_and_stops_on_divergence(model_dir, tmp_pa
             assert r.startswith("raised: spin: tensor-parallel ranks selected different blocks at step"), r
 
 
-def _first_step_runs_dense(model_dir, monkeypatch, **spin):
-    """A plugin with these settings; its first step (two requests) must be vLLM's own dense
-    decode, layer by layer. (world, runtime, the plugin's function)."""
+def _contexts(world, s):
+    return [int(t.ctx_len[s]) for t in world.traces]
+
+
+def _first_step_runs_dense(model_dir, monkeypatch, contexts=False, **spin):
+    """A plugin with these settings; its first step (two requests; the runner's contexts with
+    them if asked) must be vLLM's own dense decode, layer by layer. (world, runtime, the
+    plugin's function)."""
     world = World(model_dir, 1, spin=dict(SPIN, **spin))
     rt = world.build()
     dense = _vllm_function(monkeypatch, world)
     fn = spin_dsa.vllm.wrap_indexer_function(dense)
-    rt.begin_step(["a", "b"], [1, 1], [])
+    rt.begin_step(["a", "b"], [1, 1], [], _contexts(world, 0) if contexts else None)
     for l in range(LAYERS):
         assert torch.equal(world.call(fn, (0, 1), 0, l), world.call(dense, (0, 1), 0, l))
         assert world.asked[-1][2] == MAX_LEN  # vLLM's dense call: the full width
@@ -412,6 +417,8 @@ def test_more_requests_than_slots_run_dense_and_are_counted(model_dir, monkeypat
     top-k as spin off), counted; once one request leaves, the other decodes with spin again."""
     world, rt, fn = _first_step_runs_dense(model_dir, monkeypatch, max_requests=1)
     assert rt.stats()["no_slot_steps"] == 1 and rt.stats()["max_requests"] == 1
+    rt.add("c")  # the runner hook's add of one more new request: no slot free, no error
+    rt.drop("c")
     rt.drop("a")
     rt.begin_step(["b"], [1], [])
     world.asked.clear()
@@ -420,16 +427,60 @@ def test_more_requests_than_slots_run_dense_and_are_counted(model_dir, monkeypat
     assert rt.stats()["no_slot_steps"] == 1
 
 
+def test_the_state_is_sized_by_the_bound_kv_cache(model_dir):
+    """max_requests unset: as many slots as the bound indexer cache holds requests of half
+    min_context (each may need one at once), at most max_num_seqs; allocated at the first step,
+    not at load (vLLM binds its caches after it has sized them)."""
+    from spin_dsa.vllm.device_path import cache_entries, long_context_slots
+    world = World(model_dir, 1, spin=dict(SPIN, min_context=1024))
+    rt = world.build()
+    assert rt.slots is None  # at load: only the one-slot geometry
+    rt.begin_step(["a"], [1], [], [4000])
+    entries = world.paged[0][0].shape[0] * PAGE
+    assert cache_entries(world.paged[0][0]) == entries == cache_entries([world.paged[0][0]])
+    seqs = world.vc.scheduler_config.max_num_seqs
+    assert 1 < entries // 512 < seqs  # the cache, not max_num_seqs, decides here
+    assert rt.stats()["max_requests"] == entries // 512 == rt.serving.spec.max_requests
+    assert long_context_slots(10**9, 512, seqs) == seqs  # never above max_num_seqs
+    assert long_context_slots(100, 512, seqs) == 1
+    assert long_context_slots(entries, 0, seqs) == seqs  # min_context 0: every request
+    assert cache_entries(torch.tensor([])) is None  # unbound: DEFAULT_MAX_REQUESTS
+
+
+def test_short_requests_hold_no_state_and_keep_every_block(model_dir, monkeypatch):
+    """min_context 4000 (a slot from 2000 tokens): a request said to be at 1000 tokens takes no
+    slot and is not counted as lacking one; its row rides the pad slot and keeps every block
+    (vLLM's dense top-k), while spin selects for the long request beside it."""
+    world = World(model_dir, 1, spin=dict(SPIN, min_context=4000))
+    rt = world.build()
+    dense = _vllm_function(monkeypatch, world)
+    fn = spin_dsa.vllm.wrap_indexer_function(dense)
+    rt.begin_step(["a", "b"], [1, 1], [], [1000, 4501])
+    assert "a" not in rt.slots and "b" in rt.slots
+    for l in range(LAYERS):
+        got = world.call(fn, (0, 1), 0, l)
+        assert world.asked[-1][2] == rt.width_entries  # spin's compacted call, not a fallback
+        want = world.call(dense, (0, 1), 0, l)
+        assert _sets(got)[0] == _sets(want)[0]
+    assert rt.stats()["no_slot_steps"] == 0 and rt.stats()["requests_with_state"] == 1
+    rt.begin_step(["a", "b"], [1, 1], [], [2000, 4502])  # a reached half of min_context
+    assert "a" in rt.slots
+
+
 def test_a_step_of_short_rows_runs_vllms_dense_decode_unless_captured(model_dir, monkeypatch):
     """min_context above every row: an eager step skips spin's chain (vLLM's own result, counted
-    once a step); a step being captured keeps the sparse path (a replay cannot branch)."""
+    once a step); a step being captured keeps the sparse path (a replay cannot branch). The
+    row under half of min_context (3000 tokens of 8192) takes no slot and is never counted as
+    lacking one; the one above it (4500) has one, its state warming while it is short."""
     import spin_dsa.vllm.device_path as dp
-    world, rt, fn = _first_step_runs_dense(model_dir, monkeypatch, min_context=MAX_LEN)
-    assert rt.stats()["short_steps"] == 1
+    world, rt, fn = _first_step_runs_dense(model_dir, monkeypatch, contexts=True,
+                                           min_context=MAX_LEN)
+    assert rt.stats()["short_steps"] == 1 and rt.slots.ids() == ["b"]
     monkeypatch.setattr(dp, "_capturing", lambda device: True)
-    rt.begin_step(["a", "b"], [1, 1], [])
+    rt.begin_step(["a", "b"], [1, 1], [], _contexts(world, 1))
     world.call(fn, (0, 1), 1, 0)
     assert world.asked[-1][2] == rt.width_entries and rt.stats()["short_steps"] == 1
+    assert rt.stats()["no_slot_steps"] == 0
 
 
 def test_the_mtp_drafters_indexer_stays_vllms(model_dir):
@@ -583,11 +634,12 @@ def test_the_v2_runners_model_state_reports_each_batch(model_dir, monkeypatch):
     batch.num_scheduled_tokens = np.array([1, 5, 3], np.int32)
     batch.num_computed_prefill_tokens_np = np.array([40, 10, 0], np.int32)
     batch.prefill_len_np = np.array([40, 15, 100], np.int32)  # r1's prompt ends now, r2's not
+    batch.num_computed_tokens_np = np.array([40, 10, 0], np.int32)
     seen = []
     monkeypatch.setattr(rt, "begin_step", lambda *a: seen.append(a))
     ms.preprocess_state(batch, None, None, None)
     assert ms.calls == [("preprocess", 3)]
-    assert seen == [(["r0", "r1", "r2"], [1, 5, 3], [1])]
+    assert seen == [(["r0", "r1", "r2"], [1, 5, 3], [1], [41, 15, 3])]
     rt.add("r0")
     ms.remove_request("r0")
     assert "r0" not in rt.slots and ms.calls[-1] == ("remove", "r0")

@@ -192,6 +192,8 @@ def _check(r):
                     cold_pending.discard(x)
             assert extra[1] == want, (i, extra[1], want, ids, s["reqs"])
             prompt_ends += len(want)
+        if len(extra) >= 3:  # each row's context once the step is done: who needs a slot
+            assert extra[2] == [s["reqs"][x][0] + s["tokens"][x] for x in ids], (i, extra[2])
         # prefill / decode mix, chunking and speculative drafts
         unsorted += ids != sorted(ids)
         kinds_in_batch = {row[3] for row in st["batch"]}
@@ -263,13 +265,15 @@ def _check_v2(r):
             assert begins == [], (i, begins)
             continue
         assert len(begins) == 1, (i, st["hook"])
-        ids, (scheduled, ends) = begins[0][1], begins[0][2]
+        ids, (scheduled, ends, *context) = begins[0][1], begins[0][2]
         assert ids == [row[0] for row in st["batch"]], (i, ids, st["batch"])
         assert sorted(ids) == sorted(s["tokens"]), (i, ids, s["tokens"])
         assert scheduled == [s["tokens"][x] for x in ids], (i, scheduled, s["tokens"])
         assert not (set(ids) & must_drop), f"step {i}: batched before its drop: {must_drop}"
         want = [j for j, x in enumerate(ids) if _prefill_ends(s, x)]
         assert ends == want, (i, ends, want)
+        if context and context[0] is not None:  # vLLM's batch has num_computed_tokens_np
+            assert context[0] == [s["reqs"][x][0] + s["tokens"][x] for x in ids], (i, context)
         prompt_ends += len(ends)
         unsorted += ids != sorted(ids)
         for p in s["preempted"] + s["finished"]:

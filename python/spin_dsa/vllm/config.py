@@ -13,11 +13,14 @@ Keys (anything else is an error, so a typo never silently turns spin off):
 - ``config`` (dict or "key=value ..."): PredictorConfig fields (``spin_dsa.default_config()``);
   ``page_size`` and ``topk`` are set from the model and cannot be given.
 - ``max_requests`` (int): slots spin keeps state for; default vLLM's max_num_seqs on the CPU
-  path, at most 256 on the GPU path (device_path.DEFAULT_MAX_REQUESTS: the state of 1,024 slots
-  took 3.4–4.9 GiB per GPU at 160K). A GPU step with more requests than slots runs vLLM's dense
-  decode when it runs eagerly, and is counted (``no_slot_steps``); it never raises. Under FULL
-  CUDA graphs a replay cannot switch: the rows without a slot select from the pad slot's state,
-  which stays empty (exploration and the newest blocks).
+  path. On the GPU path a request takes a slot once its context reaches half ``min_context``
+  (shorter rows keep every block and need no state), and the default is as many slots as the
+  bound KV cache holds such requests, at most max_num_seqs (device_path.long_context_slots;
+  256 where no cache can be read), allocated at the first step. A GPU step with a long request
+  and no slot for it runs vLLM's dense decode when it runs eagerly, and is counted
+  (``no_slot_steps``); it never raises. Under FULL CUDA graphs a replay cannot switch: the
+  rows without a slot select from the pad slot's shared state (never a request's own; short
+  rows, which keep every block whatever it holds, observe into it too).
 - ``warm_start`` (bool, default true): a request's first decode step scores every block and is
   observed as its prefill (the prompt's own indexer row is inside vLLM's prefill kernel); false
   starts spin cold, selecting from an empty state.

@@ -50,10 +50,31 @@ logger = logging.getLogger("spin_dsa.vllm")
 #: Steps between the counters' log lines (the worker's log is where a served engine shows them).
 STATS_EVERY = 1000
 
-#: Slots the device path keeps state for unless max_requests says otherwise: vLLM's max_num_seqs
-#: (1,024 on an H200) sized it at 3.4–4.9 GiB per GPU at 160K (device_path_review.md G5), while a
-#: GPU holds far fewer long-context requests; a step with more requests than slots runs dense.
+#: Slots when the bound KV cache cannot be read (not bound yet, or a layout spin does not know):
+#: vLLM's max_num_seqs (1,024 on an H200) sized the state at 3.4–4.9 GiB per GPU at 160K
+#: (device_path_review.md G5), while a GPU holds far fewer long-context requests.
 DEFAULT_MAX_REQUESTS = 256
+
+
+def long_context_slots(cache_entries: int, slot_entries: int, max_num_seqs: int) -> int:
+    """How many requests of at least slot_entries indexer entries the KV cache holds at once (each
+    may need a slot at the same time), at most max_num_seqs and at least 1. Without prefix
+    sharing no more can need one; with it, the rest run dense and are counted."""
+    if slot_entries <= 0:
+        return int(max_num_seqs)
+    return max(1, min(int(max_num_seqs), int(cache_entries) // int(slot_entries)))
+
+
+def cache_entries(cache) -> int | None:
+    """Indexer entries a bound cache holds (pages × entries a page), or None while unbound: a
+    [pages, entries, 132] tensor, a list of them (vLLM's per-engine lists), or an object whose
+    ``kv_cache`` is one."""
+    cache = getattr(cache, "kv_cache", cache)
+    if isinstance(cache, (list, tuple)):
+        cache = cache[0] if cache else None
+    if not isinstance(cache, torch.Tensor) or cache.dim() != 3 or cache.numel() == 0:
+        return None
+    return int(cache.shape[0]) * int(cache.shape[1])
 
 
 class DeviceRuntime:
@@ -61,28 +82,36 @@ class DeviceRuntime:
 
     def __init__(self, cfg, *, num_layers: int, max_tokens: int, max_requests: int,
                  max_next_n: int, max_batch: int, page_size: int, topk: int,
-                 compress_ratio: int = 1, device="cuda", model: str = "vllm"):
+                 compress_ratio: int = 1, device="cuda", model: str = "vllm", cache=None):
+        """max_requests: vLLM's max_num_seqs, the most slots the state may get; cache: where the
+        indexer's KV cache will be bound (the first spin layer's ``k_cache``), read by bind()."""
         self.cfg = cfg
         self.num_layers, self.max_next_n = int(num_layers), int(max_next_n)
         self.page_size, self.topk = int(page_size), int(topk)
         self.compress_ratio = int(compress_ratio)
-        self.max_batch = int(max_batch)
-        self.slots = SlotTable(cfg.max_requests or min(int(max_requests), DEFAULT_MAX_REQUESTS))
+        self.max_batch, self.max_num_seqs = int(max_batch), int(max_requests)
+        self._cache = cache
         config = dict(cfg.config, page_size=self.page_size, topk=self.topk)
         block_entries = self.page_size * int(spin_dsa.check_config(config)["block_pages"])
-        self.serving = sd.Serving(self.slots.capacity, self.num_layers,
-                                  -(-int(max_tokens) // self.compress_ratio), cfg.predictor,
-                                  config, self.max_next_n, self.compress_ratio, device,
-                                  dense_blocks=int(cfg.min_context) // block_entries)
+        self._serving_args = (self.num_layers, -(-int(max_tokens) // self.compress_ratio),
+                              cfg.predictor, config, self.max_next_n, self.compress_ratio, device)
+        self._dense_blocks = int(cfg.min_context) // block_entries
+        # A one-slot Serving checks the settings at load and gives the geometry; the state is
+        # sized by bind(), once vLLM has sized its KV cache (before it captures any graph).
+        self.serving = sd.Serving(1, *self._serving_args, dense_blocks=self._dense_blocks)
+        self.slots = None
+        self._known: set[str] = set()  # requests added and not dropped, with a slot or not
+        # A request takes a slot once its context reaches half of min_context: its rows are
+        # still scored in full (dense_blocks) and observed until min_context, so its state is
+        # warm when selection starts; shorter requests need no state (every block is theirs).
+        self.slot_tokens = int(cfg.min_context) // 2 * self.compress_ratio
         self.device = self.serving.device
         self.block_entries = self.serving.block_entries
         self.width_entries = self.serving.width * self.block_entries
-        pad = self.serving.pad_slot
         i64 = dict(dtype=torch.int64, device=self.device)
         # Each batch row's slot and the tokens it schedules: one device buffer, written by one
         # non-blocking copy a step from pinned host memory (_Staging).
         self._step_rows = torch.zeros((2, self.max_batch), **i64)
-        self._step_rows[0].fill_(pad)
         self._rows, self._qlen = self._step_rows[0], self._step_rows[1]
         self._staging = _Staging((2, self.max_batch), torch.int64, self.device)
         self._prompt_index = torch.zeros((2, self.max_batch), **i64)  # warm start's rows, a step's
@@ -110,42 +139,83 @@ class DeviceRuntime:
 
     # -- lifecycle (the runner hook; host, outside any captured region) ------------------------
 
+    def bind(self, kv_cache=None):
+        """Allocates the state, once: cfg.max_requests slots, or as many as the bound KV cache
+        holds requests of slot_tokens (long_context_slots), or DEFAULT_MAX_REQUESTS where no
+        cache can be read. vLLM binds its caches before its first forward with attention
+        metadata, so the first spin layer (or the first step) finds it bound."""
+        if self.slots is not None:
+            return
+        entries = cache_entries(kv_cache if kv_cache is not None else self._cache)
+        if self.cfg.max_requests:
+            capacity, why = self.cfg.max_requests, "max_requests"
+        elif entries is None:
+            capacity, why = min(self.max_num_seqs, DEFAULT_MAX_REQUESTS), "no KV cache bound"
+        else:
+            slot_entries = self.slot_tokens // self.compress_ratio
+            capacity = long_context_slots(entries, slot_entries, self.max_num_seqs)
+            why = f"a KV cache of {entries} indexer entries, {slot_entries} a request"
+        self.slots = SlotTable(capacity)
+        self.serving = sd.Serving(capacity, *self._serving_args, dense_blocks=self._dense_blocks)
+        self._step_rows[0].fill_(self.serving.pad_slot)
+        logger.info("spin: state for %d requests (%s): %.1f MiB", capacity, why,
+                    self.serving.memory_bytes / 2**20)
+
     def add(self, request_id: str):
-        if request_id in self.slots:
-            self.drop(request_id)  # resumed after a preemption we did not see: start over
-        slot, key = self.slots.take(request_id)
-        self.serving.add(slot, key)
+        """A new or resumed request: it starts over (a slot is taken by begin_step, once its
+        context needs one)."""
+        self.bind()
+        self.drop(request_id)  # resumed after a preemption we did not see
+        self._known.add(request_id)
         if self.recorder is not None:
             self.recorder.on_add(request_id)
 
+    def _take_slot(self, request_id: str):
+        slot, key = self.slots.take(request_id)
+        self.serving.add(slot, key)
+
     def drop(self, request_id: str):
+        """A finished or preempted request; unknown ids are ignored."""
+        self.bind()
+        if request_id not in self._known:  # every slot's request is known (begin_step adds)
+            return
+        self._known.discard(request_id)
         slot = self.slots.release(request_id)
         if slot is not None:
             self.serving.drop(slot)
-            if self.recorder is not None:
-                self.recorder.on_drop(request_id, self.page_size, self.topk)
-                self._record_open.discard(request_id)
+        if self.recorder is not None:
+            self.recorder.on_drop(request_id, self.page_size, self.topk)
+            self._record_open.discard(request_id)
 
     def close(self):
         """Writes the traces of requests still recording (process exit)."""
-        for request_id in self.slots.ids():
+        for request_id in sorted(self._known):
             self.drop(request_id)
 
-    def begin_step(self, request_ids, scheduled=None, prompt_ends=None):
+    def begin_step(self, request_ids, scheduled=None, prompt_ends=None, context=None):
         """The batch in row order; scheduled[i]: tokens row i schedules this step; prompt_ends:
-        the rows whose prompt's last token is in this step (their first decode is next)."""
+        the rows whose prompt's last token is in this step (their first decode is next);
+        context[i]: the tokens row i has once this step is done (None: every row needs a slot)."""
+        self.bind()
         ids = [r for r in request_ids if r is not None]
         if len(ids) > self.max_batch:
             raise RuntimeError(f"spin: a batch of {len(ids)} requests exceeds max_num_seqs "
                                f"{self.max_batch}")
         for r in ids:
-            if r not in self.slots and len(self.slots) < self.slots.capacity:
+            if r not in self._known:  # MRV2's hook announces requests only by their batches
                 self.add(r)
-        # More requests than slots: this step runs vLLM's dense decode (counted), never raises;
-        # the requests without a slot get one when one frees. Under FULL CUDA graphs a replay
-        # cannot switch: their rows then use the pad slot's shared state (a budgeted selection,
-        # not dense) — raise max_requests if stats()["no_slot_steps"] grows.
-        self._no_slot = [i for i, r in enumerate(ids) if r not in self.slots]
+        needs = [self._needs_slot(r, None if context is None else context[i])
+                 for i, r in enumerate(ids)]
+        for r, need in zip(ids, needs):
+            if need and r not in self.slots and len(self.slots) < self.slots.capacity:
+                self._take_slot(r)
+        # A row that needs a slot and has none (more long requests than slots): this step runs
+        # vLLM's dense decode (counted), never raises; it gets one when one frees. Under FULL
+        # CUDA graphs a replay cannot switch: such rows then use the pad slot's shared state (a
+        # budgeted selection, not dense) — raise max_requests if stats()["no_slot_steps"] grows.
+        # Short rows without a slot use the pad slot too, and keep every block (dense_blocks).
+        self._no_slot = [i for i, (r, need) in enumerate(zip(ids, needs))
+                         if need and r not in self.slots]
         if self._no_slot:
             self.no_slot_steps += 1
         n = len(ids)
@@ -158,7 +228,7 @@ class DeviceRuntime:
         qlen = rows[1]
         ends = np.cumsum(qlen[:n]) - 1
         warm = prompt_ends if self.cfg.warm_start else ()
-        self._prompt_rows = [(i, int(ends[i])) for i in (warm or ()) if i < n and i not in self._no_slot]
+        self._prompt_rows = [(i, int(ends[i])) for i in (warm or ()) if i < n and ids[i] in self.slots]
         if self._prompt_rows:  # their batch and token rows, on the device once a step (not per layer)
             index = np.zeros((2, self.max_batch), np.int64)
             index[:, :len(self._prompt_rows)] = np.array(self._prompt_rows, np.int64).T
@@ -169,11 +239,18 @@ class DeviceRuntime:
         if self.steps % STATS_EVERY == 0:  # one device sync per STATS_EVERY steps
             logger.info("spin: %s", self.stats())
 
+    def _needs_slot(self, request_id, context) -> bool:
+        """Whether a request needs state: its context reached slot_tokens (or is unknown), or
+        it is being recorded (a trace reads its acceptance off its slot)."""
+        return (context is None or context >= self.slot_tokens
+                or (self.recorder is not None and self.recorder.recording(request_id)))
+
     # -- one indexer layer (inside the forward) ------------------------------------------------
 
     def indexer(self, layer: int, md, call, q_quant, weights, kv_cache):
         """Runs vLLM's indexer `call(metadata, max_model_len)` for this layer with spin choosing
         the decode rows' blocks; returns what vLLM's function returns."""
+        self.bind(kv_cache)
         if kv_cache.shape[1] != self.page_size:  # a host check on shapes: no sync
             raise RuntimeError(f"spin: the indexer cache has {kv_cache.shape[1]}-entry pages, "
                                f"vLLM's cache_config.block_size says {self.page_size}")
@@ -337,7 +414,8 @@ class DeviceRuntime:
         rows, scored, visible = (int(v) for v in self._counters.tolist())
         return {"steps": self.steps, "fallback_steps": self.fallback_steps,
                 "no_slot_steps": self.no_slot_steps, "short_steps": self.short_steps,
-                "max_requests": self.slots.capacity,
+                "max_requests": self.slots.capacity if self.slots is not None else None,
+                "requests_with_state": len(self.slots) if self.slots is not None else 0,
                 "decode_rows": rows,
                 "blocks_scored": scored, "blocks_visible": visible,
                 "scored_fraction": scored / visible if visible else 1.0}

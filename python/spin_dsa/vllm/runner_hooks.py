@@ -35,7 +35,18 @@ def _lifecycle_after(rt, out, runner):
         rt.add(req_id)
     ids = [r for r in runner.input_batch.req_ids if r is not None]
     scheduled = [int(out.num_scheduled_tokens.get(r, 0)) for r in ids]
-    rt.begin_step(ids, scheduled, prompt_ends(runner, ids, scheduled, set(fresh + resumed)))
+    rt.begin_step(ids, scheduled, prompt_ends(runner, ids, scheduled, set(fresh + resumed)),
+                  contexts(runner, ids, scheduled))
+
+
+def contexts(runner, ids, scheduled):
+    """The tokens each row has once this step is done (None where the runner does not know
+    the request: it then gets a slot, as a long one would)."""
+    out = []
+    for r, n in zip(ids, scheduled):
+        req = runner.requests.get(r)
+        out.append(None if req is None else int(req.num_computed_tokens) + n)
+    return out
 
 
 def prompt_ends(runner, ids, scheduled, added=frozenset()):
@@ -156,4 +167,6 @@ def begin_step_v2(rt, batch):
     scheduled = [int(x) for x in batch.num_scheduled_tokens[:n]]
     done, length = batch.num_computed_prefill_tokens_np[:n], batch.prefill_len_np[:n]
     ends = [i for i in range(n) if done[i] < length[i] <= done[i] + scheduled[i]]
-    rt.begin_step(ids, scheduled, ends)
+    computed = getattr(batch, "num_computed_tokens_np", None)  # not in every vLLM's batch
+    context = None if computed is None else [int(computed[i]) + scheduled[i] for i in range(n)]
+    rt.begin_step(ids, scheduled, ends, context)

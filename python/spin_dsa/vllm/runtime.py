@@ -225,9 +225,9 @@ class SpinRuntime:
     def slot(self, request_id: str) -> int:
         return self._slots[request_id]
 
-    def begin_step(self, request_ids, scheduled=None, prompt_ends=None):
-        """The batch's request ids in the runner's row order. The host
-        path reads neither the scheduled token counts nor the rows whose prompt ends (the device
+    def begin_step(self, request_ids, scheduled=None, prompt_ends=None, context=None):
+        """The batch's request ids in the runner's row order. The host path reads neither the
+        scheduled token counts, the rows whose prompt ends, nor the rows' contexts (the device
         path does: spin_dsa.vllm.device_path)."""
         self._batch = [r for r in request_ids if r is not None]
         for r in self._batch:

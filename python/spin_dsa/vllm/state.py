@@ -164,7 +164,7 @@ def _ensure_device_runtime(vc, cfg: SpinConfig, op):
             max_batch=int(vc.scheduler_config.max_num_seqs),
             page_size=page_entries(vc, op), topk=int(op.topk_tokens),
             compress_ratio=int(getattr(op, "compress_ratio", 1) or 1), device=device,
-            model=str(vc.model_config.model))
+            model=str(vc.model_config.model), cache=op.k_cache)
     except ValueError as e:  # spin_dsa's InvalidArgument/OutOfRange name the setting
         raise RuntimeError(f"spin: --additional-config spin cannot run on the device path: {e}") \
             from e

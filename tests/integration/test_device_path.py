@@ -427,15 +427,28 @@ def test_more_requests_than_slots_run_dense_and_are_counted(model_dir, monkeypat
     assert rt.stats()["no_slot_steps"] == 1
 
 
-def test_the_state_is_sized_by_the_bound_kv_cache(model_dir):
+def test_the_state_is_sized_by_the_real_kv_cache(model_dir, monkeypatch):
     """max_requests unset: as many slots as the bound indexer cache holds requests of half
-    min_context (each may need one at once), at most max_num_seqs; allocated at the first step,
-    not at load (vLLM binds its caches after it has sized them)."""
+    min_context (each may need one at once), at most max_num_seqs. Allocated when the runner's
+    real initialize_kv_cache returns (before vLLM's warm-up and graph capture), not at load and
+    not by vLLM's CUDA-graph memory profiling (is_profiling: a throwaway cache), whose layers run
+    on the one-slot state."""
     from spin_dsa.vllm.device_path import cache_entries, long_context_slots
+    from spin_dsa.vllm.runner_hooks import hook_initialize_kv_cache
     world = World(model_dir, 1, spin=dict(SPIN, min_context=1024))
     rt = world.build()
     assert rt.slots is None  # at load: only the one-slot geometry
-    rt.begin_step(["a"], [1], [], [4000])
+
+    class Runner:
+        def initialize_kv_cache(self, kv_cache_config, is_profiling=False):
+            self.config = kv_cache_config
+
+    hook_initialize_kv_cache(Runner)
+    fn = spin_dsa.vllm.wrap_indexer_function(_vllm_function(monkeypatch, world))
+    Runner().initialize_kv_cache("minimal", is_profiling=True)
+    world.call(fn, (0, 1), 0, 0)  # a profiling pass: the layer runs, nothing is allocated
+    assert rt.slots is None
+    Runner().initialize_kv_cache("real")
     entries = world.paged[0][0].shape[0] * PAGE
     assert cache_entries(world.paged[0][0]) == entries == cache_entries([world.paged[0][0]])
     seqs = world.vc.scheduler_config.max_num_seqs
@@ -613,9 +626,13 @@ def test_the_v2_runners_model_state_reports_each_batch(model_dir, monkeypatch):
     import vllm.v1.worker.gpu.model_states as model_states
     from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
 
+    from spin_dsa.vllm import runner_hooks
+
     world = World(model_dir, 1)
     rt = world.build()
     assert getattr(model_states.resolve_model_state_cls, "_spin_hooked", False)
+    for runner in [runner_hooks.v2_runner(), *runner_hooks.v1_runners()]:  # the state's sizing
+        assert getattr(runner.initialize_kv_cache, "_spin_hooked", False), runner
 
     class Base:  # vLLM's state for the model, reduced to the hooks spin overrides
         def __init__(self):

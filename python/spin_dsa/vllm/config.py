@@ -22,9 +22,10 @@ Keys (anything else is an error, so a typo never silently turns spin off):
   (``no_slot_steps``); it never raises. Under FULL CUDA graphs a replay cannot switch: the
   rows without a slot select from the pad slot's shared state (never a request's own; short
   rows, which keep every block whatever it holds, observe into it too).
-- ``warm_start`` (bool, default true): a request's first decode step scores every block and is
-  observed as its prefill (the prompt's own indexer row is inside vLLM's prefill kernel); false
-  starts spin cold, selecting from an empty state.
+- ``warm_start`` (bool, default true): on a GPU, the step that ends a request's prompt scores
+  the prompt's last row over every block (spin's own pass: vLLM's prefill kernel keeps no logits)
+  and observes it as the prefill; on the CPU path the first decode step scores every block and is
+  observed so (as ``spin replay``'s warm start); false starts spin cold, from an empty state.
 - ``min_context`` (int ≥ 0, default 32768): on a GPU, requests that see at most this many indexer
   entries keep every block (the indexer is cheap there and skipping pays less than spin costs).
 - ``record`` (dict): score traces (include/spin/trace.h) of chosen requests and layers, see RecordConfig.

@@ -20,8 +20,8 @@ Keys (anything else is an error, so a typo never silently turns spin off):
   (before its warm-up and CUDA graph capture). A GPU step with a long request
   and no slot for it runs vLLM's dense decode when it runs eagerly, and is counted
   (``no_slot_steps``); it never raises. Under FULL CUDA graphs a replay cannot switch: the
-  rows without a slot select from the pad slot's shared state (never a request's own; short
-  rows, which keep every block whatever it holds, observe into it too).
+  rows without a slot select from the pad slot's state, which nothing observes (exploration and
+  the newest blocks); short rows there keep every block whatever it holds.
 - ``warm_start`` (bool, default true): on a GPU, the step that ends a request's prompt scores
   the prompt's last row over every block (spin's own pass: vLLM's prefill kernel keeps no logits)
   and observes it as the prefill; on the CPU path the first decode step scores every block and is

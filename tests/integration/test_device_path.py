@@ -443,11 +443,16 @@ def test_the_state_is_sized_by_the_real_kv_cache(model_dir, monkeypatch):
         def initialize_kv_cache(self, kv_cache_config, is_profiling=False):
             self.config = kv_cache_config
 
+    import spin_dsa.vllm.device_path as dp
     hook_initialize_kv_cache(Runner)
     fn = spin_dsa.vllm.wrap_indexer_function(_vllm_function(monkeypatch, world))
     Runner().initialize_kv_cache("minimal", is_profiling=True)
     world.call(fn, (0, 1), 0, 0)  # a profiling pass: the layer runs, nothing is allocated
     assert rt.slots is None
+    with monkeypatch.context() as m:  # inside a capture the state cannot be made: said so
+        m.setattr(dp, "_capturing", lambda device: True)
+        with pytest.raises(RuntimeError, match="before CUDA graph capture"):
+            rt.bind()
     Runner().initialize_kv_cache("real")
     entries = world.paged[0][0].shape[0] * PAGE
     assert cache_entries(world.paged[0][0]) == entries == cache_entries([world.paged[0][0]])

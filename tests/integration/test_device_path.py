@@ -459,6 +459,7 @@ def test_the_state_is_sized_by_the_real_kv_cache(model_dir, monkeypatch):
     seqs = world.vc.scheduler_config.max_num_seqs
     assert 1 < entries // 512 < seqs  # the cache, not max_num_seqs, decides here
     assert rt.stats()["max_requests"] == entries // 512 == rt.serving.spec.max_requests
+    assert rt.stats()["state_bytes"] == rt.serving.memory_bytes > 0
     assert long_context_slots(10**9, 512, seqs) == seqs  # never above max_num_seqs
     assert long_context_slots(100, 512, seqs) == 1
     assert long_context_slots(entries, 0, seqs) == seqs  # min_context 0: every request

@@ -425,6 +425,7 @@ class DeviceRuntime:
                 "no_slot_steps": self.no_slot_steps, "short_steps": self.short_steps,
                 "max_requests": self.slots.capacity if self.slots is not None else None,
                 "requests_with_state": len(self.slots) if self.slots is not None else 0,
+                "state_bytes": self.serving.memory_bytes,  # GPU memory of spin's state
                 "decode_rows": rows,
                 "blocks_scored": scored, "blocks_visible": visible,
                 "scored_fraction": scored / visible if visible else 1.0}

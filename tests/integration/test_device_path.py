@@ -451,7 +451,7 @@ def test_the_state_is_sized_by_the_real_kv_cache(model_dir, monkeypatch):
     assert rt.slots is None
     with monkeypatch.context() as m:  # inside a capture the state cannot be made: said so
         m.setattr(dp, "_capturing", lambda device: True)
-        with pytest.raises(RuntimeError, match="before CUDA graph capture"):
+        with pytest.raises(RuntimeError, match="before spin's device state exists"):
             rt.bind()
     Runner().initialize_kv_cache("real")
     entries = world.paged[0][0].shape[0] * PAGE
@@ -464,6 +464,22 @@ def test_the_state_is_sized_by_the_real_kv_cache(model_dir, monkeypatch):
     assert long_context_slots(100, 512, seqs) == 1
     assert long_context_slots(entries, 0, seqs) == seqs  # min_context 0: every request
     assert cache_entries(torch.tensor([])) is None  # unbound: DEFAULT_MAX_REQUESTS
+
+
+def test_a_capture_before_the_state_exists_is_refused(model_dir, monkeypatch):
+    """A CUDA graph captured while spin's state is not allocated would point at the one-slot
+    state: refused at capture, unless it is vLLM's profiling capture (the runner hook saw
+    initialize_kv_cache(is_profiling=True)), whose graphs vLLM discards."""
+    import spin_dsa.vllm.device_path as dp
+    world = World(model_dir, 1)
+    rt = world.build()
+    fn = spin_dsa.vllm.wrap_indexer_function(_vllm_function(monkeypatch, world))
+    monkeypatch.setattr(dp, "_capturing", lambda device: True)
+    with pytest.raises(RuntimeError, match="before spin's device state exists"):
+        world.call(fn, (0, 1), 0, 0)
+    rt.profiling()
+    world.call(fn, (0, 1), 0, 0)
+    assert rt.slots is None
 
 
 def test_short_requests_hold_no_state_and_keep_every_block(model_dir, monkeypatch):

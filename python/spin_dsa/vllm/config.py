@@ -16,15 +16,16 @@ Keys (anything else is an error, so a typo never silently turns spin off):
   path. On the GPU path a request takes a slot once its context reaches half ``min_context``
   (shorter rows keep every block and need no state), and the default is as many slots as the
   bound KV cache holds such requests, at most max_num_seqs (device_path.long_context_slots;
-  256 where no cache can be read), allocated when vLLM's runner has allocated its KV cache
+  min(max_num_seqs, 256) where no cache can be read), allocated when vLLM's runner has allocated its KV cache
   (before its warm-up and CUDA graph capture). A GPU step with a long request
   and no slot for it runs vLLM's dense decode when it runs eagerly, and is counted
   (``no_slot_steps``); it never raises. Under FULL CUDA graphs a replay cannot switch: the
   rows without a slot select from the pad slot's state, which nothing observes (exploration and
   the newest blocks); short rows there keep every block whatever it holds.
-- ``warm_start`` (bool, default true): on a GPU, the step that ends a request's prompt scores
-  the prompt's last row over every block (spin's own pass: vLLM's prefill kernel keeps no logits)
-  and observes it as the prefill; on the CPU path the first decode step scores every block and is
+- ``warm_start`` (bool, default true): on a GPU, the step that ends a prompt of at least half
+  ``min_context`` scores the prompt's last row over every block (spin's own pass: vLLM's prefill
+  kernel keeps no logits) and observes it as the prefill (a shorter request takes its slot
+  later, cold, and warms on the full rows it gets until ``min_context``); on the CPU path the first decode step scores every block and is
   observed so (as ``spin replay``'s warm start); false starts spin cold, from an empty state.
 - ``min_context`` (int ≥ 0, default 32768): on a GPU, requests that see at most this many indexer
   entries keep every block (the indexer is cheap there and skipping pays less than spin costs).

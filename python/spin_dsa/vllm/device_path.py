@@ -28,7 +28,9 @@ and are never captured as FULL graphs.
 
 The state is sized once, when the runner has allocated its real KV cache (``bind``, from the
 runner hook): a slot for every request the cache can hold at half ``min_context`` or more, since
-only such requests take one; shorter rows ride the pad slot and keep every block.
+only such requests take one; shorter rows ride the pad slot and keep every block. Only a prompt
+ending past half ``min_context`` is warm-started; a request that gets there by decoding starts
+cold and warms on its full rows until ``min_context``.
 
 A step whose decode layout the device path cannot take (vLLM's padded path, unequal draft
 counts, more drafts than configured) runs vLLM's dense decode unchanged; it is counted
@@ -81,6 +83,11 @@ def cache_entries(cache) -> int | None:
     return int(cache.shape[0]) * int(cache.shape[1])
 
 
+_UNBOUND_CAPTURE = ("spin: vLLM is capturing a CUDA graph before spin's device state exists "
+                    "(allocated when the runner's initialize_kv_cache returns: a runner that "
+                    "does not call vLLM's own initialize_kv_cache is not supported)")
+
+
 class DeviceRuntime:
     """The device path's state for one worker: slots, the device Serving, static row buffers."""
 
@@ -105,10 +112,13 @@ class DeviceRuntime:
         # bind(), once vLLM has allocated its real KV cache and before it captures any graph.
         self.serving = sd.Serving(1, *self._serving_args, dense_blocks=self._dense_blocks)
         self.slots = None
+        self._profiling = False  # the runner hook saw vLLM's profiling KV cache (profiling())
         self._known: set[str] = set()  # requests added and not dropped, with a slot or not
         # A request takes a slot once its context reaches half of min_context: its rows are
-        # still scored in full (dense_blocks) and observed until min_context, so its state is
-        # warm when selection starts; shorter requests need no state (every block is theirs).
+        # still scored in full (dense_blocks) until min_context and observed wherever spin's
+        # chain runs (FULL-graph replays, steps with a long row; an eager step of short rows
+        # skips it), so its state warms before selection starts; a prompt ending past half
+        # min_context is warm-started at once. Shorter requests need no state.
         self.slot_tokens = int(cfg.min_context) // 2 * self.compress_ratio
         self.device = self.serving.device
         self.block_entries = self.serving.block_entries
@@ -154,13 +164,12 @@ class DeviceRuntime:
         if self.slots is not None:
             return
         if _capturing(self.device):
-            raise RuntimeError("spin: the device state must be allocated before CUDA graph "
-                               "capture (the runner hook binds it after the KV cache)")
+            raise RuntimeError(_UNBOUND_CAPTURE)
         entries = cache_entries(self._cache)
         if self.cfg.max_requests:
             capacity, why = self.cfg.max_requests, "max_requests"
         elif entries is None:
-            capacity, why = min(self.max_num_seqs, DEFAULT_MAX_REQUESTS), "no KV cache bound"
+            capacity, why = min(self.max_num_seqs, DEFAULT_MAX_REQUESTS), "no KV cache read"
         else:
             slot_entries = self.slot_tokens // self.compress_ratio
             capacity = long_context_slots(entries, slot_entries, self.max_num_seqs)
@@ -170,6 +179,11 @@ class DeviceRuntime:
         self._step_rows[0].fill_(self.serving.pad_slot)
         logger.info("spin: state for %d requests (%s): %.1f MiB", capacity, why,
                     self.serving.memory_bytes / 2**20)
+
+    def profiling(self):
+        """vLLM allocated its throwaway CUDA-graph profiling KV cache: the captures that follow
+        run on the one-slot state and are discarded (the runner hook calls this)."""
+        self._profiling = True
 
     def add(self, request_id: str):
         """A new or resumed request: it starts over (a slot is taken by begin_step, once its
@@ -205,7 +219,8 @@ class DeviceRuntime:
     def begin_step(self, request_ids, scheduled=None, prompt_ends=None, context=None):
         """The batch in row order; scheduled[i]: tokens row i schedules this step; prompt_ends:
         the rows whose prompt's last token is in this step (their first decode is next);
-        context[i]: the tokens row i has once this step is done (None: every row needs a slot)."""
+        context[i]: the tokens row i has once this step is done (None: every row needs a slot).
+        The lists are indexed like request_ids without its None entries."""
         self.bind()
         ids = [r for r in request_ids if r is not None]
         if len(ids) > self.max_batch:
@@ -260,6 +275,8 @@ class DeviceRuntime:
     def indexer(self, layer: int, md, call, q_quant, weights, kv_cache):
         """Runs vLLM's indexer `call(metadata, max_model_len)` for this layer with spin choosing
         the decode rows' blocks; returns what vLLM's function returns."""
+        if self.slots is None and not self._profiling and _capturing(self.device):
+            raise RuntimeError(_UNBOUND_CAPTURE)  # its graphs would point at the one-slot state
         if kv_cache.shape[1] != self.page_size:  # a host check on shapes: no sync
             raise RuntimeError(f"spin: the indexer cache has {kv_cache.shape[1]}-entry pages, "
                                f"vLLM's cache_config.block_size says {self.page_size}")

@@ -129,10 +129,16 @@ def hook_initialize_kv_cache(cls):
     @functools.wraps(original)
     def initialize_kv_cache(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        profiling = signature.bind(self, *args, **kwargs).arguments.get("is_profiling", False)
-        bind = getattr(state.runtime_or_none(), "bind", None)  # the host path sizes itself
-        if bind is not None and not profiling:
-            bind()
+        profiling = kwargs.get("is_profiling",
+                               signature.bind(self, *args, **kwargs).arguments.get("is_profiling",
+                                                                                   False))
+        rt = state.runtime_or_none()
+        if not hasattr(rt, "bind"):  # no runtime, or the host path (it sizes itself)
+            return result
+        if profiling:
+            rt.profiling()
+        else:
+            rt.bind()
         return result
 
     setattr(initialize_kv_cache, _HOOKED, True)

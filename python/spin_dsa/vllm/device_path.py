@@ -199,8 +199,8 @@ class DeviceRuntime:
         self.serving.add(slot, key)
 
     def drop(self, request_id: str):
-        """A finished or preempted request; unknown ids are ignored."""
-        self.bind()
+        """A finished or preempted request; unknown ids are ignored (a known one was added,
+        which bound the state)."""
         if request_id not in self._known:  # every slot's request is known (begin_step adds)
             return
         self._known.discard(request_id)

@@ -129,9 +129,9 @@ def hook_initialize_kv_cache(cls):
     @functools.wraps(original)
     def initialize_kv_cache(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        profiling = kwargs.get("is_profiling",
-                               signature.bind(self, *args, **kwargs).arguments.get("is_profiling",
-                                                                                   False))
+        # By name, or through a wrapper's **kwargs (another plugin's, without functools.wraps).
+        profiling = (kwargs.get("is_profiling")
+                     or signature.bind(self, *args, **kwargs).arguments.get("is_profiling"))
         rt = state.runtime_or_none()
         if not hasattr(rt, "bind"):  # no runtime, or the host path (it sizes itself)
             return result

@@ -306,7 +306,7 @@ class ScoredTrace:
 
 def score_trace(trace: str | Trace | TraceReader, threads: int = 0) -> ScoredTrace:
     """
-    Scores a trace (a path, Trace or TraceReader) with the all-keep indexer and top-k.
+    The all-keep truth of a trace (a path, Trace or TraceReader): a key trace scored by the indexer over every block, a score trace's recorded scores; top-k by the real kernel.
     """
 
 def replay(scored: ScoredTrace, predictor: str = 'spin', config: Mapping[str, object] | str | None = None, open_loop: bool = False, warm_start: bool = True, keep_topk: bool = False) -> dict:

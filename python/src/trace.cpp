@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common.h"
@@ -51,8 +52,10 @@ struct PyTrace {
 };
 
 struct PyScored {
-  std::shared_ptr<spin::Trace> trace;
+  std::shared_ptr<spin::Trace> trace;  // a key trace's keys and queries; null for a score trace
   std::shared_ptr<const spin::ScoredTrace> scored;
+  spin::TraceMeta meta;
+  int64_t steps = 0;
   std::string path;  // "" when not read from a file
 };
 
@@ -211,27 +214,37 @@ void write_score_trace(nb::dict meta, IndexArg ctx_len, nb::typed<nb::list, F32A
   check(st);
 }
 
+// A key trace is scored by the real indexer; a score trace's scores are the all-keep truth (as
+// `spin replay` reads either).
 PyScored score(TraceArg trace, int64_t threads) {
   PyScored out;
   spin::ScoreOptions o;
   o.threads = threads_arg(threads);
+  std::optional<spin::ScoreTrace> recorded;
+  auto take = [&](const spin::TraceReader& r) {
+    out.path = r.path();
+    if (r.kind() == spin::TraceKind::kScores) {
+      recorded = r.to_score_trace();
+    } else {
+      out.trace = std::make_shared<spin::Trace>(r.to_trace());
+    }
+  };
   if (nb::isinstance<nb::str>(trace)) {
-    out.path = path_arg(nb::cast<std::string>(trace), "trace");
-    auto r = spin::read_trace(out.path);
+    auto r = spin::TraceReader::open(path_arg(nb::cast<std::string>(trace), "trace"));
     if (!r.ok()) raise_status(r.status());
-    out.trace = std::make_shared<spin::Trace>(std::move(r).value());
+    take(r.value());
   } else if (nb::isinstance<PyTrace>(trace)) {
     out.trace = nb::cast<PyTrace&>(trace).t;
   } else if (nb::isinstance<spin::TraceReader>(trace)) {
-    const spin::TraceReader& r = live(trace);
-    out.path = r.path();
-    out.trace = std::make_shared<spin::Trace>(r.to_trace());
+    take(live(trace));
   } else {
     raise_type("trace: expected a path, a Trace or a TraceReader");
   }
+  out.meta = recorded ? recorded->meta : out.trace->meta;
+  out.steps = recorded ? recorded->steps() : out.trace->steps();
   spin::Result<std::shared_ptr<const spin::ScoredTrace>> r = [&] {
     nb::gil_scoped_release release;
-    return spin::score_trace(*out.trace, o);
+    return recorded ? spin::score_trace(*recorded, o) : spin::score_trace(*out.trace, o);
   }();
   if (!r.ok()) raise_status(r.status());
   out.scored = std::move(r).value();
@@ -243,14 +256,14 @@ nb::dict replay(const PyScored& s, const std::string& predictor, ConfigArg confi
   spin::ReplayOptions o;
   o.predictor = predictor;
   o.config = config_from(config);
-  o.config.page_size = s.trace->meta.page_size;  // replay takes both from the trace
-  o.config.topk = s.trace->meta.topk;
+  o.config.page_size = s.meta.page_size;  // replay takes both from the trace
+  o.config.topk = s.meta.topk;
   o.open_loop = open_loop;
   o.warm_start = warm_start;
   o.keep_topk = keep_topk;
   spin::Result<spin::ReplayResult> r = [&] {
     nb::gil_scoped_release release;
-    return spin::replay(*s.trace, *s.scored, o);
+    return s.trace ? spin::replay(*s.trace, *s.scored, o) : spin::replay(*s.scored, o);
   }();
   if (!r.ok()) raise_status(r.status());
   const spin::TraceFacts facts = spin::trace_facts(*s.scored, r->config.block_entries());
@@ -264,7 +277,7 @@ nb::dict replay(const PyScored& s, const std::string& predictor, ConfigArg confi
   nb::dict out = nb::cast<nb::dict>(nb::module_::import_("json").attr("loads")(json));
   if (keep_topk) {
     nb::list layers;
-    const int64_t rows = s.trace->steps() * s.trace->meta.next_n;
+    const int64_t rows = s.steps * s.meta.next_n;
     const size_t k = static_cast<size_t>(r->config.topk);
     for (const auto& layer : r->topk) {
       std::vector<int32_t> flat;
@@ -469,7 +482,8 @@ void bind_trace(nb::module_& m) {
         return d;
       }, nb::arg("block_entries") = 64);
   m.def("score_trace", &score, nb::arg("trace"), nb::arg("threads") = 0,
-        "Scores a trace (a path, Trace or TraceReader) with the all-keep indexer and top-k.");
+        "The all-keep truth of a trace (a path, Trace or TraceReader): a key trace scored by the "
+        "indexer over every block, a score trace's recorded scores; top-k by the real kernel.");
   m.def("replay", &replay, nb::arg("scored"), nb::arg("predictor") = "spin",
         nb::arg("config").none() = nb::none(), nb::arg("open_loop") = false, nb::arg("warm_start") = true,
         nb::arg("keep_topk") = false,

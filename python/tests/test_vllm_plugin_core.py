@@ -75,27 +75,82 @@ def test_runtime_lazy_commit_from_seq_len_delta(tmp_path):
     rt.add("a")
     rt.add("b")
     slots = [rt.slot("a"), rt.slot("b")]
-    seq = np.array([1000, 2000])
-    # a grows by 1 + the drafts the previous step accepted: +2 closes step 0 (a prefill stand-in:
-    # committed with 0 whatever it grew), +1 closes step 1 with 0, +2 closes step 2 with 1
-    for step, grow in enumerate([None, [2, 1], [1, 2], [2, 2]]):
+    # Step 0 ends both prompts (a's whole prompt, b's last chunk of 300 tokens): their last rows,
+    # scored in full, are observed as prefills (the warm start) and committed with 0 accepted.
+    prompt = np.array([999, 1999])
+    rt.begin_step(["a", "b"], [999, 300], prompt_ends=[0, 1])
+    assert rt.prompt_rows(0) == [(0, 998), (1, 1298)]
+    rows = {layer: _scores(2, 1999, 20 + layer) for layer in range(2)}
+    for layer in range(2):
+        rt.observe_prompts(layer, prompt, rows[layer])
+        assert rt.prompt_rows(layer) == []  # a forward the runner does not announce gets none
+    assert [rt.serving.step(s) for s in slots] == [0, 0]  # open until the next step
+    # Then decode steps, the sampled token and one draft a step: a grows by 1 + the drafts the
+    # previous step accepted — +2 closes the prompt's step with 0 (one row), +1 closes step 1
+    # with 0, +2 closes step 2 with 1.
+    seq = prompt + 2
+    for step, grow in enumerate([None, [1, 2], [2, 2]], start=1):
         if grow is not None:
             seq = seq + grow
         rt.begin_step(["a", "b"])
         for layer in range(2):
             ids, offs = rt.select(layer, seq, 2)
             assert offs.shape == (3,) and ids.shape[0] == offs[-1]
-            every_b = offs[2] - offs[1] == -(-seq[1] // 64)
-            assert every_b == (step == 0)  # b scores all blocks only at its first step
+            assert offs[1] - offs[0] == -(-seq[0] // 64)  # a is recorded: every block
+            assert offs[2] - offs[1] < -(-seq[1] // 64)  # b, warm: spin's budget from its first decode
             rt.observe(layer, _scores(4, int(seq.max()), layer), None)
         assert [rt.serving.step(s) for s in slots] == [step, step]  # committed lazily
-    rt.drop("a")  # writes a's trace: the accepted counts the seq_len deltas gave
+    rt.drop("a")  # writes a's trace: the prompt's row, then the accepted counts the deltas gave
     r = spin_dsa.open_trace(rt.recorder.written[0])
     np.testing.assert_array_equal(r.accepted, [0, 0, 1, 0])  # the open last step: 0
-    np.testing.assert_array_equal(r.ctx_len, [1000, 1002, 1003, 1005])
+    np.testing.assert_array_equal(r.ctx_len, [1000, 1001, 1002, 1004])  # row 0 of step 0 sees 999
+    for layer in range(2):
+        np.testing.assert_array_equal(r.scores(layer)[0, 0, :999], rows[layer][0, :999])
+        assert np.all(np.isneginf(r.scores(layer)[0, 1]))
     assert not rt.serving.active(slots[0])
     rt.add("c")
     assert rt.slot("c") == slots[0]  # the lowest free slot is reused
+
+
+def test_runtime_warm_start_is_replays(tmp_path):
+    """The engine's warm start is replay's: a request whose prompt's last row is observed at the
+    step that ends it (observe_prompts), then decodes with one draft a step, selects exactly
+    what spin_dsa.replay selects on the score trace of the same rows, whose step 0 is that
+    prompt row (as record mode writes it: ctx_len = prompt + next_n - 1, the draft row -inf)."""
+    rt = _runtime()
+    rt.add("a", key=0)  # replay's request key, so exploration draws agree
+    rng = np.random.default_rng(9)
+    prompt, next_n, steps, k = 1500, 2, 12, 64
+    accepted = rng.integers(0, 2, steps).astype(np.int32)
+    accepted[0] = 0  # the prompt's step: one row
+    ctx_len = prompt + next_n - 1 + np.concatenate([[0], np.cumsum(1 + accepted[:-1])])
+    cols = int(ctx_len[-1])
+    scores = [rng.normal(size=(steps, next_n, cols)).astype(np.float32) for _ in range(2)]
+    for layer_scores in scores:
+        layer_scores[0, 1:] = -np.inf
+    rt.begin_step(["a"], [prompt], prompt_ends=[0])
+    for layer in range(2):
+        rt.observe_prompts(layer, [prompt], scores[layer][0, :1, :prompt])
+    got = {layer: [] for layer in range(2)}
+    for s in range(1, steps):
+        seq = ctx_len[s:s + 1]
+        rt.begin_step(["a"])
+        for layer in range(2):
+            ids, offs = rt.select(layer, seq, next_n)
+            logits = np.ascontiguousarray(scores[layer][s])
+            top = spin_dsa.topk(logits, k, visible_entries=spin_dsa.visible_entries(seq, next_n),
+                                block_ids=ids, block_offsets=offs, rows_per_mask=next_n,
+                                block_entries=rt.serving.block_entries)
+            rt.observe(layer, logits, top)
+            got[layer].append(top)
+    meta = {"model": "test", "next_n": next_n, "page_size": 64, "topk": k, "compress_ratio": 1}
+    path = str(tmp_path / "a.safetensors")
+    spin_dsa.write_score_trace(meta, ctx_len, scores, path, accepted)
+    rep = spin_dsa.replay(spin_dsa.score_trace(path), "spin", {"target_sparsity": 0.5},
+                          keep_topk=True)
+    for layer in range(2):
+        np.testing.assert_array_equal(np.concatenate(got[layer]), rep["topk"][layer][next_n:])
+    assert rep["prefill_steps"] == 1  # step 0, the prompt's row
 
 
 def test_runtime_errors_are_clear():

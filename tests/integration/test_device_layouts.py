@@ -204,3 +204,31 @@ def test_a_prompt_ending_in_the_step_is_observed_as_the_librarys_prefill(model_d
                                     torch.from_numpy(later), 1)
     for b in range(len(ends)):
         assert got[b, :int(counts[b])].tolist() == want[b, :want_counts[b]].tolist()
+
+
+def test_a_recorded_trace_starts_with_the_prompts_last_row(model_dir, tmp_path):
+    """Record mode: a recorded request whose prompt ends in the step gets trace step 0 = that
+    prompt's last row over every entry (ctx_len = prompt + next_n - 1, the draft rows -inf,
+    accepted 0), as the host path records it and replay's warm start reads it."""
+    case = make_case("mixed", seed=11, batch=1, next_n=3, context=(700, 900), num_prefills=2,
+                     prefill_len=(400, 700), prefill_context=0)
+    record = {"dir": str(tmp_path), "requests": ["req-2"], "layers": [0]}  # the one spin layer
+    vc, rt, fn = _plugin(model_dir, case, dict(SPIN, warm_start=True, record=record))
+    _step(rt, case, [1, 2])
+    with cuda_path_on_cpu():
+        run_indexer(fn, case, vllm_config=vc)
+    rt.drop("req-2")  # writes its trace: the one step recorded
+    trace = spin_dsa.open_trace(rt.recorder.written[0])
+    P, n = int(case.seq_lens[2]), case.next_n
+    np.testing.assert_array_equal(trace.ctx_len, [P + n - 1])
+    np.testing.assert_array_equal(trace.accepted, [0])
+    last = int(np.cumsum(case.query_lens)[2]) - 1
+    cache = case.kv_cache.numpy().reshape(case.kv_cache.shape[0], -1)
+    full = spin_dsa.indexer_scores(cache, case.block_table[2:3].numpy(), np.array([P], np.int64),
+                                   case.q_quant[last:last + 1].view(torch.uint8).numpy()[:, None],
+                                   case.weights[last:last + 1].numpy()[:, None],
+                                   page_size=case.page_size)
+    row = trace.scores(0)[0]
+    np.testing.assert_allclose(row[0, :P], full[0, :P], rtol=1e-5,
+                               atol=1e-5 * float(np.abs(full[0, :P]).max()))
+    assert np.all(np.isneginf(row[1:]))

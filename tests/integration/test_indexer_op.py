@@ -28,8 +28,10 @@ import spin_dsa
 import spin_dsa.vllm
 from spin_dsa.vllm import cache_pages, indexer_op, state
 from cases import PAGE, scatter, write_tiny_v32_config
+from cuda_path import build_prefill_chunk
 
 TOPK = 512  # vLLM's CPU top-k kernel supports 512 only
+PROMPT_TAIL = 24  # the prompt tokens a prompt-ending step schedules
 LAYERS = 2
 STEPS = 10
 MAX_LEN = 8192
@@ -136,6 +138,36 @@ def _run(vc, ops, traces, paged, buf, order, s, l):
     return out[:len(order) * next_n, :TOPK].clone(), (hidden, q, w, md)
 
 
+def _prompt_metadata(ctx, n, table):
+    """Every request's prompt ends in this step, its last n tokens scheduled (one chunk, as
+    vLLM's CPU builder makes it): prefill-only metadata."""
+    b = len(ctx)
+    bt = torch.from_numpy(table)
+    chunk = build_prefill_chunk(0, b, slice(0, b * n), seq_lens=ctx,
+                                query_start_loc=np.arange(b + 1) * n, block_table=bt)
+    return DeepseekV32IndexerMetadata(
+        seq_lens=torch.tensor(ctx, dtype=torch.int32), max_seq_len=max(ctx),
+        slot_mapping=torch.zeros(b * n, dtype=torch.int64), num_decodes=0, num_decode_tokens=0,
+        num_prefills=b, num_prefill_tokens=b * n,
+        prefill=DeepseekV32IndexerPrefillMetadata(chunks=[chunk]), block_table=bt)
+
+
+def _run_prompts(vc, ops, traces, paged, buf, order, l, n):
+    """The step that ends both prompts: each schedules its last n tokens, the last one being the
+    trace's step 0 row (the library's warm start reads step 0 as the prompt's last token)."""
+    ctx = [int(traces[i].ctx_len[0]) for i in order]
+    md = _prompt_metadata(ctx, n, paged[l][1][list(order)].copy())
+    rng = np.random.default_rng(100 + l)  # the other prompt tokens' queries: any finite e4m3
+    q = rng.integers(0, 0x7E, (len(order) * n, 64, 128), dtype=np.uint8)
+    w = rng.random((len(order) * n, 64), dtype=np.float32)
+    for b, i in enumerate(order):
+        q[(b + 1) * n - 1] = traces[i].q(l)[0][0]
+        w[(b + 1) * n - 1] = traces[i].w(l)[0][0]
+    hidden = torch.zeros(len(order) * n, 8)
+    with set_current_vllm_config(vc), set_forward_context({_prefix(l): md}, vc):
+        ops[l](hidden, torch.from_numpy(q).view(torch.float8_e4m3fn), None, torch.from_numpy(w))
+
+
 @requires_cpu_kernels
 def test_spin_off_is_vllm(model_dir, traces, paged, figures):
     vc = _vllm_config(model_dir, {})
@@ -169,14 +201,17 @@ def test_spin_off_is_vllm(model_dir, traces, paged, figures):
 @pytest.mark.parametrize("next_n", [1, 3])
 def test_spin_on_scores_only_chosen_blocks_and_matches_replay(model_dir, next_n, figures,
                                                               monkeypatch):
-    """next_n = 3 is native MTP (seq_lens [B, 3]; vLLM's own CPU path refuses it): the commits
-    come from the seq_len deltas, which the traces grow by 1 + accepted. It starts cold on both
-    sides: replay's warm start observes step 0's accepted drafts too, known only in hindsight."""
+    """With next_n = 1 step 0 is the step that ends both prompts (vLLM's prefill kernels; spin
+    observes each prompt's last row, the trace's step 0 row, as replay's warm start does), and
+    every later step decodes. next_n = 3 is native MTP (seq_lens [B, 3]; vLLM's own CPU path
+    refuses it): the commits come from the seq_len deltas, which the traces grow by 1 + accepted.
+    It starts cold on both sides: a generated trace's step 0 has accepted drafts, which an
+    engine's prompt step does not."""
     traces = _traces(next_n)
     paged = _paged(traces)
     warm = next_n == 1
     vc = _vllm_config(model_dir, {"spin": dict(SPIN, warm_start=warm)}, next_n)
-    buf = torch.full((16, TOPK), -7, dtype=torch.int32)
+    buf = torch.full((2 * PROMPT_TAIL, TOPK), -7, dtype=torch.int32)
     ops = _build(vc, [c for c, _ in paged], buf)
     rt = state.runtime()
     assert rt.max_next_n == next_n
@@ -194,7 +229,13 @@ def test_spin_on_scores_only_chosen_blocks_and_matches_replay(model_dir, next_n,
     monkeypatch.setattr(indexer_op.spin_dsa, "indexer_scores", spy)
     got = {(i, l): [] for i in range(2) for l in range(LAYERS)}
     scored = visible_blocks = 0
-    for s in range(STEPS):
+    first = 1 if warm else 0  # the first decode step
+    if warm:
+        rt.begin_step(["req-0", "req-1"], [PROMPT_TAIL] * 2, prompt_ends=[0, 1])
+        for l in range(LAYERS):
+            _run_prompts(vc, ops, traces, paged, buf, (0, 1), l, PROMPT_TAIL)
+        assert [rt.serving.step(rt.slot(f"req-{i}")) for i in range(2)] == [0, 0]
+    for s in range(first, STEPS):
         order = (0, 1) if s % 2 == 0 else (1, 0)  # rows follow the runner's order, not the slot
         rt.begin_step([f"req-{i}" for i in order])
         for l in range(LAYERS):
@@ -214,25 +255,23 @@ def test_spin_on_scores_only_chosen_blocks_and_matches_replay(model_dir, next_n,
                     assert np.all(np.isneginf(logits[r][~mask])), "an unchosen block was scored"
                     np.testing.assert_array_equal(logits[r][mask], full[r][mask])
                     got[(i, l)].append(out[r].numpy())
-                v = L
-                if s > 0:  # with warm_start, step 0 scores every block (the prefill stand-in)
-                    scored += blocks.size
-                    visible_blocks += -(-v // PAGE)
+                scored += blocks.size
+                visible_blocks += -(-L // PAGE)
     matches = rows = 0
     for i, t in enumerate(traces):
         rep = spin_dsa.replay(spin_dsa.score_trace(t), "spin", SPIN["config"], keep_topk=True,
                               warm_start=warm)
         for l in range(LAYERS):
-            np.testing.assert_array_equal(np.stack(got[(i, l)]), rep["topk"][l])
-            matches += STEPS * next_n
-            rows += STEPS * next_n
+            np.testing.assert_array_equal(np.stack(got[(i, l)]), rep["topk"][l][first * next_n:])
+            matches += (STEPS - first) * next_n
+            rows += (STEPS - first) * next_n
     assert scored < 0.75 * visible_blocks  # sparsity 0.5 (plus forced sink/local blocks)
-    figures.append(f"indexer op, spin on (spin, target_sparsity 0.5, next_n={next_n}, "
-                   f"{'warm' if warm else 'cold'} start): {rows} rows "
-                   f"(2 requests x {LAYERS} layers x {STEPS} steps x {next_n}, row order swapped "
-                   f"every step) score "
-                   f"{scored}/{visible_blocks} blocks after the first step, nothing outside them; "
-                   f"top-{TOPK} equal to spin_dsa.replay in {matches}/{rows}")
+    start = "warm start from the prompt step" if warm else "cold start"
+    figures.append(f"indexer op, spin on (spin, target_sparsity 0.5, next_n={next_n}, {start}): "
+                   f"{rows} decode rows (2 requests x {LAYERS} layers x {STEPS - first} steps x "
+                   f"{next_n}, row order swapped every step) score {scored}/{visible_blocks} "
+                   f"blocks, nothing outside them; top-{TOPK} equal to spin_dsa.replay in "
+                   f"{matches}/{rows}")
 
 
 def _mixed_metadata(decode_seq, decode_table, prefill_ctx, prefill_len, prefill_table):
@@ -304,47 +343,60 @@ def _spin_cli():
 
 @requires_cpu_kernels
 def test_record_mode_through_the_op(model_dir, traces, paged, tmp_path, figures):
-    """Record mode: request req-1's layer-1 rows become a score trace after max_steps steps,
-    holding the full indexer's logits (the recorded request scores every block); `spin replay`
-    reads it when the command is built."""
+    """Record mode: req-1's rows become a score trace after max_steps steps — step 0 its
+    prompt's last row (the step that ends the prompt), then its decode rows — holding the full
+    indexer's logits (a recorded request scores every block). spin observes only its own blocks'
+    top-k meanwhile, so a run without recording selects the same, and spin_dsa.replay of the
+    trace gives req-1 the top-k that run gave it at every decode step: the engine's warm start
+    is replay's. `spin replay` reads it when the command is built."""
     import subprocess
 
     steps = 6
-    rec = {"dir": str(tmp_path), "requests": ["req-1"], "layers": [1], "max_steps": steps}
+    rec = {"dir": str(tmp_path), "requests": ["req-1"], "max_steps": steps}
+
+    def full_row(l, s):  # req-1's full indexer row at trace step s
+        pages, table = paged[l]
+        return spin_dsa.indexer_scores(pages.numpy().reshape(pages.shape[0], -1), table[1:2],
+                                       traces[1].ctx_len[s:s + 1], traces[1].q(l)[s][None],
+                                       traces[1].w(l)[s][None], page_size=PAGE)[0]
 
     def run(spin):
         vc = _vllm_config(model_dir, {"spin": spin})
-        buf = torch.full((16, TOPK), -7, dtype=torch.int32)
+        buf = torch.full((2 * PROMPT_TAIL, TOPK), -7, dtype=torch.int32)
         ops = _build(vc, [c for c, _ in paged], buf)
         rt = state.runtime()
-        expect, after = [], []
-        for s in range(steps + 2):  # the trace is written when step `steps` commits the last one
+        for i in range(2):
+            rt.add(f"req-{i}", key=0)  # replay's request key
+        rt.begin_step(["req-0", "req-1"], [PROMPT_TAIL] * 2, prompt_ends=[0, 1])
+        for l in range(LAYERS):
+            _run_prompts(vc, ops, traces, paged, buf, (0, 1), l, PROMPT_TAIL)
+        tops = {l: [] for l in range(LAYERS)}  # req-1's top-k at decode steps 1..
+        for s in range(1, steps + 2):  # the trace is written when step `steps` commits the last
             rt.begin_step(["req-0", "req-1"])
             for l in range(LAYERS):
-                out, (_, q, w, md) = _run(vc, ops, traces, paged, buf, (0, 1), s, l)
-                if s >= steps:
-                    after.append(out.numpy())
-                if l == 1 and s < steps:
-                    full = spin_dsa.indexer_scores(
-                        paged[l][0].numpy().reshape(paged[l][0].shape[0], -1),
-                        md.decode.block_table.numpy(), md.seq_lens.numpy().astype(np.int64),
-                        q.view(torch.uint8).numpy()[:, None], w.numpy()[:, None], page_size=PAGE)
-                    expect.append(full[1, :int(traces[1].ctx_len[s])])
-        return rt, expect, after
+                out, _ = _run(vc, ops, traces, paged, buf, (0, 1), s, l)
+                tops[l].append(out[1].numpy())
+        return rt, tops
 
-    rt, expect, after = run(dict(SPIN, record=rec))
-    _, _, plain = run(SPIN)
-    # spin observed only what its own blocks gave while req-1 was recorded: afterwards both runs
-    # select and return the same
-    np.testing.assert_array_equal(np.stack(after), np.stack(plain))
+    rt, recorded = run(dict(SPIN, record=rec))
+    _, plain = run(SPIN)
+    for l in range(LAYERS):  # after the recording both runs give req-1 the same top-k
+        np.testing.assert_array_equal(np.stack(recorded[l][steps - 1:]),
+                                      np.stack(plain[l][steps - 1:]))
     path = tmp_path / "req-1.safetensors"
     assert rt.recorder.written == [str(path)]
     r = spin_dsa.open_trace(str(path))
     assert (r.kind, r.steps, r.num_layers, r.meta["topk"], r.meta["page_size"]) == \
-        ("scores", steps, 1, TOPK, PAGE)
+        ("scores", steps, LAYERS, TOPK, PAGE)
     np.testing.assert_array_equal(r.ctx_len, traces[1].ctx_len[:steps])
-    for s in range(steps):
-        np.testing.assert_array_equal(r.scores(0)[s, 0, :expect[s].size], expect[s])
+    for l in range(LAYERS):
+        for s in range(steps):
+            n = int(traces[1].ctx_len[s])
+            np.testing.assert_array_equal(r.scores(l)[s, 0, :n], full_row(l, s)[:n])
+    rep = spin_dsa.replay(spin_dsa.score_trace(str(path)), "spin", SPIN["config"], keep_topk=True)
+    assert rep["prefill_steps"] == 1
+    for l in range(LAYERS):
+        np.testing.assert_array_equal(rep["topk"][l][1:], np.stack(plain[l][:steps - 1]))
     cli = _spin_cli()
     replayed = "not run (no built spin command)"
     if cli:
@@ -352,9 +404,11 @@ def test_record_mode_through_the_op(model_dir, traces, paged, tmp_path, figures)
                               "--json", str(tmp_path / "r.json")], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         replayed = "replayed by `spin replay`"
-    figures.append(f"record mode through the op: {steps} steps of req-1 layer 1 written as a score "
-                   f"trace equal to the full indexer's logits; the top-k after it equals a run "
-                   f"without recording; {replayed}")
+    figures.append(f"record mode through the op: req-1's prompt row and {steps - 1} decode steps "
+                   f"({LAYERS} layers) written as a score trace equal to the full indexer's "
+                   f"logits; spin_dsa.replay of it gives the top-k a run without recording gave "
+                   f"req-1 in {LAYERS * (steps - 1)}/{LAYERS * (steps - 1)} (layer, step) rows; "
+                   f"{replayed}")
 
 
 def test_kv_pages_of_a_layer_view_into_a_shared_cache(traces):

@@ -22,11 +22,12 @@ Keys (anything else is an error, so a typo never silently turns spin off):
   (``no_slot_steps``); it never raises. Under FULL CUDA graphs a replay cannot switch: the
   rows without a slot select from the pad slot's state, which nothing observes (exploration and
   the newest blocks); short rows there keep every block whatever it holds.
-- ``warm_start`` (bool, default true): on a GPU, the step that ends a prompt of at least half
-  ``min_context`` scores the prompt's last row over every block (spin's own pass: vLLM's prefill
-  kernel keeps no logits) and observes it as the prefill (a shorter request takes its slot
-  later, cold, and warms on the full rows it gets until ``min_context``); on the CPU path the first decode step scores every block and is
-  observed so (as ``spin replay``'s warm start); false starts spin cold, from an empty state.
+- ``warm_start`` (bool, default true): the step that ends a prompt scores the prompt's last row
+  over every block (spin's own pass: vLLM's prefill kernels keep no logits) and observes it as
+  the request's prefill — on the GPU and CPU paths alike, and as ``spin replay`` reads a trace's
+  step 0 (record mode writes that row there). On a GPU only prompts of at least half
+  ``min_context`` (a shorter request takes its slot later, cold, and warms on the full rows it
+  gets until ``min_context``). False starts spin cold, from an empty state.
 - ``min_context`` (int ≥ 0, default 32768): on a GPU, requests that see at most this many indexer
   entries keep every block (the indexer is cheap there and skipping pays less than spin costs).
 - ``record`` (dict): score traces (include/spin/trace.h) of chosen requests and layers, see RecordConfig.

@@ -385,6 +385,8 @@ class DeviceRuntime:
         logits = _full_rows(q, w, cache, table, entries, self.page_size)
         S = self._rows[rows]
         self.serving.prefill(S, layer, L, logits)
+        if self._recorded:
+            self._record_prompts(layer, L, logits)
 
     # -- record mode (eager only: refused with FULL CUDA graphs) -----------------------------
 
@@ -405,6 +407,27 @@ class DeviceRuntime:
                 self.recorder.open_step(rid, int(L), next_n, self.page_size, self.topk)
                 if self.recorder.recording(rid):  # a next_n change ends (and writes) the trace
                     self._record_open.add(rid)
+
+    def _record_prompts(self, layer, seq_lens, logits):
+        """A recorded request whose prompt ends in this step: its trace starts with the prompt's
+        last row (step 0, the other next_n - 1 rows -inf, committed with 0 accepted), as the
+        host path records it and replay's warm start reads it."""
+        recorded = dict(self._recorded)
+        mine = [(p, recorded[i]) for p, (i, _) in enumerate(self._prompt_rows)
+                if i in recorded and self.recorder.recording(recorded[i])]
+        if not mine:
+            return
+        n = self.max_next_n
+        lens, rows = seq_lens.tolist(), logits.cpu().numpy()  # record mode: eager, host reads
+        for p, rid in mine:
+            if rid not in self._record_open:  # the step's first layer opens the trace's step 0
+                self.recorder.open_step(rid, lens[p] + n - 1, n, self.page_size, self.topk)
+                if not self.recorder.recording(rid):  # a next_n change ended (wrote) the trace
+                    continue
+                self._record_open.add(rid)
+            step = np.full((n, lens[p] + n - 1), -np.inf, np.float32)
+            step[0, :lens[p]] = rows[p, :lens[p]]
+            self.recorder.add_rows(rid, layer, step)
 
     def _record_rows(self, layer, md, plan, q_quant, weights, kv_cache):
         """Every visible entry of each recorded decode row (spin's Triton kernel on a GPU),

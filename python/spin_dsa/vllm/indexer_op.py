@@ -5,7 +5,8 @@ decode row (paged MQA logits), then takes the top-k. With spin on, at decode:
 
   CPU  select (spin, host) → spin's block-masked indexer kernel over vLLM's own paged fp8 cache
        (only the chosen blocks are read) → spin's masked top-k into vLLM's topk_indices_buffer →
-       observe. Prefill rows stay on vLLM's kernels (their full scores are computed anyway).
+       observe. Prefill rows stay on vLLM's kernels; the last row of a prompt ending in the step
+       is scored again by spin's kernel over every entry and observed (the warm start).
   GPU  the device path (device_path.py): select on the device → the compacted page table into
        vLLM's own paged-logits kernel and top-k backend → observe and remap on the device. No
        logits leave the device, nothing synchronises with the host.
@@ -86,6 +87,32 @@ def spin_decode_cpu(op, md, q_quant: torch.Tensor, weights: torch.Tensor,
     return logits
 
 
+def observe_prompts_cpu(op, md, q_quant: torch.Tensor, weights: torch.Tensor):
+    """The warm start on the CPU: the last row of each prompt ending in this step (the runner
+    hook's prompt ends), scored by spin's indexer kernel over every entry of vLLM's paged cache,
+    observed as the request's prefill — the device path's rule (device_path._observe_prompts)."""
+    rt = state.runtime()
+    prompts = rt.prompt_rows(op.spin_layer)
+    if not prompts:
+        return
+    kv = op.k_cache.kv_cache
+    page_size = int(kv.shape[1])
+    rt.ensure_serving(page_size, int(op.topk_tokens))
+    pages, mult, base = kv_pages(kv, page_size)
+    rows = torch.tensor([b for b, _ in prompts], dtype=torch.int64)
+    tokens = torch.tensor([t for _, t in prompts], dtype=torch.int64)
+    seq_lens = md.seq_lens.index_select(0, rows).to(torch.int64).numpy()
+    bt = md.block_table.index_select(0, rows).to(torch.int32)
+    if mult != 1 or base:
+        bt = bt * mult + base
+    heads, dim = q_quant.shape[-2], q_quant.shape[-1]
+    q = q_quant.index_select(0, tokens).view(torch.uint8).reshape(-1, 1, heads, dim).contiguous()
+    w = weights.index_select(0, tokens).to(torch.float32).reshape(-1, 1, heads).contiguous()
+    logits = spin_dsa.indexer_scores(pages, bt.contiguous(), seq_lens, q, w, page_size=page_size,
+                                     logits_cols=int(seq_lens.max()))
+    rt.observe_prompts(op.spin_layer, seq_lens, logits)
+
+
 def _without_decode(md):
     return dataclasses.replace(md, num_decodes=0, num_decode_tokens=0, decode=None)
 
@@ -100,7 +127,9 @@ def cpu_forward(op, hidden_states, q_quant, k, weights):
     prefix = op.k_cache.prefix
     md = attn_metadata[prefix]
     if md.num_decodes == 0:
-        return op.spin_base_forward_cpu(hidden_states, q_quant, k, weights)
+        out = op.spin_base_forward_cpu(hidden_states, q_quant, k, weights)
+        observe_prompts_cpu(op, md, q_quant, weights)
+        return out
     buf = op.topk_indices_buffer
     if md.num_prefills > 0:  # vLLM's own prefill path on a copy of the metadata without decodes
         attn_metadata[prefix] = _without_decode(md)
@@ -111,6 +140,7 @@ def cpu_forward(op, hidden_states, q_quant, k, weights):
     else:
         buf[:hidden_states.shape[0]] = -1
     spin_decode_cpu(op, md, q_quant, weights, buf)
+    observe_prompts_cpu(op, md, q_quant, weights)
     return buf
 
 

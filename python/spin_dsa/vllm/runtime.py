@@ -165,8 +165,11 @@ class ScoreRecorder:
 class SpinRuntime:
     """Slots, lazy commits and the Serving object for one worker.
 
-    Per step: begin_step(batch request ids) once (the runner hook), then for every indexer layer
-    select(layer, seq_lens, next_n) → score the blocks → observe(layer, logits, topk).
+    Per step: begin_step(batch request ids, ..., prompt_ends) once (the runner hook), then for
+    every indexer layer select(layer, seq_lens, next_n) → score the blocks → observe(layer,
+    logits, topk) for the decode rows, and observe_prompts(layer, seq_lens, logits) with the full
+    last row of each prompt ending in the step (prompt_rows()): the warm start, the device path's
+    rule and replay's (trace step 0 is the prompt's last row).
     seq_lens are vLLM's (entries cached per request, including the step's next_n rows).
     """
 
@@ -190,9 +193,12 @@ class SpinRuntime:
         self._open_next_n = np.ones(self.max_requests, np.int64)
         self._batch: list[str] = []
         self.batch_slots = np.zeros(0, np.int32)
+        self._prompt_rows: list[tuple[int, int]] = []  # (batch row, token row) of ending prompts
+        self._prompts_opened = -1  # the begin_step count whose prompt steps are open
+        self._prompt_layers: set[int] = set()  # layers whose prompt rows this step observed
         self._step = 0             # begin_step count
         self._committed_step = -1  # the step whose lazy commits have run
-        self._last = None          # (layer, slots, seq_lens, next_n, warm) of the last select
+        self._last = None          # (layer, slots, seq_lens, next_n) of the last select
         self._recorded_rows = []
         self.recorder = ScoreRecorder(cfg.record, model, num_layers) if cfg.record else None
         self.stats = {"decode_calls": 0, "rows": 0, "blocks_scored": 0, "blocks_visible": 0}
@@ -226,15 +232,29 @@ class SpinRuntime:
         return self._slots[request_id]
 
     def begin_step(self, request_ids, scheduled=None, prompt_ends=None, context=None):
-        """The batch's request ids in the runner's row order. The host path reads neither the
-        scheduled token counts, the rows whose prompt ends, nor the rows' contexts (the device
-        path does: spin_dsa.vllm.device_path)."""
+        """The batch's request ids in the runner's row order; scheduled[i]: the tokens row i
+        schedules this step; prompt_ends: the rows whose prompt's last token is in this step
+        (warm-started from that token's row: observe_prompts). The host path keeps no state for
+        short contexts, so it reads no context (the device path does: device_path)."""
         self._batch = [r for r in request_ids if r is not None]
         for r in self._batch:
             if r not in self._slots:
                 self.add(r)
         self.batch_slots = np.array([self._slots[r] for r in self._batch], np.int32)
+        n = len(self._batch)
+        counts = np.ones(n, np.int64) if scheduled is None else np.asarray(scheduled[:n], np.int64)
+        ends = np.cumsum(counts) - 1  # each row's last token among the step's token rows
+        warm = prompt_ends if self.cfg.warm_start else ()
+        self._prompt_rows = [(int(i), int(ends[i])) for i in (warm or ()) if 0 <= i < n]
+        self._prompt_layers = set()
         self._step += 1
+
+    def prompt_rows(self, layer: int) -> list[tuple[int, int]]:
+        """(batch row, token row) of each prompt ending in this step that spin warm-starts from
+        and `layer` has not observed yet (a forward the runner does not announce, a dummy run,
+        gets none): the caller scores each token row over every entry and hands them to
+        observe_prompts."""
+        return [] if layer in self._prompt_layers else self._prompt_rows
 
     # -- the decode step -------------------------------------------------------------------------
     def ensure_serving(self, page_size: int, topk: int):
@@ -276,57 +296,40 @@ class SpinRuntime:
                     self.recorder.open_step(rid, int(seq_lens[i]), next_n, self.page_size, self.topk)
 
     def select(self, layer: int, seq_lens, next_n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Blocks to score for the batch's first len(seq_lens) requests: (block ids int32 sorted
-        per request, offsets int32 [batch + 1]) — the kernels' mask form, one set per request (the
-        union of its rows).
-
-        Every block is scored (a) at a request's first decode step (cfg.warm_start): the prompt's
-        full indexer row is inside vLLM's prefill kernel, so the step's first row (the real
-        token) stands in for it and is observed in full (Serving.prefill; replay's warm start does
-        the same with step 0, where it also observes the accepted drafts' rows: it knows them in
-        hindsight, an engine does not), and (b) for
-        requests being recorded, so their traces are the true indexer output."""
+        """Blocks to score for the batch's first len(seq_lens) requests (its decode rows): (block
+        ids int32 sorted per request, offsets int32 [batch + 1]) — the kernels' mask form, one set
+        per request (the union of its rows). A request being recorded scores every block, so its
+        trace is the true indexer output (spin observes only its own blocks' top-k of it)."""
         seq_lens = np.ascontiguousarray(seq_lens, np.int64).reshape(-1)
         batch = seq_lens.shape[0]
         if batch > self.batch_slots.shape[0]:
             raise RuntimeError(f"spin: {batch} decode requests but the runner reported "
                                f"{self.batch_slots.shape[0]} (no begin_step for this batch: the "
                                f"runner hook did not see it)")
-        if not 0 <= layer < self.num_layers:
-            raise ValueError(f"spin: layer {layer} outside [0, {self.num_layers})")
+        self._check_layer(layer)
         slots = self.batch_slots[:batch]
         if self._committed_step != self._step:
             self._commit_open(slots, seq_lens, next_n)
             self._committed_step = self._step
-        warm = np.array([self.cfg.warm_start and self.serving.step(int(s)) == 0 for s in slots],
-                        bool)
-        self._open_next_n[slots[warm]] = 1  # a prefill step commits with 0 accepted
-        decode = ~warm
-        if decode.any():
-            blocks = self.serving.select(slots[decode], layer, seq_lens[decode], next_n)
-            counts = self.serving.counts(int(decode.sum()) * next_n)
+        blocks = self.serving.select(slots, layer, seq_lens, next_n)
+        counts = self.serving.counts(batch * next_n)
         E = self.serving.block_entries
         newest = spin_dsa.visible_entries(seq_lens, next_n)[next_n - 1::next_n]  # each last row's
-        ids, offsets, d = [], [0], 0
+        ids, offsets = [], [0]
         self._recorded_rows = []  # (request index, spin's own blocks) of recorded requests
         for i in range(batch):
             visible = -(-int(newest[i]) // E)
-            own = blocks[d * next_n, :counts[d * next_n]].copy() if decode[i] else None
-            if warm[i]:
+            b = blocks[i * next_n, :counts[i * next_n]].copy()
+            if self.recorder is not None and self.recorder.recording(self._batch[i]):
+                self._recorded_rows.append((i, b))
                 b = np.arange(visible, dtype=np.int32)
-            elif self.recorder is not None and self.recorder.recording(self._batch[i]):
-                b = np.arange(visible, dtype=np.int32)
-                self._recorded_rows.append((i, own))
-            else:
-                b = own
-            d += int(decode[i])
             ids.append(b)
             offsets.append(offsets[-1] + b.shape[0])
             self.stats["blocks_scored"] += b.shape[0]
             self.stats["blocks_visible"] += visible
         self.stats["decode_calls"] += 1
         self.stats["rows"] += batch * next_n
-        self._last = (layer, slots, seq_lens, next_n, warm)
+        self._last = (layer, slots, seq_lens, next_n)
         block_ids = np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32)
         return block_ids, np.array(offsets, np.int32)
 
@@ -335,27 +338,64 @@ class SpinRuntime:
         [rows, >= topk] or None) of the last select, which must be of `layer`."""
         if self._last is None or self._last[0] != layer:
             raise RuntimeError(f"spin: observe(layer {layer}) without its select")
-        _, slots, seq_lens, next_n, warm = self._last
+        _, slots, seq_lens, next_n = self._last
         self._last = None
         if topk is not None and self._recorded_rows:
             topk = self._own_topk(logits, topk, seq_lens, next_n)
-        decode = ~warm
-        if decode.all():
-            self.serving.observe(slots, layer, logits, topk)
-        elif decode.any():
-            rows = (np.flatnonzero(decode)[:, None] * next_n + np.arange(next_n)).reshape(-1)
-            self.serving.observe(slots[decode], layer, np.ascontiguousarray(logits[rows]),
-                                 None if topk is None else np.ascontiguousarray(topk[rows]))
-        if warm.any():  # row 0: the real token (the others are drafts, maybe rejected)
-            first = np.flatnonzero(warm) * next_n
-            # Row 0's tokens: its visible entries (this path's compress_ratio is 1).
-            tokens = spin_dsa.visible_entries(seq_lens[warm], next_n)[::next_n]
-            self.serving.prefill(slots[warm], layer, tokens, np.ascontiguousarray(logits[first]))
+        self.serving.observe(slots, layer, logits, topk)
         if self.recorder is not None:
             for i, rid in enumerate(self._batch[:len(slots)]):
                 if self.recorder.recording(rid):
                     rows = logits[i * next_n:(i + 1) * next_n, :int(seq_lens[i])]
                     self.recorder.add_rows(rid, layer, rows)
+
+    def observe_prompts(self, layer: int, seq_lens, logits: np.ndarray):
+        """The warm start: the last row of each prompt in prompt_rows() (float32 [prompts,
+        >= seq_lens[i]], every entry scored), seq_lens[i] its tokens, is observed as the
+        request's prefill (Serving.prefill), committed with 0 accepted at its next step. A
+        recorded request's trace starts with it: step 0, its other next_n - 1 rows -inf, as
+        replay's warm start reads step 0."""
+        self._check_layer(layer)
+        seq_lens = np.ascontiguousarray(seq_lens, np.int64).reshape(-1)
+        rows = [i for i, _ in self.prompt_rows(layer)]
+        if seq_lens.shape[0] != len(rows) or logits.shape[0] != len(rows):
+            raise ValueError(f"spin: observe_prompts: {len(rows)} prompts end in this step, got "
+                             f"{seq_lens.shape[0]} seq_lens and {logits.shape[0]} rows")
+        if not rows:
+            return
+        self._prompt_layers.add(layer)
+        slots = self.batch_slots[rows]
+        if self._prompts_opened != self._step:  # once a step, before its first layer's prefill
+            self._open_prompts(slots, seq_lens)
+        self.serving.prefill(slots, layer, seq_lens, np.ascontiguousarray(logits, np.float32))
+        if self.recorder is not None:
+            n = self.max_next_n
+            for (i, _), L, row in zip(self._prompt_rows, seq_lens, logits):
+                if self.recorder.recording(self._batch[i]):
+                    step = np.full((n, int(L) + n - 1), -np.inf, np.float32)
+                    step[0, :L] = row[:L]
+                    self.recorder.add_rows(self._batch[i], layer, step)
+
+    def _open_prompts(self, slots: np.ndarray, seq_lens: np.ndarray):
+        """Opens the prompts' prefill steps: one row each, L = the prompt's tokens before its
+        last, so the next step's seq_len delta commits 0 accepted."""
+        self._prompts_opened = self._step
+        stale = slots[self._open[slots]]  # a step left open (a request re-prefilled): closed as is
+        if stale.size:
+            self.serving.commit(stale, np.zeros(stale.size, np.int32))
+        self._open[slots] = True
+        self._base[slots] = seq_lens - 1
+        self._open_next_n[slots] = 1
+        if self.recorder is not None:
+            for (i, _), L in zip(self._prompt_rows, seq_lens):
+                rid = self._batch[i]
+                if self.recorder.recording(rid):
+                    self.recorder.open_step(rid, int(L) + self.max_next_n - 1, self.max_next_n,
+                                            self.page_size, self.topk)
+
+    def _check_layer(self, layer: int):
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"spin: layer {layer} outside [0, {self.num_layers})")
 
     def _own_topk(self, logits, topk, seq_lens, next_n):
         """A recorded request scored every block (for its trace); spin observes the top-k it

@@ -5,7 +5,8 @@ import pytest
 
 import spin_dsa
 from spin_dsa.vllm.config import parse_spin_config
-from spin_dsa.vllm.runtime import SpinRuntime, request_key
+from spin_dsa.vllm.lifecycle import request_key
+from spin_dsa.vllm.runtime import SpinRuntime
 
 
 def test_write_score_trace_round_trip(tmp_path):
@@ -74,11 +75,11 @@ def test_runtime_lazy_commit_from_seq_len_delta(tmp_path):
     rt = _runtime(record={"dir": str(tmp_path), "requests": ["a"]})
     rt.add("a")
     rt.add("b")
-    slots = [rt.slot("a"), rt.slot("b")]
     # Step 0 ends both prompts (a's whole prompt, b's last chunk of 300 tokens): their last rows,
     # scored in full, are observed as prefills (the warm start) and committed with 0 accepted.
     prompt = np.array([999, 1999])
     rt.begin_step(["a", "b"], [999, 300], prompt_ends=[0, 1])
+    slots = [rt.slot("a"), rt.slot("b")]  # taken at the request's first step
     assert rt.prompt_rows(0) == [(0, 998), (1, 1298)]
     rows = {layer: _scores(2, 1999, 20 + layer) for layer in range(2)}
     for layer in range(2):
@@ -108,7 +109,7 @@ def test_runtime_lazy_commit_from_seq_len_delta(tmp_path):
         np.testing.assert_array_equal(r.scores(layer)[0, 0, :999], rows[layer][0, :999])
         assert np.all(np.isneginf(r.scores(layer)[0, 1]))
     assert not rt.serving.active(slots[0])
-    rt.add("c")
+    rt.begin_step(["c", "b"])
     assert rt.slot("c") == slots[0]  # the lowest free slot is reused
 
 
@@ -153,11 +154,30 @@ def test_runtime_warm_start_is_replays(tmp_path):
     assert rep["prefill_steps"] == 1  # step 0, the prompt's row
 
 
+def test_more_requests_than_slots_run_dense_and_are_counted():
+    """max_requests 1, two requests: the second finds no slot — it scores every block, is not
+    observed, and the step is counted; it takes the slot once the first is dropped. Never an
+    error (the device path's rule, lifecycle.Requests)."""
+    rt = _runtime(max_requests=1)
+    rt.add("a")
+    rt.add("b")
+    seq = np.array([1000, 2000])
+    rt.begin_step(["a", "b"])
+    for layer in range(2):
+        ids, offs = rt.select(layer, seq, 1)
+        assert offs[1] - offs[0] < -(-seq[0] // 64)  # a: spin's budget
+        assert offs[2] - offs[1] == -(-seq[1] // 64)  # b: no slot, every block
+        rt.observe(layer, _scores(2, int(seq.max()), layer), None)
+    assert "b" not in rt.slots and rt.stats()["no_slot_steps"] == 1
+    assert rt.stats()["requests_with_state"] == 1 and rt.stats()["decode_rows"] == 4
+    rt.drop("a")
+    rt.begin_step(["b"])
+    assert rt.slot("b") == 0 and rt.stats()["no_slot_steps"] == 1
+
+
 def test_runtime_errors_are_clear():
     rt = _runtime(max_requests=1)
     rt.add("a")
-    with pytest.raises(RuntimeError, match="no free slot"):
-        rt.add("b")
     rt.begin_step(["a"])
     with pytest.raises(RuntimeError, match="runner reported"):
         rt.select(0, np.array([100, 100]), 1)

@@ -38,7 +38,7 @@ def main():
     from spin_dsa.vllm import state
     rt = state.runtime_or_none()
     print(json.dumps({"tokens": list(out[0].outputs[0].token_ids),
-                      "spin": dict(rt.stats) if rt is not None else None}))
+                      "spin": rt.stats() if rt is not None else None}))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from host_sync import no_host_sync  # noqa: E402
 import spin_dsa
 import spin_dsa.vllm
 from spin_dsa.vllm import state
-from spin_dsa.vllm.runtime import request_key
+from spin_dsa.vllm.lifecycle import request_key
 from cuda_path import DEFAULT_PREFIX, KernelStats, cuda_path_on_cpu, make_case, run_indexer
 from test_device_path import MAX_LEN, World, device_path_on, model_dir  # noqa: F401  (fixtures)
 

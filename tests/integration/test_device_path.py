@@ -30,7 +30,7 @@ import spin_dsa
 import spin_dsa.vllm
 from spin_dsa.device import paged_logits_reference
 from spin_dsa.vllm import state
-from spin_dsa.vllm.runtime import request_key
+from spin_dsa.vllm.lifecycle import request_key
 from cases import PAGE, scatter, vllm_config, write_tiny_v32_config
 from host_sync import no_host_sync
 

@@ -266,6 +266,9 @@ def test_spin_on_scores_only_chosen_blocks_and_matches_replay(model_dir, next_n,
             matches += (STEPS - first) * next_n
             rows += (STEPS - first) * next_n
     assert scored < 0.75 * visible_blocks  # sparsity 0.5 (plus forced sink/local blocks)
+    st = state.stats()  # the runtime's own counters agree
+    assert (st["blocks_scored"], st["blocks_visible"], st["no_slot_steps"]) == \
+        (scored, visible_blocks, 0)
     start = "warm start from the prompt step" if warm else "cold start"
     figures.append(f"indexer op, spin on (spin, target_sparsity 0.5, next_n={next_n}, {start}): "
                    f"{rows} decode rows (2 requests x {LAYERS} layers x {STEPS - first} steps x "

@@ -28,7 +28,8 @@ from transformers.models.deepseek_v32 import modeling_deepseek_v32 as hf  # noqa
 
 import spin_dsa  # noqa: E402
 from spin_dsa.vllm.config import parse_spin_config  # noqa: E402
-from spin_dsa.vllm.runtime import SpinRuntime, request_key  # noqa: E402
+from spin_dsa.vllm.lifecycle import request_key  # noqa: E402
+from spin_dsa.vllm.runtime import SpinRuntime  # noqa: E402
 
 PAGE = 64
 TOPK = 64
@@ -218,9 +219,9 @@ def _generate(seed):
                     del live[r]
                 if step == first:
                     rt.add(r)
-                    slots[r] = rt.slot(r)
                     loop.request, loop.decoding, loop.prompting = r, False, True
                     rt.begin_step([r], [prompt[r].shape[1]], prompt_ends=[0])
+                    slots[r] = rt.slot(r)  # taken at the request's first step
                     out = model(prompt[r], use_cache=True)  # prefill: HF's dense indexer
                     loop.prompting = False
                     live[r] = (out.past_key_values, int(out.logits[0, -1].argmax()))

@@ -49,7 +49,8 @@ import spin_dsa
 import spin_dsa.device as sd
 
 from .cache_pages import kv_pages
-from .runtime import ScoreRecorder, SlotTable
+from .lifecycle import Requests
+from .runtime import ScoreRecorder
 
 logger = logging.getLogger("spin_dsa.vllm")
 
@@ -111,9 +112,8 @@ class DeviceRuntime:
         # profiling passes (a throwaway KV cache, graphs it discards); the state is sized by
         # bind(), once vLLM has allocated its real KV cache and before it captures any graph.
         self.serving = sd.Serving(1, *self._serving_args, dense_blocks=self._dense_blocks)
-        self.slots = None
+        self.requests = Requests(cfg.warm_start)  # the lifecycle the host path shares
         self._profiling = False  # the runner hook saw vLLM's profiling KV cache (profiling())
-        self._known: set[str] = set()  # requests added and not dropped, with a slot or not
         # A request takes a slot once its context reaches half of min_context: its rows are
         # still scored in full (dense_blocks) until min_context and observed wherever spin's
         # chain runs (FULL-graph replays, steps with a long row; an eager step of short rows
@@ -174,7 +174,7 @@ class DeviceRuntime:
             slot_entries = self.slot_tokens // self.compress_ratio
             capacity = long_context_slots(entries, slot_entries, self.max_num_seqs)
             why = f"a KV cache of {entries} indexer entries, {slot_entries} a request"
-        self.slots = SlotTable(capacity)
+        self.requests.bind(capacity)
         self.serving = sd.Serving(capacity, *self._serving_args, dense_blocks=self._dense_blocks)
         self._step_rows[0].fill_(self.serving.pad_slot)
         logger.info("spin: state for %d requests (%s): %.1f MiB", capacity, why,
@@ -185,26 +185,27 @@ class DeviceRuntime:
         run on the one-slot state and are discarded (the runner hook calls this)."""
         self._profiling = True
 
+    @property
+    def slots(self):
+        """Request id → slot for the requests that hold state (lifecycle.SlotTable); None until
+        bind()."""
+        return self.requests.slots
+
     def add(self, request_id: str):
         """A new or resumed request: it starts over (a slot is taken by begin_step, once its
         context needs one)."""
         self.bind()
         self.drop(request_id)  # resumed after a preemption we did not see
-        self._known.add(request_id)
+        self.requests.add(request_id)
         if self.recorder is not None:
             self.recorder.on_add(request_id)
-
-    def _take_slot(self, request_id: str):
-        slot, key = self.slots.take(request_id)
-        self.serving.add(slot, key)
 
     def drop(self, request_id: str):
         """A finished or preempted request; unknown ids are ignored (a known one was added,
         which bound the state)."""
-        if request_id not in self._known:  # every slot's request is known (begin_step adds)
+        if request_id not in self.requests:
             return
-        self._known.discard(request_id)
-        slot = self.slots.release(request_id)
+        slot = self.requests.drop(request_id)
         if slot is not None:
             self.serving.drop(slot)
         if self.recorder is not None:
@@ -213,7 +214,7 @@ class DeviceRuntime:
 
     def close(self):
         """Writes the traces of requests still recording (process exit)."""
-        for request_id in sorted(self._known):
+        for request_id in self.requests.known():
             self.drop(request_id)
 
     def begin_step(self, request_ids, scheduled=None, prompt_ends=None, context=None):
@@ -222,44 +223,39 @@ class DeviceRuntime:
         context[i]: the tokens row i has once this step is done (None: every row needs a slot).
         The lists are indexed like request_ids without its None entries."""
         self.bind()
-        ids = [r for r in request_ids if r is not None]
-        if len(ids) > self.max_batch:
-            raise RuntimeError(f"spin: a batch of {len(ids)} requests exceeds max_num_seqs "
+        batch = sum(r is not None for r in request_ids)
+        if batch > self.max_batch:
+            raise RuntimeError(f"spin: a batch of {batch} requests exceeds max_num_seqs "
                                f"{self.max_batch}")
-        for r in ids:
-            if r not in self._known:  # MRV2's hook announces requests only by their batches
-                self.add(r)
-        needs = [self._needs_slot(r, None if context is None else context[i])
-                 for i, r in enumerate(ids)]
-        for r, need in zip(ids, needs):
-            if need and r not in self.slots and len(self.slots) < self.slots.capacity:
-                self._take_slot(r)
+        for r in self.requests.unknown(request_ids):
+            self.add(r)  # MRV2's hook announces requests only by their batches
+        step = self.requests.begin(
+            request_ids, scheduled, prompt_ends,
+            lambda i, r: self._needs_slot(r, None if context is None else context[i]))
+        for slot, key in step.taken:
+            self.serving.add(slot, key)
         # A row that needs a slot and has none (more long requests than slots): this step runs
         # vLLM's dense decode (counted), never raises; it gets one when one frees. Under FULL
         # CUDA graphs a replay cannot switch: such rows then use the pad slot's shared state (a
         # budgeted selection, not dense) — raise max_requests if stats()["no_slot_steps"] grows.
         # Short rows without a slot use the pad slot too, and keep every block (dense_blocks).
-        self._no_slot = [i for i, (r, need) in enumerate(zip(ids, needs))
-                         if need and r not in self.slots]
+        self._no_slot = step.no_slot
         if self._no_slot:
             self.no_slot_steps += 1
-        n = len(ids)
+        n = len(step.ids)
         rows = np.zeros((2, self.max_batch), np.int64)
         rows[0] = self.serving.pad_slot
-        rows[0, :n] = [self.slots[r] if r in self.slots else self.serving.pad_slot for r in ids]
+        rows[0, :n] = [self.serving.pad_slot if s is None else s for s in step.slots]
         if scheduled is not None:
-            rows[1, :n] = scheduled[:n]
+            rows[1, :n] = step.scheduled
         self._staging.copy(self._step_rows, rows)
-        qlen = rows[1]
-        ends = np.cumsum(qlen[:n]) - 1
-        warm = prompt_ends if self.cfg.warm_start else ()
-        self._prompt_rows = [(i, int(ends[i])) for i in (warm or ()) if i < n and ids[i] in self.slots]
+        self._prompt_rows = step.prompt_rows
         if self._prompt_rows:  # their batch and token rows, on the device once a step (not per layer)
             index = np.zeros((2, self.max_batch), np.int64)
             index[:, :len(self._prompt_rows)] = np.array(self._prompt_rows, np.int64).T
             self._prompt_staging.copy(self._prompt_index, index)
         if self.recorder is not None:
-            self._recorded = [(i, r) for i, r in enumerate(ids) if self.recorder.recording(r)]
+            self._recorded = [(i, r) for i, r in enumerate(step.ids) if self.recorder.recording(r)]
         self.steps += 1
         if self.steps % STATS_EVERY == 0:  # one device sync per STATS_EVERY steps
             logger.info("spin: %s", self.stats())

@@ -1,9 +1,12 @@
-"""SpinRuntime: what the plugin keeps between indexer calls, one object per vLLM worker process.
+"""SpinRuntime: the host path's runtime (vLLM on a CPU), one object per vLLM worker process.
 
-It owns the batched ``spin_dsa.Serving`` object and maps vLLM's world onto it:
+It owns the batched ``spin_dsa.Serving`` object and maps vLLM's world onto it, under the request
+lifecycle it shares with the device path (lifecycle.Requests: which requests hold a slot, when,
+and which prompts end in a step):
 - request ids (strings) → spin slots (0..max_requests-1, lowest free first) and the 63-bit key
   exploration is drawn with (a hash of the id, so every tensor-parallel rank agrees);
 - the batch rows of the current step → slots (``begin_step``, from the model runner's batch order);
+- the warm start: the last row of each prompt ending in the step, observed as its prefill;
 - commits: vLLM tells the indexer nothing about acceptance, so the step a slot opened is closed
   lazily at its next step, from the seq_len delta: with L the tokens cached before a step's rows,
   L' = L + 1 + accepted (the bonus token plus the accepted drafts). That holds under async
@@ -15,8 +18,6 @@ No torch and no vLLM here: numpy in, numpy out, so the package suite tests it wi
 
 from __future__ import annotations
 
-import hashlib
-import heapq
 import os
 import re
 
@@ -25,51 +26,7 @@ import numpy as np
 import spin_dsa
 
 from .config import RecordConfig, SpinConfig
-
-
-def request_key(request_id: str) -> int:
-    """The exploration key of a vLLM request id: 63 bits of its BLAKE2b digest (stable across
-    processes and ranks, unlike Python's salted hash())."""
-    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
-
-
-class SlotTable:
-    """Request ids → spin slots (lowest free first, so every tensor-parallel rank that sees the
-    same adds and drops in the same order assigns the same slots) and their exploration keys."""
-
-    def __init__(self, capacity: int):
-        self.capacity = int(capacity)
-        self._slot: dict[str, int] = {}
-        self._free = list(range(self.capacity))
-
-    def __contains__(self, request_id) -> bool:
-        return request_id in self._slot
-
-    def __getitem__(self, request_id) -> int:
-        return self._slot[request_id]
-
-    def __len__(self) -> int:
-        return len(self._slot)
-
-    def ids(self):
-        return list(self._slot)
-
-    def take(self, request_id: str, key: int | None = None) -> tuple[int, int]:
-        """(slot, exploration key) for a new request; key defaults to request_key(request_id)."""
-        if not self._free:
-            raise RuntimeError(f"spin: no free slot for request {request_id!r} "
-                               f"(max_requests={self.capacity}; raise spin.max_requests)")
-        slot = heapq.heappop(self._free)
-        self._slot[request_id] = slot
-        return slot, request_key(request_id) if key is None else int(key)
-
-    def release(self, request_id: str) -> int | None:
-        """The freed slot, or None for an id never added (ignored)."""
-        slot = self._slot.pop(request_id, None)
-        if slot is not None:
-            heapq.heappush(self._free, slot)
-        return slot
+from .lifecycle import Requests
 
 
 class ScoreRecorder:
@@ -165,11 +122,11 @@ class ScoreRecorder:
 class SpinRuntime:
     """Slots, lazy commits and the Serving object for one worker.
 
-    Per step: begin_step(batch request ids, ..., prompt_ends) once (the runner hook), then for
-    every indexer layer select(layer, seq_lens, next_n) → score the blocks → observe(layer,
+    Per step: begin_step(batch request ids, scheduled, prompt_ends) once (the runner hook), then
+    for every indexer layer select(layer, seq_lens, next_n) → score the blocks → observe(layer,
     logits, topk) for the decode rows, and observe_prompts(layer, seq_lens, logits) with the full
-    last row of each prompt ending in the step (prompt_rows()): the warm start, the device path's
-    rule and replay's (trace step 0 is the prompt's last row).
+    last row of each prompt in prompt_rows(layer): the warm start, the device path's rule and
+    replay's (trace step 0 is the prompt's last row).
     seq_lens are vLLM's (entries cached per request, including the step's next_n rows).
     """
 
@@ -186,67 +143,74 @@ class SpinRuntime:
         self.model = model
         self.serving: spin_dsa.Serving | None = None  # made at the first decode (geometry known)
         self.page_size = self.topk = 0
-        self._slots = SlotTable(self.max_requests)
+        self.requests = Requests(cfg.warm_start)
+        self.requests.bind(self.max_requests)  # host memory: every request holds state
         self._key: dict[int, int] = {}  # slot → exploration key
         self._open = np.zeros(self.max_requests, bool)        # slot has an uncommitted step
         self._base = np.zeros(self.max_requests, np.int64)    # its L (cached before its rows)
         self._open_next_n = np.ones(self.max_requests, np.int64)
         self._batch: list[str] = []
-        self.batch_slots = np.zeros(0, np.int32)
+        self.batch_slots = np.zeros(0, np.int32)  # each row's slot, -1 where it holds none
         self._prompt_rows: list[tuple[int, int]] = []  # (batch row, token row) of ending prompts
         self._prompts_opened = -1  # the begin_step count whose prompt steps are open
         self._prompt_layers: set[int] = set()  # layers whose prompt rows this step observed
         self._step = 0             # begin_step count
         self._committed_step = -1  # the step whose lazy commits have run
-        self._last = None          # (layer, slots, seq_lens, next_n) of the last select
+        self._last = None          # (layer, rows with a slot, seq_lens, next_n) of the last select
         self._recorded_rows = []
         self.recorder = ScoreRecorder(cfg.record, model, num_layers) if cfg.record else None
-        self.stats = {"decode_calls": 0, "rows": 0, "blocks_scored": 0, "blocks_visible": 0}
+        self.no_slot_steps = 0
+        self._counters = {"rows": 0, "blocks_scored": 0, "blocks_visible": 0}
 
     # -- lifecycle -------------------------------------------------------------------------------
+    @property
+    def slots(self):
+        """Request id → slot, for the requests that hold state (lifecycle.SlotTable)."""
+        return self.requests.slots
+
     def add(self, request_id: str, key: int | None = None):
-        """A new or resumed request: a free slot with empty state. key: the exploration key
-        (default request_key(request_id); tests pass replay's 0)."""
-        if request_id in self._slots:
-            self.drop(request_id)  # resumed after a preemption we did not see: start over
-        slot, key = self._slots.take(request_id, key)
-        self._key[slot] = key
-        self._open[slot] = False
-        if self.serving is not None:
-            self.serving.add(slot, self._key[slot])
+        """A new or resumed request: it starts over, and takes a slot at its first step. key: the
+        exploration key (default lifecycle.request_key(request_id); tests pass replay's 0)."""
+        self.drop(request_id)  # resumed after a preemption we did not see
+        self.requests.add(request_id, key)
         if self.recorder is not None:
             self.recorder.on_add(request_id)
 
     def drop(self, request_id: str):
         """A finished or preempted request; unknown ids are ignored (never scheduled here)."""
-        slot = self._slots.release(request_id)
-        if slot is None:
+        if request_id not in self.requests:
             return
-        if self.serving is not None and self.serving.active(slot):
-            self.serving.drop(slot)
-        self._open[slot] = False
+        slot = self.requests.drop(request_id)
+        if slot is not None:
+            if self.serving is not None and self.serving.active(slot):
+                self.serving.drop(slot)
+            self._key.pop(slot, None)
+            self._open[slot] = False
         if self.recorder is not None:
             self.recorder.on_drop(request_id, self.page_size, self.topk)
 
     def slot(self, request_id: str) -> int:
-        return self._slots[request_id]
+        return self.slots[request_id]
 
     def begin_step(self, request_ids, scheduled=None, prompt_ends=None, context=None):
         """The batch's request ids in the runner's row order; scheduled[i]: the tokens row i
         schedules this step; prompt_ends: the rows whose prompt's last token is in this step
-        (warm-started from that token's row: observe_prompts). The host path keeps no state for
-        short contexts, so it reads no context (the device path does: device_path)."""
-        self._batch = [r for r in request_ids if r is not None]
-        for r in self._batch:
-            if r not in self._slots:
-                self.add(r)
-        self.batch_slots = np.array([self._slots[r] for r in self._batch], np.int32)
-        n = len(self._batch)
-        counts = np.ones(n, np.int64) if scheduled is None else np.asarray(scheduled[:n], np.int64)
-        ends = np.cumsum(counts) - 1  # each row's last token among the step's token rows
-        warm = prompt_ends if self.cfg.warm_start else ()
-        self._prompt_rows = [(int(i), int(ends[i])) for i in (warm or ()) if 0 <= i < n]
+        (warm-started from that token's row: observe_prompts). Every request needs state here
+        (host memory), so context is not read; a row that finds no free slot (more requests
+        than max_requests) scores every block and is not observed, counted in no_slot_steps."""
+        for r in self.requests.unknown(request_ids):
+            self.add(r)  # MRV2's hook announces requests only by their batches
+        step = self.requests.begin(request_ids, scheduled, prompt_ends, lambda i, r: True)
+        for slot, key in step.taken:
+            self._key[slot] = key
+            self._open[slot] = False
+            if self.serving is not None:
+                self.serving.add(slot, key)
+        self._batch = step.ids
+        self.batch_slots = np.array([-1 if s is None else s for s in step.slots], np.int32)
+        self._prompt_rows = step.prompt_rows
         self._prompt_layers = set()
+        self.no_slot_steps += bool(step.no_slot)
         self._step += 1
 
     def prompt_rows(self, layer: int) -> list[tuple[int, int]]:
@@ -268,13 +232,13 @@ class SpinRuntime:
                                         predictor=self.cfg.predictor, config=config,
                                         max_next_n=self.max_next_n)
         self.page_size, self.topk = page_size, topk
-        for slot in sorted(self._slots[r] for r in self._slots.ids()):
+        for slot in sorted(self._key):
             self.serving.add(slot, self._key[slot])
 
-    def _commit_open(self, slots: np.ndarray, seq_lens: np.ndarray, next_n: int):
-        """Closes the previous step of every slot of this batch that has one (accepted drafts
-        from the seq_len delta), and opens this step's bookkeeping."""
-        base = seq_lens - next_n
+    def _commit_open(self, rows: np.ndarray, seq_lens: np.ndarray, next_n: int):
+        """Closes the previous step of every batch row (`rows`: those holding a slot) that has
+        one (accepted drafts from the seq_len delta), and opens this step's bookkeeping."""
+        slots, base = self.batch_slots[rows], seq_lens[rows] - next_n
         was_open = self._open[slots]
         if was_open.any():
             s = slots[was_open]
@@ -283,23 +247,25 @@ class SpinRuntime:
             self.serving.commit(s, acc)
             self._open[s] = False
             if self.recorder is not None:
-                for slot, a in zip(s, acc):
-                    rid = self._batch[int(np.flatnonzero(slots == slot)[0])]
+                for i, a in zip(rows[was_open], acc):
+                    rid = self._batch[i]
                     self.recorder.set_accepted(rid, int(a))
                     self.recorder.end_step(rid, self.page_size, self.topk)
         self._open[slots] = True
         self._base[slots] = base
         self._open_next_n[slots] = next_n
         if self.recorder is not None:
-            for i, rid in enumerate(self._batch[:len(slots)]):
-                if self.recorder.recording(rid):
-                    self.recorder.open_step(rid, int(seq_lens[i]), next_n, self.page_size, self.topk)
+            for i in rows:
+                if self.recorder.recording(self._batch[i]):
+                    self.recorder.open_step(self._batch[i], int(seq_lens[i]), next_n,
+                                            self.page_size, self.topk)
 
     def select(self, layer: int, seq_lens, next_n: int) -> tuple[np.ndarray, np.ndarray]:
         """Blocks to score for the batch's first len(seq_lens) requests (its decode rows): (block
         ids int32 sorted per request, offsets int32 [batch + 1]) — the kernels' mask form, one set
-        per request (the union of its rows). A request being recorded scores every block, so its
-        trace is the true indexer output (spin observes only its own blocks' top-k of it)."""
+        per request (the union of its rows). Every block is scored for a request being recorded,
+        so its trace is the true indexer output (spin observes only its own blocks' top-k of
+        it), and for one without a slot (more requests than max_requests: dense, unobserved)."""
         seq_lens = np.ascontiguousarray(seq_lens, np.int64).reshape(-1)
         batch = seq_lens.shape[0]
         if batch > self.batch_slots.shape[0]:
@@ -307,29 +273,32 @@ class SpinRuntime:
                                f"{self.batch_slots.shape[0]} (no begin_step for this batch: the "
                                f"runner hook did not see it)")
         self._check_layer(layer)
-        slots = self.batch_slots[:batch]
+        rows = np.flatnonzero(self.batch_slots[:batch] >= 0)  # the rows spin selects for
         if self._committed_step != self._step:
-            self._commit_open(slots, seq_lens, next_n)
+            self._commit_open(rows, seq_lens, next_n)
             self._committed_step = self._step
-        blocks = self.serving.select(slots, layer, seq_lens, next_n)
-        counts = self.serving.counts(batch * next_n)
+        own = {}
+        if rows.size:
+            blocks = self.serving.select(self.batch_slots[rows], layer, seq_lens[rows], next_n)
+            counts = self.serving.counts(rows.size * next_n)
+            own = {int(i): blocks[d * next_n, :counts[d * next_n]] for d, i in enumerate(rows)}
         E = self.serving.block_entries
         newest = spin_dsa.visible_entries(seq_lens, next_n)[next_n - 1::next_n]  # each last row's
         ids, offsets = [], [0]
         self._recorded_rows = []  # (request index, spin's own blocks) of recorded requests
         for i in range(batch):
             visible = -(-int(newest[i]) // E)
-            b = blocks[i * next_n, :counts[i * next_n]].copy()
-            if self.recorder is not None and self.recorder.recording(self._batch[i]):
+            every = np.arange(visible, dtype=np.int32)
+            b = own[i].copy() if i in own else every
+            if self.recorder is not None and self.recorder.recording(self._batch[i]) and i in own:
                 self._recorded_rows.append((i, b))
-                b = np.arange(visible, dtype=np.int32)
+                b = every
             ids.append(b)
             offsets.append(offsets[-1] + b.shape[0])
-            self.stats["blocks_scored"] += b.shape[0]
-            self.stats["blocks_visible"] += visible
-        self.stats["decode_calls"] += 1
-        self.stats["rows"] += batch * next_n
-        self._last = (layer, slots, seq_lens, next_n)
+            self._counters["blocks_scored"] += b.shape[0]
+            self._counters["blocks_visible"] += visible
+        self._counters["rows"] += batch * next_n
+        self._last = (layer, rows, seq_lens, next_n)
         block_ids = np.concatenate(ids).astype(np.int32) if ids else np.zeros(0, np.int32)
         return block_ids, np.array(offsets, np.int32)
 
@@ -338,16 +307,22 @@ class SpinRuntime:
         [rows, >= topk] or None) of the last select, which must be of `layer`."""
         if self._last is None or self._last[0] != layer:
             raise RuntimeError(f"spin: observe(layer {layer}) without its select")
-        _, slots, seq_lens, next_n = self._last
+        _, rows, seq_lens, next_n = self._last
         self._last = None
+        if self.recorder is not None:
+            for i in rows:
+                if self.recorder.recording(self._batch[i]):
+                    self.recorder.add_rows(self._batch[i], layer,
+                                           logits[i * next_n:(i + 1) * next_n, :int(seq_lens[i])])
         if topk is not None and self._recorded_rows:
             topk = self._own_topk(logits, topk, seq_lens, next_n)
-        self.serving.observe(slots, layer, logits, topk)
-        if self.recorder is not None:
-            for i, rid in enumerate(self._batch[:len(slots)]):
-                if self.recorder.recording(rid):
-                    rows = logits[i * next_n:(i + 1) * next_n, :int(seq_lens[i])]
-                    self.recorder.add_rows(rid, layer, rows)
+        if rows.size == 0:
+            return
+        if rows.size < seq_lens.shape[0]:  # rows without a slot are not observed
+            token_rows = (rows[:, None] * next_n + np.arange(next_n)).reshape(-1)
+            logits = np.ascontiguousarray(logits[token_rows])
+            topk = None if topk is None else np.ascontiguousarray(topk[token_rows])
+        self.serving.observe(self.batch_slots[rows], layer, logits, topk)
 
     def observe_prompts(self, layer: int, seq_lens, logits: np.ndarray):
         """The warm start: the last row of each prompt in prompt_rows() (float32 [prompts,
@@ -412,7 +387,18 @@ class SpinRuntime:
             topk[rows, k:] = -1
         return topk
 
+    def stats(self) -> dict:
+        """Counters since start, the device path's keys where they apply."""
+        c = self._counters
+        return {"steps": self._step, "no_slot_steps": self.no_slot_steps,
+                "max_requests": self.slots.capacity, "requests_with_state": len(self.slots),
+                "state_bytes": self.serving.memory_bytes if self.serving is not None else 0,
+                "decode_rows": c["rows"], "blocks_scored": c["blocks_scored"],
+                "blocks_visible": c["blocks_visible"],
+                "scored_fraction": c["blocks_scored"] / c["blocks_visible"]
+                if c["blocks_visible"] else 1.0}
+
     def close(self):
         """Writes the traces of requests still recording (process exit)."""
-        for request_id in self._slots.ids():
+        for request_id in self.requests.known():
             self.drop(request_id)

@@ -265,8 +265,9 @@ def runtime_or_none():
 
 
 def stats() -> dict | None:
-    """The device path's counters (steps, fallback steps, blocks scored / visible), or None."""
-    return _runtime.stats() if _runtime is not None and hasattr(_runtime, "stats") else None
+    """The runtime's counters (steps, steps run dense, slots, blocks scored / visible), or None
+    without a runtime."""
+    return _runtime.stats() if _runtime is not None else None
 
 
 def reset():

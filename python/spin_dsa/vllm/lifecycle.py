@@ -7,7 +7,8 @@ not in which requests hold state, when, or where a step's prompts end.
   path: once its context reaches half min_context; the host path: always) — and while one is
   free; slots are taken lowest-free in the batch's row order and freed in the order drops arrive
   (sorted by the runner hook), so tensor-parallel ranks assign the same slots without talking.
-  A row that needs a slot and finds none is counted and runs dense; nothing raises.
+  A row that needs a slot and finds none is counted and scored dense (under FULL CUDA graphs
+  the device path gives it the shared pad slot instead); nothing raises.
 - The warm start: each prompt whose last token is in the step (the runner hook's prompt ends),
   and whose request holds a slot, is observed from that token's indexer row (observe_prompts).
 

@@ -165,6 +165,11 @@ def test_no_silent_misread(tmp_path, small_trace_path):
     st = spin_dsa.open_trace(str(p))
     for name in ("k", "k_scale", "q", "w"):
         raises(spin_dsa.FailedPrecondition, "score trace", getattr(st, name), 0)
+    # ... and replays as recorded (its scores the truth), by path or reader, while a predictor
+    # that needs keys is refused in one line.
+    for source in (str(p), st):
+        assert spin_dsa.replay(spin_dsa.score_trace(source), "spin")["prefill_steps"] == 1
+    raises(spin_dsa.FailedPrecondition, "hisa", spin_dsa.replay, spin_dsa.score_trace(st), "hisa")
     # Integer wrap and float truncation.
     s3 = serving()
     raises(spin_dsa.OutOfRange, r"slots\[0\] = 4294967296", s3.select, [2 ** 32], 0, [500])

@@ -413,17 +413,15 @@ class DeviceRuntime:
                 if i in recorded and self.recorder.recording(recorded[i])]
         if not mine:
             return
-        n = self.max_next_n
         lens, rows = seq_lens.tolist(), logits.cpu().numpy()  # record mode: eager, host reads
         for p, rid in mine:
             if rid not in self._record_open:  # the step's first layer opens the trace's step 0
-                self.recorder.open_step(rid, lens[p] + n - 1, n, self.page_size, self.topk)
+                self.recorder.open_prompt(rid, lens[p], self.max_next_n, self.page_size,
+                                          self.topk)
                 if not self.recorder.recording(rid):  # a next_n change ended (wrote) the trace
                     continue
                 self._record_open.add(rid)
-            step = np.full((n, lens[p] + n - 1), -np.inf, np.float32)
-            step[0, :lens[p]] = rows[p, :lens[p]]
-            self.recorder.add_rows(rid, layer, step)
+            self.recorder.add_prompt_row(rid, layer, rows[p], lens[p])
 
     def _record_rows(self, layer, md, plan, q_quant, weights, kv_cache):
         """Every visible entry of each recorded decode row (spin's Triton kernel on a GPU),

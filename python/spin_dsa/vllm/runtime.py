@@ -63,6 +63,20 @@ class ScoreRecorder:
         t["ctx_len"].append(int(seq_len))
         t["accepted"].append(0)
 
+    def open_prompt(self, request_id: str, prompt_tokens: int, next_n: int, page_size: int,
+                    topk: int):
+        """Opens the step of a prompt's last row, the trace's step 0 (what replay's warm start
+        observes): ctx_len = prompt + next_n - 1, so its row 0 sees the prompt."""
+        self.open_step(request_id, prompt_tokens + next_n - 1, next_n, page_size, topk)
+
+    def add_prompt_row(self, request_id: str, layer: int, row: np.ndarray, prompt_tokens: int):
+        """The prompt's last row (float32 [>= prompt_tokens]) as the open step's rows: row 0 its
+        scores, the draft rows -inf (an engine's prompt step has none; 0 accepted)."""
+        n = self._live[request_id]["next_n"]
+        rows = np.full((n, prompt_tokens + n - 1), -np.inf, np.float32)
+        rows[0, :prompt_tokens] = row[:prompt_tokens]
+        self.add_rows(request_id, layer, rows)
+
     def set_accepted(self, request_id: str, accepted: int):
         t = self._live.get(request_id)
         if t is not None and not t["done"] and t["accepted"]:
@@ -344,12 +358,9 @@ class SpinRuntime:
             self._open_prompts(slots, seq_lens)
         self.serving.prefill(slots, layer, seq_lens, np.ascontiguousarray(logits, np.float32))
         if self.recorder is not None:
-            n = self.max_next_n
             for (i, _), L, row in zip(self._prompt_rows, seq_lens, logits):
                 if self.recorder.recording(self._batch[i]):
-                    step = np.full((n, int(L) + n - 1), -np.inf, np.float32)
-                    step[0, :L] = row[:L]
-                    self.recorder.add_rows(self._batch[i], layer, step)
+                    self.recorder.add_prompt_row(self._batch[i], layer, row, int(L))
 
     def _open_prompts(self, slots: np.ndarray, seq_lens: np.ndarray):
         """Opens the prompts' prefill steps: one row each, L = the prompt's tokens before its
@@ -365,8 +376,8 @@ class SpinRuntime:
             for (i, _), L in zip(self._prompt_rows, seq_lens):
                 rid = self._batch[i]
                 if self.recorder.recording(rid):
-                    self.recorder.open_step(rid, int(L) + self.max_next_n - 1, self.max_next_n,
-                                            self.page_size, self.topk)
+                    self.recorder.open_prompt(rid, int(L), self.max_next_n, self.page_size,
+                                              self.topk)
 
     def _check_layer(self, layer: int):
         if not 0 <= layer < self.num_layers:

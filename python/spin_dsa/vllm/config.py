@@ -16,10 +16,10 @@ Keys (anything else is an error, so a typo never silently turns spin off):
   path. On the GPU path a request takes a slot once its context reaches half ``min_context``
   (shorter rows keep every block and need no state), and the default is as many slots as the
   bound KV cache holds such requests, at most max_num_seqs (device_path.long_context_slots;
-  min(max_num_seqs, 256) where no cache can be read), allocated when vLLM's runner has allocated its KV cache
-  (before its warm-up and CUDA graph capture). A GPU step with a long request
-  and no slot for it runs vLLM's dense decode when it runs eagerly, and is counted
-  (``no_slot_steps``); it never raises. Under FULL CUDA graphs a replay cannot switch: the
+  min(max_num_seqs, 256) where no cache can be read), allocated when vLLM's runner has
+  allocated its KV cache (before its warm-up and CUDA graph capture). A step with a request
+  that needs a slot and finds none scores it dense (on the GPU, vLLM's dense decode when the
+  step runs eagerly), and is counted (``no_slot_steps``); it never raises. Under FULL CUDA graphs a replay cannot switch: the
   rows without a slot select from the pad slot's state, which nothing observes (exploration and
   the newest blocks); short rows there keep every block whatever it holds.
 - ``warm_start`` (bool, default true): the step that ends a prompt scores the prompt's last row

@@ -166,7 +166,6 @@ class SpinRuntime:
         self._batch: list[str] = []
         self.batch_slots = np.zeros(0, np.int32)  # each row's slot, -1 where it holds none
         self._prompt_rows: list[tuple[int, int]] = []  # (batch row, token row) of ending prompts
-        self._prompts_opened = -1  # the begin_step count whose prompt steps are open
         self._prompt_layers: set[int] = set()  # layers whose prompt rows this step observed
         self._step = 0             # begin_step count
         self._committed_step = -1  # the step whose lazy commits have run
@@ -352,10 +351,10 @@ class SpinRuntime:
                              f"{seq_lens.shape[0]} seq_lens and {logits.shape[0]} rows")
         if not rows:
             return
-        self._prompt_layers.add(layer)
         slots = self.batch_slots[rows]
-        if self._prompts_opened != self._step:  # once a step, before its first layer's prefill
+        if not self._prompt_layers:  # the step's first layer opens the prompts' steps
             self._open_prompts(slots, seq_lens)
+        self._prompt_layers.add(layer)
         self.serving.prefill(slots, layer, seq_lens, np.ascontiguousarray(logits, np.float32))
         if self.recorder is not None:
             for (i, _), L, row in zip(self._prompt_rows, seq_lens, logits):
@@ -365,7 +364,6 @@ class SpinRuntime:
     def _open_prompts(self, slots: np.ndarray, seq_lens: np.ndarray):
         """Opens the prompts' prefill steps: one row each, L = the prompt's tokens before its
         last, so the next step's seq_len delta commits 0 accepted."""
-        self._prompts_opened = self._step
         stale = slots[self._open[slots]]  # a step left open (a request re-prefilled): closed as is
         if stale.size:
             self.serving.commit(stale, np.zeros(stale.size, np.int32))
